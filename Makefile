@@ -1,0 +1,21 @@
+# Each target creates the environment it needs first, so both work on a fresh clone.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+
+$(BIN)/.installed: setup.py
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# the CPU build of torch first: a bare `torch` requirement would pull a CUDA build
+	$(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -q -e ".[test,demo]"
+	touch $@
+
+.PHONY: install demo test
+install: $(BIN)/.installed
+
+demo: $(BIN)/.installed
+	HF_HUB_OFFLINE=1 $(BIN)/hf-lookaround demo $(DEMO_ARGS)
+
+test: $(BIN)/.installed
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests $(TEST_ARGS)

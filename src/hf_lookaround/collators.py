@@ -1,0 +1,397 @@
+"""Data collators: one per objective, each a thin wrapper that pads a batch and draws its plan.
+
+Written in the style of transformers' ``DataCollatorForLanguageModeling``: dataclasses that take
+the list of feature dicts ``Trainer`` hands them (``input_ids`` of any length, optional
+``attention_mask``), pad on the right with the tokenizer's pad id, and return tensors.
+
+Every collator emits
+
+- ``input_ids`` (B, T) and ``attention_mask`` (B, T);
+- ``group_ids`` (B, T): the plan's group rank per token (two-stream forms);
+- ``labels`` (B, T): the original token where there is a loss, ``-100`` elsewhere;
+- ``target_positions`` (B, M): indices of the loss positions, padded with ``-1``. Set
+  ``pad_targets_to`` to a fixed ``M`` (e.g. ``ceil(max_ratio * T)``) so that ``torch.compile``
+  sees static shapes.
+
+Plans are drawn ONLY through :mod:`hf_lookaround.plans`, so an objective means the same thing
+here as in the evaluators and the theory module.
+
+Randomness. Each collator owns a ``torch.Generator`` created lazily in the process that calls it
+(``seed + worker id`` inside a DataLoader worker, as transformers does). By default
+(``per_batch_seed=True``) the generator is re-seeded before every batch from a hash of
+``(seed, epoch, batch content)``. A batch's plan then depends only on which examples it holds,
+not on how many batches this process has drawn before: a run resumed from a checkpoint (where
+``Trainer`` skips the already-seen batches without collating them) draws exactly the plans of
+an uninterrupted run, whatever ``dataloader_num_workers`` is. ``set_epoch`` (called by
+:class:`hf_lookaround.pretraining.CollatorEpochCallback`) makes a repeated batch in a later
+epoch get a fresh plan. With ``per_batch_seed=False`` the generator is a plain stream
+(reproducible for one uninterrupted run in one process only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from . import plans
+
+__all__ = [
+    "PlanCollator",
+    "AutoregressiveCollator",
+    "SemiAutoregressiveCollator",
+    "MaskedCollator",
+    "VariableMaskedCollator",
+    "GVPCollator",
+    "COLLATORS",
+    "MASKED_FORMS",
+    "make_collator",
+    "max_targets",
+]
+
+MASKED_FORMS = ("two_stream", "single_stream")
+PATCH_KEYS = ("pixel_values", "inputs_embeds")
+
+
+@dataclass
+class PlanCollator:
+    """Pads a batch and draws the plan of ``objective``; subclasses only supply the plan's parameters.
+
+    Args:
+        tokenizer: gives the pad id (right padding) and the special ids that are never masked.
+            May be ``None`` for batches of patch features (GVP on images).
+        pad_to_multiple_of: pad ``T`` up to a multiple of this.
+        pad_targets_to: a fixed width ``M`` for ``target_positions`` (static shapes for compile).
+        num_condition_tokens: a prefix of rank 0 that is never a target. ``None`` (default): 1 when
+            every row starts with the tokenizer's BOS or CLS token, else 0.
+        seed: seed of the collator's generator.
+        per_batch_seed: re-seed before each batch from ``(seed, epoch, batch content)`` (see module doc).
+    """
+
+    tokenizer: Any = None
+    pad_to_multiple_of: int | None = None
+    pad_targets_to: int | None = None
+    num_condition_tokens: int | None = None
+    seed: int = 0
+    per_batch_seed: bool = True
+    epoch: int = field(default=0, init=False)
+    _generator: torch.Generator | None = field(default=None, init=False, repr=False)
+
+    objective: ClassVar[str] = ""
+
+    # ----------------------------------------------------------------------------- plan hooks
+    def plan_params(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`plans.make_plan` (besides lengths and condition tokens)."""
+        return {}
+
+    def uses_maskable(self) -> bool:
+        return False
+
+    # ----------------------------------------------------------------------------- randomness
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _worker_generator(self) -> torch.Generator:
+        # Created lazily, in the process that collates: inside a DataLoader worker the seed is
+        # seed + worker id, so that workers do not draw identical streams.
+        if self._generator is None:
+            info = torch.utils.data.get_worker_info()
+            self._generator = torch.Generator().manual_seed(self.seed + (info.id if info is not None else 0))
+        return self._generator
+
+    def _batch_generator(self, content: torch.Tensor, lengths: torch.Tensor) -> torch.Generator:
+        generator = self._worker_generator()
+        if self.per_batch_seed:
+            digest = hashlib.blake2b(digest_size=8)
+            digest.update(f"{self.seed}|{self.epoch}|{self.objective}|".encode())
+            digest.update(lengths.numpy().tobytes())
+            digest.update(content.contiguous().numpy().tobytes())
+            generator.manual_seed(int.from_bytes(digest.digest(), "little") & ((1 << 63) - 1))
+        return generator
+
+    # ----------------------------------------------------------------------------- padding
+    def _pad_id(self) -> int:
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        if pad is None:
+            raise ValueError(
+                "the tokenizer has no pad token; set one (e.g. tokenizer.pad_token = tokenizer.eos_token) "
+                "or use a tokenizer from `hf-lookaround train-tokenizer`, which defines [PAD]"
+            )
+        return int(pad)
+
+    def _special_ids(self) -> list[int]:
+        names = ("bos_token_id", "eos_token_id", "pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id")
+        ids = {getattr(self.tokenizer, name, None) for name in names}
+        return sorted(int(i) for i in ids if i is not None)
+
+    def _pad_tokens(self, features) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.tokenizer is None:
+            raise ValueError(f"{type(self).__name__} needs a tokenizer to pad token ids")
+        rows, masks = [], []
+        for f in features:
+            ids = f["input_ids"] if isinstance(f, Mapping) else f
+            ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+            mask = f.get("attention_mask") if isinstance(f, Mapping) else None
+            mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask, dtype=torch.long).flatten()
+            if mask.numel() != ids.numel():
+                raise ValueError("attention_mask and input_ids of an example have different lengths")
+            rows.append(ids)
+            masks.append(mask)
+        width = _padded_width(max(r.numel() for r in rows), self.pad_to_multiple_of)
+        input_ids = torch.full((len(rows), width), self._pad_id(), dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, (ids, mask) in enumerate(zip(rows, masks)):
+            input_ids[b, : ids.numel()] = ids
+            attention_mask[b, : mask.numel()] = mask
+        if (attention_mask[:, 1:] > attention_mask[:, :-1]).any():
+            raise ValueError("collators expect right padding: attention_mask must be 1...1 0...0 in every row")
+        return input_ids, attention_mask
+
+    def _condition_tokens(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> int:
+        if self.num_condition_tokens is not None:
+            return int(self.num_condition_tokens)
+        starts = {getattr(self.tokenizer, n, None) for n in ("bos_token_id", "cls_token_id")} - {None}
+        if not starts or (lengths < 1).any():
+            return 0
+        first = input_ids[:, 0]
+        return int(all(any(int(x) == s for s in starts) for x in first.tolist()))
+
+    # ----------------------------------------------------------------------------- call
+    def __call__(self, features) -> dict[str, torch.Tensor]:
+        if features is None or len(features) == 0:
+            raise ValueError("cannot collate an empty batch")
+        input_ids, attention_mask = self._pad_tokens(features)
+        lengths = attention_mask.sum(-1)
+        generator = self._batch_generator(input_ids, lengths)
+        plan = self._draw(input_ids, lengths, generator)
+        return self._finish(input_ids, attention_mask, plan, generator)
+
+    def _draw(self, input_ids: torch.Tensor, lengths: torch.Tensor, generator) -> plans.Plan:
+        params = dict(self.plan_params())
+        params["num_condition_tokens"] = self._condition_tokens(input_ids, lengths)
+        if self.uses_maskable():
+            params["maskable"] = self._maskable(input_ids, lengths)
+        return plans.make_plan(self.objective, lengths, input_ids.shape[1], generator=generator, **params)
+
+    def _maskable(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        # special tokens (bos/eos/pad/cls/sep/mask) are never masked, nor padding
+        inside = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
+        special = torch.isin(input_ids, torch.tensor(self._special_ids(), dtype=torch.long))
+        return inside & ~special
+
+    def _finish(self, input_ids, attention_mask, plan: plans.Plan, generator) -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "group_ids": plan.group_ids,
+            "labels": torch.where(plan.is_target, input_ids, torch.full_like(input_ids, -100)),
+            "target_positions": plan.target_positions(self.pad_targets_to),
+        }
+
+
+def _padded_width(width: int, multiple: int | None) -> int:
+    if multiple:
+        width = int(math.ceil(width / multiple) * multiple)
+    return width
+
+
+@dataclass
+class AutoregressiveCollator(PlanCollator):
+    """GPT's objective: ``g[i] = i``; every token after the condition prefix is a target."""
+
+    objective: ClassVar[str] = "ar"
+
+
+@dataclass
+class SemiAutoregressiveCollator(PlanCollator):
+    """Diversity-enhanced (semi-)autoregressive, paper (a) Eq. 3 and 6.
+
+    ``group_size`` is ``t`` (the paper uses 2), or a list of values: ``t`` is then drawn uniformly
+    from it for each sequence (a mixture). The first group size ``s1 ~ U{1..t}`` is drawn per sequence.
+    """
+
+    group_size: int | Sequence[int] = 2
+    objective: ClassVar[str] = "dar"
+
+    def __post_init__(self):
+        sizes = [self.group_size] if isinstance(self.group_size, int) else list(self.group_size)
+        if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
+            raise ValueError(f"group_size must be a positive int or a non-empty list of them, got {self.group_size!r}")
+
+    def plan_params(self):
+        t = self.group_size if isinstance(self.group_size, int) else list(self.group_size)
+        return {"t": t}
+
+
+@dataclass
+class MaskedCollator(PlanCollator):
+    """Masked language modelling with a fixed ratio (BERT/MAE).
+
+    ``form="two_stream"`` (default): inputs are unchanged; masked tokens get the higher group rank
+    and the query stream predicts them (``LookAroundForPreTraining``); needs no ``[MASK]`` token.
+    ``form="single_stream"``: the classic BERT input for ``LookAroundForMaskedLM``: of the masked
+    positions, ``mask_replace_prob`` become ``[MASK]``, ``random_replace_prob`` a random token and
+    the rest stay as they are; no ``group_ids``/``target_positions`` are emitted.
+    """
+
+    mask_ratio: float = 0.15
+    form: str = "two_stream"
+    mask_replace_prob: float = 0.8
+    random_replace_prob: float = 0.1
+    objective: ClassVar[str] = "mlm"
+
+    def __post_init__(self):
+        self._check_ratio()
+        if self.form not in MASKED_FORMS:
+            raise ValueError(f"form must be one of {MASKED_FORMS}, got {self.form!r}")
+        for name in ("mask_replace_prob", "random_replace_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
+        if self.mask_replace_prob + self.random_replace_prob > 1.0:
+            raise ValueError("mask_replace_prob + random_replace_prob must not exceed 1")
+        if self.form == "single_stream" and getattr(self.tokenizer, "mask_token_id", None) is None:
+            raise ValueError(
+                "the single-stream masked form replaces inputs with [MASK], but the tokenizer has no mask token; "
+                "add one (tokenizer.add_special_tokens({'mask_token': '[MASK]'}) and resize the embeddings), "
+                "train one with `hf-lookaround train-tokenizer`, or use form='two_stream', which needs none"
+            )
+
+    def _check_ratio(self):
+        if not 0.0 < float(self.mask_ratio) < 1.0:
+            raise ValueError(f"mask_ratio must lie strictly between 0 and 1, got {self.mask_ratio}")
+
+    def uses_maskable(self) -> bool:
+        return True
+
+    def plan_params(self):
+        return {"mask_ratio": float(self.mask_ratio)}
+
+    def _finish(self, input_ids, attention_mask, plan, generator):
+        if self.form == "two_stream":
+            return super()._finish(input_ids, attention_mask, plan, generator)
+        masked = plan.is_target
+        labels = torch.where(masked, input_ids, torch.full_like(input_ids, -100))
+        # one uniform draw per position decides [MASK] / random / keep (BERT's 80/10/10 by default)
+        u = torch.rand(input_ids.shape, generator=generator)
+        to_mask = masked & (u < self.mask_replace_prob)
+        to_random = masked & (u >= self.mask_replace_prob) & (u < self.mask_replace_prob + self.random_replace_prob)
+        random_ids = torch.randint(len(self.tokenizer), input_ids.shape, generator=generator)
+        inputs = torch.where(to_mask, torch.full_like(input_ids, self.tokenizer.mask_token_id), input_ids)
+        inputs = torch.where(to_random, random_ids, inputs)
+        return {"input_ids": inputs, "attention_mask": attention_mask, "labels": labels}
+
+
+@dataclass
+class VariableMaskedCollator(MaskedCollator):
+    """Variable-length masking, paper (a) Eq. 5: the ratio is drawn per sequence from ``U[a, b]``
+    (text: [0.15, 0.3]; images: [0.5, 0.75])."""
+
+    mask_ratio_range: tuple[float, float] = (0.15, 0.3)
+    objective: ClassVar[str] = "vmlm"
+
+    def _check_ratio(self):
+        self.mask_ratio_range = plans.check_mask_ratio_range(self.mask_ratio_range)
+
+    def plan_params(self):
+        return {"mask_ratio_range": tuple(self.mask_ratio_range)}
+
+
+@dataclass
+class GVPCollator(PlanCollator):
+    """Generative visual pretraining's grouped permutation (paper (b) §3.2): a random order, split
+    into ``num_groups`` (K) groups by a ``fixed``, ``random`` or ``mixed`` segmentation.
+
+    Works on token sequences and on patch features: features may hold ``pixel_values`` or
+    ``inputs_embeds`` of shape (T, D) instead of ``input_ids`` (or the batch may be a (B, T, D)
+    tensor). For patches the output holds the padded features under the same key,
+    ``attention_mask``, ``group_ids``, ``target_positions`` and ``target_mask`` (B, T) (the loss
+    positions; the regression target is the input itself, so there are no ``labels``).
+    """
+
+    num_groups: int = 20
+    segmentation: str = "mixed"
+    objective: ClassVar[str] = "gvp"
+
+    def __post_init__(self):
+        if self.segmentation not in plans.SEGMENTATIONS:
+            raise ValueError(f"segmentation must be one of {plans.SEGMENTATIONS}, got {self.segmentation!r}")
+        if int(self.num_groups) < 1:
+            raise ValueError(f"num_groups must be >= 1, got {self.num_groups}")
+
+    def plan_params(self):
+        return {"num_groups": int(self.num_groups), "segmentation": self.segmentation}
+
+    def __call__(self, features):
+        if isinstance(features, torch.Tensor):
+            if features.dim() != 3:
+                raise ValueError(f"a tensor batch of patches must be (B, T, D), got shape {tuple(features.shape)}")
+            features = [{"pixel_values": x} for x in features]
+        if features is None or len(features) == 0:
+            raise ValueError("cannot collate an empty batch")
+        first = features[0]
+        key = next((k for k in PATCH_KEYS if isinstance(first, Mapping) and k in first), None)
+        if key is None or (isinstance(first, Mapping) and "input_ids" in first):
+            return super().__call__(features)
+        return self._call_patches(features, key)
+
+    def _call_patches(self, features, key: str):
+        rows = [torch.as_tensor(f[key]) for f in features]
+        if any(r.dim() != 2 for r in rows):
+            raise ValueError(f"each example's {key} must be (T, D) patch features")
+        width = _padded_width(max(r.shape[0] for r in rows), self.pad_to_multiple_of)
+        values = rows[0].new_zeros((len(rows), width, rows[0].shape[1]))
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, (r, f) in enumerate(zip(rows, features)):
+            values[b, : r.shape[0]] = r
+            mask = f.get("attention_mask")
+            attention_mask[b, : r.shape[0]] = 1 if mask is None else torch.as_tensor(mask, dtype=torch.long)
+        lengths = attention_mask.sum(-1)
+        # hash a few feature channels only: enough to tell batches apart, cheap on large images
+        generator = self._batch_generator(values[..., :4].float(), lengths)
+        c = int(self.num_condition_tokens or 0)
+        plan = plans.make_plan(
+            "gvp", lengths, width, generator=generator, num_condition_tokens=c, **self.plan_params()
+        )
+        return {
+            key: values,
+            "attention_mask": attention_mask,
+            "group_ids": plan.group_ids,
+            "target_positions": plan.target_positions(self.pad_targets_to),
+            "target_mask": plan.is_target,
+        }
+
+
+COLLATORS: dict[str, type[PlanCollator]] = {
+    "ar": AutoregressiveCollator,
+    "dar": SemiAutoregressiveCollator,
+    "mlm": MaskedCollator,
+    "vmlm": VariableMaskedCollator,
+    "gvp": GVPCollator,
+}
+
+
+def make_collator(objective: str, tokenizer=None, **params) -> PlanCollator:
+    """The collator of ``objective`` (one of :data:`plans.PLAN_NAMES`) with its parameters.
+
+    Parameters that another objective uses are rejected, so a typo does not silently do nothing.
+    """
+    if objective not in COLLATORS:
+        raise ValueError(f"unknown objective {objective!r}; choose one of {tuple(COLLATORS)}")
+    cls = COLLATORS[objective]
+    allowed = {f.name for f in cls.__dataclass_fields__.values() if f.init}
+    unknown = set(params) - allowed
+    if unknown:
+        raise ValueError(f"{cls.__name__} ({objective}) takes no parameter(s) {sorted(unknown)}; it takes {sorted(allowed)}")
+    return cls(tokenizer=tokenizer, **params)
+
+
+def max_targets(objective: str, seq_len: int, **params) -> int:
+    """An upper bound on the number of loss positions per sequence: a static ``pad_targets_to``."""
+    if objective in ("mlm", "vmlm"):
+        ratio = params.get("mask_ratio", 0.15) if objective == "mlm" else max(params.get("mask_ratio_range", (0.15, 0.3)))
+        return max(1, math.ceil(float(ratio) * seq_len))
+    return seq_len

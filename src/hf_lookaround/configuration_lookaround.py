@@ -1,0 +1,131 @@
+"""Configuration of the LookAround text model family (two-stream (semi-)autoregressive and masked)."""
+
+from transformers import PreTrainedConfig
+
+NORM_TYPES = ("rmsnorm", "layernorm")
+NORM_POSITIONS = ("pre", "post")
+GLU_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu"}
+PLAIN_ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")
+POSITION_EMBEDDING_TYPES = ("rope", "absolute")
+ATTENTION_PATTERNS = ("causal", "bidirectional")
+POOLINGS = ("cls", "mean", "last")
+
+# name -> (hidden, layers, heads, intermediate). Sizes a researcher can name in one word.
+PRESETS = {
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256),
+    "mini": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512),
+    "small": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, intermediate_size=1024),
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+}
+
+
+class LookAroundConfig(PreTrainedConfig):
+    r"""
+    Configuration of a [`LookAroundModel`]: one backbone for every objective (AR, semi-AR, masked, GVP).
+
+    Args:
+        vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size:
+            the usual transformer sizes; `hidden_size` must be divisible by `num_attention_heads`.
+        max_position_embeddings (`int`): the longest sequence the model accepts (longer input is an error).
+        hidden_dropout_prob, attention_dropout (`float`): dropout on residual branches / attention weights.
+        initializer_range (`float`): std of the normal initialiser.
+        norm_type (`"rmsnorm"` or `"layernorm"`), norm_position (`"pre"` or `"post"`), norm_eps.
+        hidden_act (`"swiglu"`, `"geglu"`, `"gelu"`, `"gelu_new"`, `"relu"` or `"silu"`).
+        position_embedding_type (`"rope"` or `"absolute"`): both index the *original* token order, so they stay
+            correct whatever order a plan predicts in.
+        rope_theta (`float`): RoPE base.
+        attention_bias, mlp_bias (`bool`): biases in the projections.
+        default_attention (`"causal"` or `"bidirectional"`): the single-stream pattern used when no plan is given
+            (features for probing, classification). Pretraining scripts set it to match the objective.
+        classifier_pooling (`"cls"`, `"mean"` or `"last"`): how the sequence classifier pools tokens.
+        classifier_dropout (`float`, optional): dropout before the classifier (defaults to `hidden_dropout_prob`).
+        objective (`str`, optional), plan_params (`dict`, optional): what the checkpoint was pretrained with;
+            informational, written into model cards.
+        pad_token_id, bos_token_id, eos_token_id, mask_token_id: special token ids.
+        tie_word_embeddings (`bool`): tie the LM head to the input embeddings.
+    """
+
+    model_type = "lookaround"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int = 32000
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 1024
+    hidden_dropout_prob: float = 0.0
+    attention_dropout: float = 0.0
+    initializer_range: float = 0.02
+    norm_type: str = "rmsnorm"
+    norm_position: str = "pre"
+    norm_eps: float = 1e-6
+    hidden_act: str = "swiglu"
+    position_embedding_type: str = "rope"
+    rope_theta: float = 10000.0
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    default_attention: str = "bidirectional"
+    classifier_pooling: str = "mean"
+    classifier_dropout: float | None = None
+    objective: str | None = None
+    plan_params: dict | None = None
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | None = 2
+    mask_token_id: int | None = 3
+    tie_word_embeddings: bool = True
+    use_cache: bool = True
+
+    def __post_init__(self, **kwargs):
+        self.plan_params = dict(self.plan_params or {})
+        super().__post_init__(**kwargs)
+        self.validate_lookaround()
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def validate_lookaround(self) -> None:
+        """Raise a ValueError that says what to fix for any inconsistent value."""
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads}); pick a head count that divides it"
+            )
+        if self.position_embedding_type == "rope" and self.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head dimension, got {self.head_dim}")
+        choices = {
+            "norm_type": NORM_TYPES,
+            "norm_position": NORM_POSITIONS,
+            "hidden_act": tuple(GLU_ACTIVATIONS) + PLAIN_ACTIVATIONS,
+            "position_embedding_type": POSITION_EMBEDDING_TYPES,
+            "default_attention": ATTENTION_PATTERNS,
+            "classifier_pooling": POOLINGS,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        for name in ("hidden_dropout_prob", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must lie in [0, 1), got {getattr(self, name)}")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id"):
+            value = getattr(self, name, None)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name}={value} is outside the vocabulary [0, {self.vocab_size})")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "LookAroundConfig":
+        """A config of a named size (`tiny`, `mini`, `small`, `base`, `large`), with any field overridden."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+__all__ = ["LookAroundConfig", "PRESETS"]

@@ -1,0 +1,75 @@
+"""Offline tokenizers: trained on local text, loaded back with AutoTokenizer."""
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from hf_lookaround.data import chunk_into_blocks, iter_texts, load_texts
+from hf_lookaround.tokenization import main, train_tokenizer
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SOTU = DATA / "text" / "sotu" / "validation.jsonl.gz"
+needs_data = pytest.mark.skipif(not SOTU.exists(), reason="shared data not found")
+
+
+@needs_data
+def test_cli_trains_a_tokenizer_that_autotokenizer_loads(tmp_path):
+    out = tmp_path / "tok"
+    assert main([str(SOTU), "--output_dir", str(out), "--vocab_size", "1000"]) == 0
+    tok = AutoTokenizer.from_pretrained(out)
+    assert len(tok) == 1000
+    assert (tok.pad_token, tok.bos_token, tok.eos_token, tok.mask_token) == ("[PAD]", "<s>", "</s>", "[MASK]")
+    assert len({tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.mask_token_id, tok.unk_token_id}) == 5
+    text = "The State of the Union is strong, said the President in 2001."
+    ids = tok(text)["input_ids"]
+    # every sequence starts with the condition token (BOS) and ends with EOS
+    assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == text  # byte-level: lossless
+    assert tok("a", "b")["input_ids"].count(tok.eos_token_id) == 2
+    # BPE learned merges: far fewer tokens than bytes
+    assert len(ids) < 0.5 * len(text)
+
+
+def test_unicode_and_unseen_bytes_round_trip(tmp_path):
+    tok = train_tokenizer(["hello world"] * 50, vocab_size=300, output_dir=tmp_path)
+    weird = "naïve café — 東京 🙂"
+    assert tok.decode(tok(weird)["input_ids"], skip_special_tokens=True) == weird
+    assert tok.unk_token_id not in tok(weird)["input_ids"]
+    assert AutoTokenizer.from_pretrained(tmp_path)(weird)["input_ids"] == tok(weird)["input_ids"]
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="empty"):
+        train_tokenizer(["", "  "], vocab_size=500)
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_tokenizer(["text"], vocab_size=100)
+
+
+def test_data_reading_and_chunking(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("first document " * 20)
+    with gzip.open(tmp_path / "sub" / "b.jsonl.gz", "wt") as f:
+        for i in range(3):
+            f.write(json.dumps({"body": f"record {i} " * 10}) + "\n")
+    (tmp_path / "ignored.csv").write_text("x")
+    texts = list(iter_texts(tmp_path, text_column="body"))
+    assert len(texts) == 4 and texts[0].startswith("first")
+    with pytest.raises(ValueError, match="no field 'text'"):
+        load_texts(tmp_path / "sub")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="no text found"):
+        load_texts(empty)
+
+    tok = train_tokenizer(texts, vocab_size=300)
+    blocks = chunk_into_blocks(texts, tok, block_size=16)
+    stream = [t for text in texts for t in tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]]
+    assert len(blocks) == len(stream) // 15
+    for i, block in enumerate(blocks["input_ids"]):
+        assert len(block) == 16 and block[0] == tok.bos_token_id
+        assert block[1:] == stream[15 * i : 15 * (i + 1)]  # nothing lost or reordered between blocks
+    with pytest.raises(ValueError, match="fewer than one block"):
+        chunk_into_blocks(["tiny"], tok, block_size=512)

@@ -1,0 +1,479 @@
+"""Perplexity of autoregressive and masked models on held-out text: ``hf-lookaround perplexity``.
+
+Two protocols, both scoring ``p(x_k | x_<k)`` (DESIGN.md, "Evaluation protocols"):
+
+- ``ar``: any causal LM (``LookAroundForCausalLM`` or any ``AutoModelForCausalLM``), one forward per
+  window; the logits at ``k - 1`` predict ``x_k``.
+- ``masked``: the prefix is visible, position ``k`` is masked, nothing after ``k`` is visible
+  (paper (a) Table 7 and Fig. 3). Three ways to run it (``masked_mode``):
+    * ``mask_token``: a single-stream ``[MASK]`` model (``AutoModelForMaskedLM``): the input is
+      ``x_<k`` followed by ``[MASK]``, truncated after ``k``, bidirectional attention; batched over ``k``.
+    * ``two_stream``: ``LookAroundForPreTraining`` with the AR plan (``g = arange``): the query stream
+      at ``k`` sees exactly the content at ranks ``< k``, so one forward scores every ``k``. The content
+      stream of the prefix is causal, as in AR / semi-AR pretraining.
+    * ``two_stream_prefix``: the two-stream model with the prefix as one rank-0 group (bidirectional
+      among itself) and ``k`` as rank 1: the exact two-stream analogue of ``mask_token``; batched over ``k``.
+
+Long text is scored in sliding windows, the way the transformers docs compute perplexity of
+fixed-length models: windows of ``max_length`` tokens, moved by ``stride``; only the new tokens of a
+window are scored, with the earlier tokens of the window as their context (at least
+``max_length - stride`` tokens of context once the window is full). Every token but the first of a
+document is scored exactly once; with a BOS token prepended (the default when the tokenizer has one)
+the first is scored too.
+
+Figures: perplexity per token ``exp(mean NLL)`` and bits per UTF-8 byte of the scored text
+(``total NLL / ln 2 / bytes``), which compares models with different tokenizers. The masked protocol
+is also reported against the prefix length (number of text tokens visible before ``k``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "PROTOCOLS",
+    "MASKED_MODES",
+    "PerplexityResult",
+    "Window",
+    "encode_documents",
+    "sliding_windows",
+    "ar_perplexity",
+    "masked_perplexity",
+    "bucket_by_prefix_length",
+    "plot_by_prefix_length",
+    "main",
+]
+
+PROTOCOLS = ("ar", "masked")
+MASKED_MODES = ("mask_token", "two_stream", "two_stream_prefix")
+
+
+@dataclass
+class Window:
+    """A window of one document: ``input_ids`` and the first index whose token is scored.
+
+    ``offset`` is the number of leading special tokens (BOS) in the window; prefix lengths count
+    text tokens only."""
+
+    input_ids: list[int]
+    first_scored: int
+    offset: int = 0
+
+    def prefix_lengths(self) -> np.ndarray:
+        return np.arange(self.first_scored, len(self.input_ids)) - self.offset
+
+
+@dataclass
+class PerplexityResult:
+    """Per-token NLLs (nats) with their prefix lengths, and the UTF-8 bytes of the scored text."""
+
+    protocol: str
+    nlls: np.ndarray
+    prefix_lengths: np.ndarray
+    num_bytes: int
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.nlls.size)
+
+    @property
+    def mean_nll(self) -> float:
+        return float(self.nlls.mean())
+
+    @property
+    def perplexity(self) -> float:
+        return float(math.exp(self.mean_nll))
+
+    @property
+    def bits_per_byte(self) -> float:
+        return float(self.nlls.sum() / math.log(2) / self.num_bytes)
+
+    def to_dict(self, dataset: str | None = None, buckets=None) -> dict:
+        key = "ar_perplexity" if self.protocol == "ar" else "masked_perplexity"
+        return {
+            "dataset": dataset,
+            "protocol": self.protocol,
+            key: self.perplexity,
+            "bits_per_byte": self.bits_per_byte,
+            "num_tokens": self.num_tokens,
+            "num_bytes": int(self.num_bytes),
+            "nll_per_token": self.mean_nll,
+            **self.extra,
+            "by_prefix_length": bucket_by_prefix_length(self.nlls, self.prefix_lengths, buckets),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# text -> windows
+# ---------------------------------------------------------------------------------------------
+
+
+def _bos_id(tokenizer) -> int | None:
+    for name in ("bos_token_id", "cls_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def encode_documents(tokenizer, texts: list[str], add_bos: bool | None = None):
+    """Token ids of each document (BOS/CLS prepended if ``add_bos``; default: if the tokenizer has
+    one) and the UTF-8 byte count of the text that will be scored."""
+    bos = _bos_id(tokenizer) if add_bos in (None, True) else None
+    if add_bos and bos is None:
+        raise ValueError("add_bos=True but the tokenizer has neither a bos_token nor a cls_token")
+    fast = getattr(tokenizer, "is_fast", False)
+    docs, num_bytes = [], 0
+    for text in texts:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=fast)
+        ids = list(enc["input_ids"])
+        if not ids:
+            continue
+        if bos is not None:
+            docs.append([bos] + ids)
+            num_bytes += len(text.encode("utf-8"))
+        elif len(ids) > 1:
+            # without BOS the first token has no context and is not scored: count bytes from the second
+            docs.append(ids)
+            if fast:
+                num_bytes += len(text[enc["offset_mapping"][1][0] :].encode("utf-8"))
+            else:
+                num_bytes += len(tokenizer.decode(ids[1:]).encode("utf-8"))
+    if not docs:
+        raise ValueError("no document has a token to score (each needs a BOS token or at least two tokens)")
+    return docs, num_bytes, bos is not None
+
+
+def sliding_windows(ids: list[int], max_length: int, stride: int, has_bos: bool = False) -> list[Window]:
+    """Windows of at most ``max_length`` tokens that together score tokens ``1..n-1`` once each.
+
+    The first window scores everything it holds; each later one ends ``stride`` tokens further and
+    scores only its last ``stride`` tokens, with the ``max_length - stride`` tokens before them as context.
+    """
+    if max_length < 2:
+        raise ValueError(f"max_length must be >= 2, got {max_length}")
+    if not 1 <= stride < max_length:
+        raise ValueError(
+            f"stride must lie in [1, max_length - 1] = [1, {max_length - 1}], got {stride}: "
+            "every scored token needs at least one token of context in its window"
+        )
+    n = len(ids)
+    windows, start = [], 1
+    while start < n:
+        end = min(n, max_length if start == 1 else start + stride)
+        begin = max(0, end - max_length)
+        offset = 1 if (has_bos and begin == 0) else 0
+        windows.append(Window(ids[begin:end], start - begin, offset))
+        start = end
+    return windows
+
+
+def _pad(rows: list[list[int]], pad_id: int):
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    return ids, mask
+
+
+def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return -torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _pad_id(model, tokenizer) -> int:
+    for value in (getattr(tokenizer, "pad_token_id", None), getattr(model.config, "pad_token_id", None)):
+        if value is not None:
+            return value
+    return 0
+
+
+def _windows_of(docs, max_length, stride, has_bos):
+    return [w for doc in docs for w in sliding_windows(doc, max_length, stride, has_bos)]
+
+
+# ---------------------------------------------------------------------------------------------
+# protocols
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def ar_perplexity(model, tokenizer, texts, max_length=512, stride=256, batch_size=8, add_bos=None) -> PerplexityResult:
+    """Autoregressive perplexity ``p(x_k | x_<k)`` of a causal LM (any ``AutoModelForCausalLM``)."""
+    docs, num_bytes, has_bos = encode_documents(tokenizer, texts, add_bos)
+    windows = _windows_of(docs, max_length, stride, has_bos)
+    device, pad = _device(model), _pad_id(model, tokenizer)
+    nlls, prefixes = [], []
+    for i in range(0, len(windows), batch_size):
+        batch = windows[i : i + batch_size]
+        ids, mask = _pad([w.input_ids for w in batch], pad)
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        for b, w in enumerate(batch):
+            n = len(w.input_ids)
+            # logits at k - 1 predict token k
+            nlls.append(_nll(logits[b, w.first_scored - 1 : n - 1], ids[b, w.first_scored : n].to(device)).cpu())
+            prefixes.append(w.prefix_lengths())
+    return _result("ar", nlls, prefixes, num_bytes, max_length, stride)
+
+
+@torch.inference_mode()
+def masked_perplexity(
+    model, tokenizer, texts, max_length=512, stride=256, batch_size=8, add_bos=None, mode="mask_token"
+) -> PerplexityResult:
+    """Masked-model perplexity ``p(x_k | x_<k)``: prefix visible, ``k`` masked, nothing after ``k``."""
+    if mode not in MASKED_MODES:
+        raise ValueError(f"masked mode must be one of {MASKED_MODES}, got {mode!r}")
+    docs, num_bytes, has_bos = encode_documents(tokenizer, texts, add_bos)
+    windows = _windows_of(docs, max_length, stride, has_bos)
+    pad = _pad_id(model, tokenizer)
+    if mode == "two_stream":
+        nlls = _two_stream_ar_plan(model, windows, batch_size, pad)
+    else:
+        mask_id = getattr(tokenizer, "mask_token_id", None)
+        if mode == "mask_token" and mask_id is None:
+            mask_id = getattr(model.config, "mask_token_id", None)
+        if mode == "mask_token" and mask_id is None:
+            raise ValueError("the mask_token protocol needs a mask token: the tokenizer and config have none")
+        nlls = _per_prefix(model, windows, batch_size, pad, mask_id, two_stream=(mode == "two_stream_prefix"))
+    result = _result("masked", nlls, [w.prefix_lengths() for w in windows], num_bytes, max_length, stride)
+    result.extra["masked_mode"] = mode
+    return result
+
+
+def _two_stream_ar_plan(model, windows, batch_size, pad) -> list[torch.Tensor]:
+    """One forward per window: AR plan ranks, query stream at every scored position."""
+    from hf_lookaround.plans import autoregressive_plan
+
+    device, out = _device(model), []
+    for i in range(0, len(windows), batch_size):
+        batch = windows[i : i + batch_size]
+        ids, mask = _pad([w.input_ids for w in batch], pad)
+        group_ids = autoregressive_plan(mask.sum(-1), ids.shape[1]).group_ids
+        width = max(len(w.input_ids) - w.first_scored for w in batch)
+        targets = torch.full((len(batch), width), -1, dtype=torch.long)
+        for b, w in enumerate(batch):
+            targets[b, : len(w.input_ids) - w.first_scored] = torch.arange(w.first_scored, len(w.input_ids))
+        logits = _two_stream_logits(model, ids, mask, group_ids, targets, device)
+        for b, w in enumerate(batch):
+            m = len(w.input_ids) - w.first_scored
+            out.append(_nll(logits[b, :m], ids[b, w.first_scored :][:m].to(device)).cpu())
+    return out
+
+
+def _two_stream_logits(model, ids, mask, group_ids, targets, device):
+    return model(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        group_ids=group_ids.to(device),
+        target_positions=targets.to(device),
+    ).logits
+
+
+def _per_prefix(model, windows, batch_size, pad, mask_id, two_stream: bool) -> list[torch.Tensor]:
+    """One row per scored position ``k``: ``x_<k`` then the target slot, truncated after ``k``.
+
+    Rows of one window have consecutive lengths, so batching them wastes little on padding."""
+    device, out = _device(model), []
+    for w in windows:
+        ks = list(range(w.first_scored, len(w.input_ids)))
+        nll = []
+        for i in range(0, len(ks), batch_size):
+            chunk = ks[i : i + batch_size]
+            if two_stream:
+                # the prefix is one rank-0 group (bidirectional), the target has rank 1
+                ids, mask = _pad([w.input_ids[: k + 1] for k in chunk], pad)
+                group_ids = torch.zeros_like(ids)
+                rows = torch.arange(len(chunk))
+                group_ids[rows, torch.tensor(chunk)] = 1
+                targets = torch.tensor(chunk).unsqueeze(-1)
+                logits = _two_stream_logits(model, ids, mask, group_ids, targets, device)[:, 0]
+            else:
+                ids, mask = _pad([w.input_ids[:k] + [mask_id] for k in chunk], pad)
+                logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+                logits = logits[torch.arange(len(chunk), device=device), torch.tensor(chunk, device=device)]
+            gold = torch.tensor([w.input_ids[k] for k in chunk], device=device)
+            nll.append(_nll(logits, gold).cpu())
+        out.append(torch.cat(nll))
+    return out
+
+
+def _result(protocol, nlls, prefixes, num_bytes, max_length, stride) -> PerplexityResult:
+    nlls = torch.cat(nlls).double().numpy()
+    prefixes = np.concatenate(prefixes)
+    return PerplexityResult(protocol, nlls, prefixes, num_bytes, {"max_length": max_length, "stride": stride})
+
+
+# ---------------------------------------------------------------------------------------------
+# reporting by prefix length
+# ---------------------------------------------------------------------------------------------
+
+
+def default_buckets(max_prefix: int) -> list[int]:
+    """Bucket edges 0, 1, 2, 4, 8, ... (powers of two) past ``max_prefix``."""
+    edges = [0, 1]
+    while edges[-1] <= max_prefix:
+        edges.append(edges[-1] * 2)
+    return edges
+
+
+def bucket_by_prefix_length(nlls: np.ndarray, prefix_lengths: np.ndarray, buckets=None) -> list[dict]:
+    """Perplexity of the tokens whose prefix length lies in ``[edges[i], edges[i+1])``."""
+    if nlls.size == 0:
+        return []
+    edges = list(buckets) if buckets else default_buckets(int(prefix_lengths.max()))
+    rows = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        chosen = (prefix_lengths >= lo) & (prefix_lengths < hi)
+        if chosen.any():
+            mean = float(nlls[chosen].mean())
+            rows.append(
+                {
+                    "prefix_length_min": int(lo),
+                    "prefix_length_max": int(hi - 1),
+                    "num_tokens": int(chosen.sum()),
+                    "nll": mean,
+                    "perplexity": float(math.exp(mean)),
+                }
+            )
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = ["| prefix length | tokens | NLL (nats) | perplexity |", "| --- | --- | --- | --- |"]
+    for r in rows:
+        span = f"{r['prefix_length_min']}" if r["prefix_length_min"] == r["prefix_length_max"] else (
+            f"{r['prefix_length_min']}-{r['prefix_length_max']}"
+        )
+        lines.append(f"| {span} | {r['num_tokens']} | {r['nll']:.4f} | {r['perplexity']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot_by_prefix_length(rows: list[dict], path, title: str = "") -> None:
+    """Perplexity against prefix length (paper (a) Fig. 3), one point per bucket."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    centers = [max(0.5, (r["prefix_length_min"] + r["prefix_length_max"]) / 2) for r in rows]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(centers, [r["perplexity"] for r in rows], marker="o")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("prefix length k (tokens visible before the target)")
+    ax.set_ylabel("perplexity")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# command
+# ---------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hf-lookaround perplexity", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model_name_or_path", required=True)
+    p.add_argument("--tokenizer_name", default=None, help="defaults to the model path")
+    p.add_argument("--dataset", required=True, help="a text file, a directory with <split>.jsonl(.gz), or a datasets name")
+    p.add_argument("--dataset_config_name", default=None)
+    p.add_argument("--split", default="test")
+    p.add_argument("--text_column", default="text")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="ar")
+    p.add_argument(
+        "--masked_mode",
+        choices=("auto",) + MASKED_MODES,
+        default="auto",
+        help="auto: two_stream for LookAround checkpoints, mask_token for other masked LMs",
+    )
+    p.add_argument("--max_length", type=int, default=None, help="window length (default: min(512, max positions))")
+    p.add_argument("--stride", type=int, default=None, help="default: max_length // 2")
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--max_documents", type=int, default=None, help="score only the first N documents")
+    p.add_argument("--no_bos", action="store_true", help="do not prepend BOS/CLS (the first token is then unscored)")
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    return p
+
+
+def _load_model(args):
+    import transformers
+
+    import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes)
+
+    config = transformers.AutoConfig.from_pretrained(args.model_name_or_path)
+    mode = None
+    if args.protocol == "ar":
+        cls = transformers.AutoModelForCausalLM
+    else:
+        mode = args.masked_mode
+        if mode == "auto":
+            mode = "two_stream" if config.model_type == "lookaround" else "mask_token"
+        if mode.startswith("two_stream") and config.model_type != "lookaround":
+            raise ValueError(f"masked_mode={mode} needs a LookAround checkpoint, got model_type={config.model_type!r}")
+        cls = transformers.AutoModelForPreTraining if mode.startswith("two_stream") else transformers.AutoModelForMaskedLM
+    model = cls.from_pretrained(args.model_name_or_path)
+    return model, mode
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from transformers import AutoTokenizer
+
+    from hf_lookaround.evaluation.tasks import load_texts
+
+    model, mode = _load_model(args)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+
+    texts = load_texts(args.dataset, args.split, args.text_column, args.dataset_config_name)
+    if args.max_documents is not None:
+        logger.info("scoring the first %d of %d documents (--max_documents)", min(args.max_documents, len(texts)), len(texts))
+        texts = texts[: args.max_documents]
+    max_positions = getattr(model.config, "max_position_embeddings", None) or 512
+    max_length = args.max_length or min(512, max_positions)
+    if max_length > max_positions:
+        raise ValueError(f"--max_length {max_length} exceeds the model's max_position_embeddings ({max_positions})")
+    stride = args.stride or max_length // 2
+    add_bos = False if args.no_bos else None
+
+    if args.protocol == "ar":
+        result = ar_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos)
+    else:
+        result = masked_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos, mode)
+    result.extra.update({"model": args.model_name_or_path, "split": args.split, "num_documents": len(texts)})
+
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report = result.to_dict(dataset=args.dataset)
+    (out / "perplexity.json").write_text(json.dumps(report, indent=2) + "\n")
+    table = format_table(report["by_prefix_length"])
+    (out / "perplexity_by_prefix.md").write_text(table + "\n")
+    title = f"{args.protocol}" + (f" ({mode})" if mode else "") + f", {Path(args.model_name_or_path).name}"
+    plot_by_prefix_length(report["by_prefix_length"], out / "perplexity_by_prefix.png", title)
+    key = "ar_perplexity" if args.protocol == "ar" else "masked_perplexity"
+    print(f"{key} = {report[key]:.3f}  bits_per_byte = {report['bits_per_byte']:.4f}  tokens = {report['num_tokens']}")
+    print(table)
+    print(f"wrote {out / 'perplexity.json'}")
+    return 0

@@ -98,7 +98,7 @@ def load_texts(source: str, split: str = "test", text_column: str = "text", conf
     if path.is_file():
         texts = _read_text_file(path, text_column)
     else:
-        texts = _load_hub_split(source, config_name, split)[text_column]
+        texts = list(_load_hub_split(source, config_name, split)[text_column])
     texts = [t for t in texts if t and t.strip()]
     if not texts:
         raise ValueError(f"no non-empty text found in {source} (split {split!r})")
@@ -233,10 +233,10 @@ def label_info(raw, task_name: str | None = None, label_column: str = "label") -
         return LabelInfo(is_regression=True)
     if isinstance(feature, datasets.ClassLabel):
         return LabelInfo(False, list(range(feature.num_classes)), list(feature.names))
-    values = sorted(set(train[label_column]))
+    values = sorted(set(list(train[label_column])))
     names = [str(v) for v in values]
     # readable names when the data carries them (our JSON Lines tasks have label_name)
     if "label_name" in train.column_names:
-        by_value = dict(zip(train[label_column], train["label_name"]))
+        by_value = dict(zip(list(train[label_column]), list(train["label_name"])))
         names = [str(by_value[v]) for v in values]
     return LabelInfo(False, values, names)

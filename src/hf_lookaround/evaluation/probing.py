@@ -1,0 +1,310 @@
+"""Linear probing of frozen features: ``hf-lookaround probe`` (paper (a) §3.3, Thm 4.1).
+
+The backbone is frozen; each text becomes one vector (pooling: ``mean`` over real tokens, ``last``
+real token, or ``cls`` = the first token) under a chosen attention pattern (as pretrained, i.e.
+``config.default_attention``, or forced ``causal`` / ``bidirectional``). A scikit-learn model is fitted
+on top of standardised features: logistic regression for classes (``C`` chosen on the validation
+split), ridge regression for real-valued labels (``alpha`` chosen on validation, Pearson / Spearman).
+
+Long texts are truncated to the model's maximum length *explicitly*: the number of truncated
+examples is logged and written to the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["POOLINGS", "DEFAULT_CS", "DEFAULT_ALPHAS", "count_truncated", "extract_features", "linear_probe", "main"]
+
+POOLINGS = ("mean", "last", "cls")
+DEFAULT_CS = tuple(10.0**e for e in range(-4, 3))  # 1e-4 ... 1e2
+DEFAULT_ALPHAS = tuple(10.0**e for e in range(-2, 5))  # 1e-2 ... 1e4
+
+
+def _max_length(model, tokenizer, max_length: int | None) -> int:
+    limit = getattr(model.config, "max_position_embeddings", None) or 512
+    tok_limit = getattr(tokenizer, "model_max_length", None)
+    if tok_limit and tok_limit < 1e9:  # transformers uses a huge sentinel for "no limit"
+        limit = min(limit, tok_limit)
+    if max_length is None:
+        return limit
+    if max_length > limit:
+        raise ValueError(f"max_length={max_length} exceeds what the model accepts ({limit} positions)")
+    return max_length
+
+
+def count_truncated(tokenizer, texts, max_length: int, text_pairs=None) -> int:
+    """How many examples are longer than ``max_length`` tokens (special tokens included)."""
+    args = (texts, text_pairs) if text_pairs is not None else (texts,)
+    lengths = [len(ids) for ids in tokenizer(*args)["input_ids"]]
+    return sum(n > max_length for n in lengths)
+
+
+def _backbone(model):
+    """The encoder of a head model (``model.model`` for LookAround heads), or the model itself."""
+    return getattr(model, "base_model", model)
+
+
+@torch.inference_mode()
+def extract_features(
+    model,
+    tokenizer,
+    texts,
+    pooling: str = "mean",
+    attention_pattern: str | None = None,
+    batch_size: int = 32,
+    max_length: int | None = None,
+    text_pairs=None,
+) -> np.ndarray:
+    """Frozen pooled features ``(N, hidden)`` of ``texts`` (optionally sentence pairs).
+
+    ``attention_pattern`` (``causal`` / ``bidirectional``; None = as pretrained) needs a LookAround
+    model; other ``AutoModel`` backbones run as they are.
+    """
+    from hf_lookaround.modeling_lookaround import pool
+
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    backbone = _backbone(model)
+    is_lookaround = getattr(backbone.config, "model_type", None) == "lookaround"
+    if attention_pattern is not None and not is_lookaround:
+        raise ValueError(
+            f"attention_pattern={attention_pattern!r} needs a LookAround model; "
+            f"{type(backbone).__name__} has a fixed pattern (pass None)"
+        )
+    max_length = _max_length(backbone, tokenizer, max_length)
+    texts = list(texts)
+    text_pairs = list(text_pairs) if text_pairs is not None else None
+    truncated = count_truncated(tokenizer, texts, max_length, text_pairs)
+    if truncated:
+        logger.warning("truncating %d of %d examples to max_length=%d tokens", truncated, len(texts), max_length)
+
+    backbone.eval()
+    device = next(backbone.parameters()).device
+    extra = {"attention_pattern": attention_pattern} if is_lookaround else {}
+    features = []
+    for i in range(0, len(texts), batch_size):
+        args = (texts[i : i + batch_size],)
+        if text_pairs is not None:
+            args += (text_pairs[i : i + batch_size],)
+        enc = tokenizer(*args, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+        hidden = backbone(**enc, **extra).last_hidden_state
+        features.append(pool(hidden, enc["attention_mask"], pooling).float().cpu())
+    return torch.cat(features).numpy()
+
+
+def linear_probe(
+    train_feats,
+    train_y,
+    val_feats,
+    val_y,
+    test_feats=None,
+    test_y=None,
+    task_type: str = "classification",
+    Cs=DEFAULT_CS,
+    alphas=DEFAULT_ALPHAS,
+    seed: int = 0,
+) -> dict:
+    """Fit on train, pick ``C`` (or ``alpha``) on validation, report validation and test scores.
+
+    Features are standardised with the train statistics (logistic regression is not scale-invariant).
+    """
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    if task_type not in ("classification", "regression"):
+        raise ValueError(f"task_type must be 'classification' or 'regression', got {task_type!r}")
+    train_y, val_y = np.asarray(train_y), np.asarray(val_y)
+    if len(train_feats) != len(train_y) or len(val_feats) != len(val_y):
+        raise ValueError("features and labels must have the same number of rows in every split")
+
+    if task_type == "classification":
+        if len(np.unique(train_y)) < 2:
+            raise ValueError("the train split has a single class; a probe needs at least two")
+
+        def fit(c):
+            return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000, random_state=seed)).fit(
+                train_feats, train_y
+            )
+
+        def score(m, x, y):
+            return float((m.predict(x) == np.asarray(y)).mean())
+
+        grid, name = list(Cs), "C"
+    else:
+
+        def fit(a):
+            return make_pipeline(StandardScaler(), Ridge(alpha=a)).fit(train_feats, train_y.astype(float))
+
+        def score(m, x, y):
+            return _correlations(m.predict(x), y)["pearson"]
+
+        grid, name = list(alphas), "alpha"
+
+    fitted = {value: fit(value) for value in grid}
+    val_scores = {value: score(m, val_feats, val_y) for value, m in fitted.items()}
+    best = max(grid, key=lambda v: (val_scores[v], -grid.index(v)))  # ties: the stronger regularisation
+    model = fitted[best]
+    result = {"task_type": task_type, name: float(best), "num_train": int(len(train_y))}
+    if task_type == "classification":
+        result.update(
+            metric="accuracy",
+            validation_accuracy=val_scores[best],
+            train_accuracy=score(model, train_feats, train_y),
+            validation_scores={str(k): v for k, v in val_scores.items()},
+        )
+        if test_feats is not None:
+            result["test_accuracy"] = score(model, test_feats, test_y)
+    else:
+        val = _correlations(model.predict(val_feats), val_y)
+        result.update(
+            metric="pearson",
+            validation_pearson=val["pearson"],
+            validation_spearman=val["spearman"],
+            validation_scores={str(k): v for k, v in val_scores.items()},
+        )
+        if test_feats is not None:
+            test = _correlations(model.predict(test_feats), test_y)
+            result.update(test_pearson=test["pearson"], test_spearman=test["spearman"])
+    return result
+
+
+def _correlations(pred, gold) -> dict:
+    from scipy.stats import pearsonr, spearmanr
+
+    pred, gold = np.asarray(pred, dtype=float), np.asarray(gold, dtype=float)
+    if np.std(pred) == 0:  # a constant prediction has no correlation; count it as 0, not NaN
+        return {"pearson": 0.0, "spearman": 0.0}
+    return {"pearson": float(pearsonr(pred, gold)[0]), "spearman": float(spearmanr(pred, gold)[0])}
+
+
+# ---------------------------------------------------------------------------------------------
+# command
+# ---------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hf-lookaround probe", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model_name_or_path", required=True)
+    p.add_argument("--tokenizer_name", default=None)
+    p.add_argument("--dataset", default=None, help="a directory with {train,validation,test}.jsonl|csv, or a datasets name")
+    p.add_argument("--dataset_config_name", default=None)
+    p.add_argument("--task_name", default=None, help="a name for the results (default: the dataset's folder name)")
+    p.add_argument("--train_file", default=None)
+    p.add_argument("--validation_file", default=None)
+    p.add_argument("--test_file", default=None)
+    p.add_argument("--label_column", default="label")
+    p.add_argument("--pooling", choices=POOLINGS, default="mean")
+    p.add_argument(
+        "--attention_pattern",
+        choices=("pretrained", "causal", "bidirectional"),
+        default="pretrained",
+        help="pretrained = config.default_attention (LookAround models only for the others)",
+    )
+    p.add_argument("--max_length", type=int, default=None, help="default: the model's max positions")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--max_train_samples", type=int, default=None)
+    p.add_argument("--max_eval_samples", type=int, default=None, help="caps validation and test")
+    p.add_argument("--validation_fraction", type=float, default=0.1, help="held out of train when there is no validation split")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--device", default=None)
+    return p
+
+
+def _split_xy(ds, key1, key2, label_column, labels):
+    texts = list(ds[key1])  # datasets returns lazy Column objects; tokenizers want lists
+    pairs = list(ds[key2]) if key2 else None
+    y = list(ds[label_column]) if label_column in ds.column_names else None
+    if y is not None and not labels.is_regression:
+        index = {v: i for i, v in enumerate(labels.values)}
+        unknown = sorted({v for v in y if v not in index}, key=str)
+        if unknown:
+            raise ValueError(f"labels {unknown} do not occur in the train split (train labels: {labels.values})")
+        y = [index[v] for v in y]
+    return texts, pairs, (np.asarray(y) if y is not None else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from transformers import AutoModel, AutoTokenizer
+
+    import hf_lookaround  # noqa: F401  (registers the Auto classes)
+    from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info, load_labeled_splits
+
+    raw = load_labeled_splits(
+        task_name=None,
+        dataset=args.dataset,
+        dataset_config_name=args.dataset_config_name,
+        train_file=args.train_file,
+        validation_file=args.validation_file,
+        test_file=args.test_file,
+        label_column=args.label_column,
+    )
+    if "validation" not in raw:
+        logger.info("no validation split: holding out %.0f%% of train to choose C", 100 * args.validation_fraction)
+        parts = raw["train"].train_test_split(test_size=args.validation_fraction, seed=args.seed)
+        raw["train"], raw["validation"] = parts["train"], parts["test"]
+    caps = {"train": args.max_train_samples, "validation": args.max_eval_samples, "test": args.max_eval_samples}
+    for split, cap in caps.items():
+        if split in raw and cap is not None and cap < len(raw[split]):
+            logger.info("using the first %d of %d %s examples", cap, len(raw[split]), split)
+            raw[split] = raw[split].select(range(cap))
+
+    labels = label_info(raw, label_column=args.label_column)
+    key1, key2 = detect_sentence_columns(raw["train"], label_column=args.label_column)
+    logger.info("sentence column(s): %s; %s", (key1, key2), "regression" if labels.is_regression else f"{labels.num_labels} classes")
+
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+    model = AutoModel.from_pretrained(args.model_name_or_path)
+    model.to(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    pattern = None if args.attention_pattern == "pretrained" else args.attention_pattern
+    max_length = _max_length(model, tokenizer, args.max_length)
+
+    feats, ys, truncated = {}, {}, {}
+    for split in ("train", "validation", "test"):
+        if split not in raw or (split == "test" and args.label_column not in raw[split].column_names):
+            continue
+        texts, pairs, ys[split] = _split_xy(raw[split], key1, key2, args.label_column, labels)
+        truncated[split] = count_truncated(tokenizer, texts, max_length, pairs)
+        feats[split] = extract_features(model, tokenizer, texts, args.pooling, pattern, args.batch_size, max_length, pairs)
+
+    result = linear_probe(
+        feats["train"], ys["train"], feats["validation"], ys["validation"], feats.get("test"), ys.get("test"),
+        task_type="regression" if labels.is_regression else "classification", seed=args.seed,
+    )
+    dataset = args.dataset or args.train_file
+    if args.task_name or not dataset:
+        task = args.task_name
+    else:  # the folder name: .../classification/trec/train.jsonl -> trec
+        path = Path(dataset.rstrip("/"))
+        task = path.parent.name if path.is_file() else path.name
+    effective_pattern = pattern or getattr(model.config, "default_attention", None)
+    report = {
+        "task": task,
+        "dataset": dataset,
+        **result,
+        "model": args.model_name_or_path,
+        "pooling": args.pooling,
+        "attention_pattern": effective_pattern,
+        "max_length": max_length,
+        "num_truncated": truncated,
+        "num_examples": {s: int(len(y)) for s, y in ys.items()},
+    }
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe_results.json").write_text(json.dumps(report, indent=2) + "\n")
+    shown = {k: report[k] for k in report if k.startswith(("test_", "validation_")) and k != "validation_scores"}
+    print(json.dumps(shown), f"\nwrote {out / 'probe_results.json'}")
+    return 0

@@ -1,0 +1,421 @@
+"""Pretraining with ``Trainer``: ``hf-lookaround pretrain`` and ``examples/run_pretraining.py``.
+
+Arguments are parsed with ``HfArgumentParser`` into :class:`ModelArguments`, :class:`DataArguments`,
+:class:`ObjectiveArguments` and transformers' ``TrainingArguments``, so every Trainer option
+(``--output_dir``, ``--max_steps``, ``--push_to_hub``, ``--resume_from_checkpoint``, ...) works,
+and so does ``accelerate launch``. A single ``.json`` argument is read as a file of arguments.
+
+The pipeline:
+
+1. read text (local files/folders or a ``datasets`` name) and hold out validation documents;
+2. load a tokenizer (directory or hub name) or train one on the training text;
+3. build the model: two-stream objectives train ``LookAroundForPreTraining``; the single-stream
+   masked form trains ``LookAroundForMaskedLM``. The objective and the plan's parameters are stored
+   in ``config.objective`` / ``config.plan_params`` (the keyword arguments of ``plans.make_plan``),
+   and ``config.default_attention`` is ``causal`` for ar/dar and ``bidirectional`` otherwise;
+4. chunk text into BOS-prefixed blocks and train with the objective's collator. Evaluation reports
+   ``eval_loss`` and ``eval_objective_perplexity = exp(eval_loss)`` (the perplexity *of the
+   objective*, which differs between objectives); at the end, if ``do_eval``, the protocol of
+   :mod:`hf_lookaround.evaluation.perplexity` gives ``p(x_k | x_<k)`` on validation documents,
+   comparable across objectives (``eval_ar_perplexity`` or ``eval_masked_perplexity``).
+
+Mask tokens: the two-stream masked form never feeds ``[MASK]`` (the query stream has no access to
+the masked token), so it does not need one; only ``--masked_form single_stream`` requires the
+tokenizer to have a mask token.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    HfArgumentParser,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    set_seed,
+)
+from transformers.trainer_utils import get_last_checkpoint
+
+from . import plans
+from .collators import MASKED_FORMS, PlanCollator, make_collator, max_targets
+from .data import chunk_into_blocks, load_texts
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ModelArguments",
+    "DataArguments",
+    "ObjectiveArguments",
+    "LookAroundTrainer",
+    "CollatorEpochCallback",
+    "parse_args",
+    "run",
+    "main",
+]
+
+MASKED = ("mlm", "vmlm")
+
+
+@dataclass
+class ModelArguments:
+    preset: str = field(default="small", metadata={"help": "size preset: tiny, mini, small, base, large"})
+    config_name: str | None = field(default=None, metadata={"help": "a config.json (or a folder holding one) instead of a preset"})
+    config_overrides: str | None = field(
+        default=None, metadata={"help": "comma-separated key=value over the config, e.g. 'hidden_size=128,num_hidden_layers=2'"}
+    )
+    model_name_or_path: str | None = field(default=None, metadata={"help": "continue pretraining from this checkpoint"})
+    tokenizer_name: str | None = field(default=None, metadata={"help": "tokenizer folder or hub name"})
+    train_tokenizer: bool = field(default=False, metadata={"help": "train a byte-level BPE on the training text"})
+    tokenizer_vocab_size: int = field(default=8192, metadata={"help": "vocabulary of a trained tokenizer"})
+    attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flex_attention"})
+
+
+@dataclass
+class DataArguments:
+    train_files: list[str] = field(default_factory=list, metadata={"help": "text/JSONL(.gz) files or folders"})
+    validation_files: list[str] = field(default_factory=list, metadata={"help": "held-out files or folders"})
+    dataset_name: str | None = field(default=None, metadata={"help": "a `datasets` name (network or cache needed)"})
+    dataset_config_name: str | None = None
+    text_column: str = field(default="text", metadata={"help": "JSON field / dataset column holding the text"})
+    validation_split_percentage: float = field(
+        default=5.0, metadata={"help": "documents held out for validation when no validation data is given"}
+    )
+    block_size: int = field(default=256, metadata={"help": "tokens per training block, BOS included"})
+    max_train_samples: int | None = field(default=None, metadata={"help": "truncate the training blocks"})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "truncate the validation blocks"})
+    perplexity_max_documents: int = field(
+        default=100, metadata={"help": "validation documents scored with the p(x_k|x_<k) protocol at the end"}
+    )
+
+
+@dataclass
+class ObjectiveArguments:
+    objective: str = field(default="ar", metadata={"help": f"one of {plans.PLAN_NAMES}"})
+    group_size: list[int] = field(
+        default_factory=lambda: [2],
+        metadata={"help": "dar: group size t, or several (a mixture)", "aliases": ["--group_sizes"]},
+    )
+    mask_ratio: float = field(default=0.15, metadata={"help": "mlm: masking ratio"})
+    mask_ratio_range: list[float] = field(default_factory=lambda: [0.15, 0.3], metadata={"help": "vmlm: a b"})
+    num_groups: int = field(default=20, metadata={"help": "gvp: K"})
+    segmentation: str = field(default="mixed", metadata={"help": "gvp: fixed, random or mixed"})
+    masked_form: str = field(default="two_stream", metadata={"help": "mlm/vmlm: two_stream or single_stream ([MASK])"})
+    mask_replace_prob: float = field(default=0.8, metadata={"help": "single_stream: share of masked tokens -> [MASK]"})
+    random_replace_prob: float = field(default=0.1, metadata={"help": "single_stream: share -> a random token"})
+
+    def __post_init__(self):
+        if self.objective not in plans.PLAN_NAMES:
+            raise ValueError(f"--objective must be one of {plans.PLAN_NAMES}, got {self.objective!r}")
+        if self.masked_form not in MASKED_FORMS:
+            raise ValueError(f"--masked_form must be one of {MASKED_FORMS}, got {self.masked_form!r}")
+        if self.objective == "vmlm":
+            plans.check_mask_ratio_range(self.mask_ratio_range)
+
+    @property
+    def single_stream(self) -> bool:
+        return self.objective in MASKED and self.masked_form == "single_stream"
+
+    def plan_params(self) -> dict:
+        """The keyword arguments of ``plans.make_plan`` for this objective (stored in ``config.plan_params``)."""
+        t = self.group_size[0] if len(self.group_size) == 1 else list(self.group_size)
+        return {
+            "ar": {},
+            "dar": {"t": t},
+            "mlm": {"mask_ratio": self.mask_ratio},
+            "vmlm": {"mask_ratio_range": list(self.mask_ratio_range)},
+            "gvp": {"num_groups": self.num_groups, "segmentation": self.segmentation},
+        }[self.objective]
+
+    def collator_params(self) -> dict:
+        params = {"t": "group_size"}
+        out = {params.get(k, k): (tuple(v) if k == "mask_ratio_range" else v) for k, v in self.plan_params().items()}
+        if self.objective in MASKED:
+            out.update(form=self.masked_form, mask_replace_prob=self.mask_replace_prob,
+                       random_replace_prob=self.random_replace_prob)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainer pieces
+# ---------------------------------------------------------------------------------------------
+class CollatorEpochCallback(TrainerCallback):
+    """Tell the collator the epoch, so that a batch seen again in a later epoch gets a new plan.
+
+    ``on_epoch_begin`` runs before the epoch's dataloader iterator (and its workers) is created.
+    On resume, ``state.epoch`` is restored from the checkpoint, so the epoch is the same as in an
+    uninterrupted run."""
+
+    def __init__(self, collator: PlanCollator):
+        self.collator = collator
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.collator.set_epoch(int(math.floor((state.epoch or 0.0) + 1e-6)))
+
+
+class LookAroundTrainer(Trainer):
+    """``Trainer`` with a fixed-plan evaluation collator and the objective's perplexity in eval metrics."""
+
+    def __init__(self, *args, eval_data_collator=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.eval_data_collator = eval_data_collator
+        # The LookAround heads average their loss over the targets of the batch and do not read
+        # `num_items_in_batch`; let Trainer scale the loss for gradient accumulation itself.
+        self.model_accepts_loss_kwargs = False
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        # evaluation draws the same plans every time (a fixed collator at epoch 0), so eval losses
+        # of successive evaluations are comparable
+        if self.eval_data_collator is None:
+            return super().get_eval_dataloader(eval_dataset)
+        train_collator, self.data_collator = self.data_collator, self.eval_data_collator
+        try:
+            return super().get_eval_dataloader(eval_dataset)
+        finally:
+            self.data_collator = train_collator
+
+    def evaluation_loop(self, *args, **kwargs):
+        output = super().evaluation_loop(*args, **kwargs)
+        for key in [k for k in output.metrics if k.endswith("_loss")]:
+            output.metrics[key[: -len("loss")] + "objective_perplexity"] = math.exp(min(output.metrics[key], 50.0))
+        return output
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks (the demo reuses them)
+# ---------------------------------------------------------------------------------------------
+def load_tokenizer(model_args: ModelArguments, train_texts=None, save_dir=None, block_size=None):
+    if model_args.train_tokenizer:
+        from .tokenization import train_tokenizer
+
+        if train_texts is None:
+            raise ValueError("--train_tokenizer needs training text")
+        logger.info("training a byte-level BPE tokenizer (%d tokens)", model_args.tokenizer_vocab_size)
+        return train_tokenizer(train_texts, vocab_size=model_args.tokenizer_vocab_size, model_max_length=block_size,
+                               output_dir=save_dir)
+    name = model_args.tokenizer_name or model_args.model_name_or_path
+    if name is None:
+        raise ValueError("give a tokenizer (--tokenizer_name DIR_OR_HUB_NAME) or pass --train_tokenizer to train one")
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    if tokenizer.pad_token is None:
+        # blocks all have the same length, so padding never reaches the loss; collators still need an id
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def check_tokenizer(tokenizer, objective_args: ObjectiveArguments) -> None:
+    if objective_args.single_stream and tokenizer.mask_token_id is None:
+        raise ValueError(
+            f"--objective {objective_args.objective} --masked_form single_stream feeds [MASK] inputs, but the tokenizer "
+            "has no mask token: use a tokenizer with one (e.g. --train_tokenizer) or --masked_form two_stream"
+        )
+    if tokenizer.bos_token_id is None and tokenizer.cls_token_id is None:
+        raise ValueError("the tokenizer has no BOS or CLS token to start each block with (the rank-0 condition token)")
+
+
+def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments, tokenizer, block_size: int):
+    from .configuration_lookaround import LookAroundConfig
+
+    if model_args.model_name_or_path:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+    elif model_args.config_name:
+        path = Path(model_args.config_name)
+        config = LookAroundConfig.from_json_file(path) if path.is_file() else LookAroundConfig.from_pretrained(path)
+    else:
+        config = LookAroundConfig.from_preset(model_args.preset)
+    if model_args.config_overrides:
+        for item in model_args.config_overrides.split(","):
+            key, _, value = item.partition("=")
+            if not hasattr(config, key.strip()):
+                raise ValueError(f"--config_overrides: the config has no field {key.strip()!r}")
+            old = getattr(config, key.strip())
+            setattr(config, key.strip(), type(old)(value) if old is not None and not isinstance(old, bool) else json.loads(value))
+    if not model_args.model_name_or_path:
+        config.vocab_size = len(tokenizer)
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id"):
+            setattr(config, name, getattr(tokenizer, name, None))
+    elif len(tokenizer) > config.vocab_size:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the checkpoint's vocabulary has {config.vocab_size}")
+    if block_size > config.max_position_embeddings:
+        raise ValueError(
+            f"--block_size {block_size} is larger than the model's max_position_embeddings "
+            f"({config.max_position_embeddings}): lower --block_size or raise max_position_embeddings"
+        )
+    config.objective = objective_args.objective
+    config.plan_params = objective_args.plan_params()
+    config.default_attention = "causal" if objective_args.objective in ("ar", "dar") else "bidirectional"
+    config.validate_lookaround()
+    return config
+
+
+def build_model(config, model_args: ModelArguments, objective_args: ObjectiveArguments):
+    from .modeling_lookaround import LookAroundForMaskedLM, LookAroundForPreTraining
+
+    cls = LookAroundForMaskedLM if objective_args.single_stream else LookAroundForPreTraining
+    kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
+    if model_args.model_name_or_path:
+        return cls.from_pretrained(model_args.model_name_or_path, config=config, **kwargs)
+    return cls._from_config(config, **kwargs)
+
+
+def build_collators(objective_args: ObjectiveArguments, tokenizer, seed: int, block_size: int, static_shapes: bool):
+    """The training collator (per-batch seeds from ``seed``) and a fixed-plan evaluation collator."""
+    params = objective_args.collator_params()
+    if static_shapes and not objective_args.single_stream:
+        plan_params = objective_args.plan_params()
+        params["pad_targets_to"] = max_targets(objective_args.objective, block_size, **plan_params)
+    train = make_collator(objective_args.objective, tokenizer, seed=seed, **params)
+    evaluation = make_collator(objective_args.objective, tokenizer, seed=seed + 1, **params)
+    return train, evaluation
+
+
+def read_splits(data_args: DataArguments):
+    """Training and validation documents."""
+    source = data_args.train_files or (
+        [data_args.dataset_name + (f":{data_args.dataset_config_name}" if data_args.dataset_config_name else "")]
+        if data_args.dataset_name else []
+    )
+    if not source:
+        raise ValueError("give training data: --train_files FILES_OR_FOLDERS or --dataset_name NAME")
+    train = load_texts(source, data_args.text_column, split="train")
+    if data_args.validation_files:
+        return train, load_texts(data_args.validation_files, data_args.text_column, split="validation")
+    if data_args.dataset_name and not data_args.train_files:
+        try:
+            return train, load_texts(source, data_args.text_column, split="validation")
+        except ValueError:
+            pass
+    # hold out the last documents: deterministic, and no document is split between the two sets
+    held = int(round(len(train) * data_args.validation_split_percentage / 100))
+    if held == 0:
+        return train, []
+    if held >= len(train):
+        raise ValueError(f"--validation_split_percentage {data_args.validation_split_percentage} leaves no training documents")
+    return train[:-held], train[-held:]
+
+
+def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments, block_size: int, batch_size: int):
+    """``p(x_k | x_<k)`` on held-out documents with the protocol of hf_lookaround.evaluation.perplexity."""
+    try:
+        from .evaluation.perplexity import masked_perplexity
+    except ImportError:
+        logger.warning("hf_lookaround.evaluation.perplexity is not available: no final perplexity")
+        return {}
+    mode = "mask_token" if objective_args.single_stream else "two_stream"
+    was_training = model.training
+    model.eval()
+    try:
+        result = masked_perplexity(model, tokenizer, texts, max_length=block_size, stride=max(1, block_size // 2),
+                                   batch_size=batch_size, mode=mode)
+    finally:
+        model.train(was_training)
+    name = "eval_masked_perplexity" if objective_args.objective in MASKED else "eval_ar_perplexity"
+    return {name: result.perplexity, "eval_bits_per_byte": result.bits_per_byte}
+
+
+def write_card(output_dir, objective_args: ObjectiveArguments, dataset) -> None:
+    try:
+        from .hub import write_model_card
+    except ImportError:
+        return
+    accepted = inspect.signature(write_model_card).parameters
+    kwargs = {"objective": objective_args.objective, "plan_params": objective_args.plan_params(), "dataset": dataset}
+    write_model_card(output_dir, **{k: v for k, v in kwargs.items() if k in accepted})
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+# ---------------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None):
+    parser = HfArgumentParser((ModelArguments, DataArguments, ObjectiveArguments, TrainingArguments))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+    if not any(a == "--report_to" or a.startswith("--report_to=") for a in argv):
+        argv += ["--report_to", "tensorboard"]  # TensorBoard logs under output_dir/runs by default
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def run(model_args: ModelArguments, data_args: DataArguments, objective_args: ObjectiveArguments,
+        training_args: TrainingArguments) -> dict:
+    """Pretrain; return the final metrics."""
+    set_seed(training_args.seed)
+    # only the loss is needed from evaluation: gathering (B, M, V) logits would waste memory
+    training_args.prediction_loss_only = True
+    block_size = data_args.block_size
+
+    train_texts, eval_texts = read_splits(data_args)
+    tokenizer = load_tokenizer(model_args, train_texts, save_dir=None, block_size=block_size)
+    check_tokenizer(tokenizer, objective_args)
+    config = build_config(model_args, objective_args, tokenizer, block_size)
+    model = build_model(config, model_args, objective_args)
+
+    with training_args.main_process_first(desc="tokenizing and chunking"):
+        train_blocks = chunk_into_blocks(train_texts, tokenizer, block_size)
+        eval_blocks = chunk_into_blocks(eval_texts, tokenizer, block_size) if eval_texts else None
+    if data_args.max_train_samples:
+        train_blocks = train_blocks.select(range(min(data_args.max_train_samples, len(train_blocks))))
+    if eval_blocks is not None and data_args.max_eval_samples:
+        eval_blocks = eval_blocks.select(range(min(data_args.max_eval_samples, len(eval_blocks))))
+    if training_args.do_eval and eval_blocks is None:
+        raise ValueError("--do_eval needs validation data: --validation_files or --validation_split_percentage > 0")
+    logger.info("%d training blocks of %d tokens; %s validation blocks", len(train_blocks), block_size,
+                len(eval_blocks) if eval_blocks is not None else 0)
+
+    train_collator, eval_collator = build_collators(
+        objective_args, tokenizer, training_args.seed, block_size, static_shapes=bool(training_args.torch_compile)
+    )
+    trainer = LookAroundTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_blocks,
+        eval_dataset=eval_blocks,
+        data_collator=train_collator,
+        eval_data_collator=eval_collator,
+        processing_class=tokenizer,
+        callbacks=[CollatorEpochCallback(train_collator)],
+    )
+
+    metrics: dict = {}
+    if training_args.do_train:
+        checkpoint = training_args.resume_from_checkpoint
+        if checkpoint in ("last", "True", "true"):
+            checkpoint = get_last_checkpoint(training_args.output_dir)
+            if checkpoint is None:
+                raise ValueError(f"--resume_from_checkpoint last: no checkpoint in {training_args.output_dir}")
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model()
+        metrics.update(result.metrics)
+        trainer.log_metrics("train", result.metrics)
+        trainer.save_metrics("train", result.metrics)
+        trainer.save_state()
+    if training_args.do_eval:
+        eval_metrics = trainer.evaluate()
+        eval_metrics.update(final_perplexity(
+            trainer.model, tokenizer, eval_texts[: data_args.perplexity_max_documents], objective_args, block_size,
+            training_args.per_device_eval_batch_size,
+        ))
+        trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
+        metrics.update(eval_metrics)
+    if training_args.do_train and trainer.is_world_process_zero():
+        write_card(training_args.output_dir, objective_args,
+                   data_args.dataset_name or [str(f) for f in data_args.train_files])
+    if training_args.push_to_hub:
+        trainer.push_to_hub(finetuned_from=model_args.model_name_or_path)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    run(*parse_args(argv))
+    return 0

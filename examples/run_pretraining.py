@@ -15,15 +15,12 @@ All of transformers' TrainingArguments work. The code lives in hf_lookaround.pre
 
 import sys
 
-from transformers import TrainingArguments
-
-from hf_lookaround.pretraining import DataArguments, ModelArguments, ObjectiveArguments, parse_args, run
+from hf_lookaround.pretraining import parse_args, run
 
 
 def main() -> int:
+    # HfArgumentParser over (ModelArguments, DataArguments, ObjectiveArguments, TrainingArguments)
     model_args, data_args, objective_args, training_args = parse_args(sys.argv[1:])
-    assert isinstance(model_args, ModelArguments) and isinstance(data_args, DataArguments)
-    assert isinstance(objective_args, ObjectiveArguments) and isinstance(training_args, TrainingArguments)
     run(model_args, data_args, objective_args, training_args)
     return 0
 

@@ -76,7 +76,8 @@ def build_tokenizer(kind: str, texts: list[str], vocab_size: int = 1000) -> Call
 
     - ``words``: lower-cased words and punctuation; the ``vocab_size - 1`` most frequent get ids,
       the rest map to one unknown id;
-    - ``bpe``: a byte-level BPE of ``vocab_size`` trained here with the ``tokenizers`` library;
+    - ``bpe``: a byte-level BPE of ``vocab_size`` (>= 261) trained here by
+      :func:`hf_lookaround.tokenization.train_tokenizer`;
     - anything else is a path to a tokenizer directory for ``AutoTokenizer.from_pretrained``.
     """
     if vocab_size < 2:
@@ -86,16 +87,10 @@ def build_tokenizer(kind: str, texts: list[str], vocab_size: int = 1000) -> Call
         ids = {w: i + 1 for i, (w, _) in enumerate(counts.most_common(vocab_size - 1))}  # 0 = unknown
         return lambda text: [ids.get(w, 0) for w in _WORD.findall(text.lower())]
     if kind == "bpe":
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from ..tokenization import train_tokenizer
 
-        tokenizer = Tokenizer(models.BPE())
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tokenizer.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-        )
-        tokenizer.train_from_iterator(texts, trainer)
-        return lambda text: tokenizer.encode(text).ids
+        tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
+        return lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(kind)

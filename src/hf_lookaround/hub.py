@@ -88,8 +88,9 @@ EVALUATION_PROTOCOLS = [
     "LoRA (`peft`); metrics as GLUE defines them per task.",
 ]
 VISION_PROTOCOLS = [
-    "**Vision**: linear probe and fine-tune accuracy; reconstruction L2 of masked images, predicted group by "
-    "group (paper (a) Table 8, paper (b) Table 8).",
+    "**Linear probing** (paper (a) §3.3, Thm 4.1): frozen features, a logistic regression on top; accuracy.",
+    "**Fine-tuning**: accuracy of the whole network fine-tuned for classification.",
+    "**Reconstruction**: L2 error of masked images, predicted group by group (paper (a) Table 8, paper (b) Table 8).",
 ]
 
 # Paper (b)'s authors could not be verified offline: see the TODO in docs/hub.md. Do not invent them.
@@ -135,7 +136,18 @@ def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def collect_results(checkpoint_dir, dataset: str | None = None) -> list:
+# Metric names of the evaluation commands -> (model-index metric type, readable name).
+METRIC_NAMES = {
+    "loss": ("loss", "held-out loss of the pretraining objective"),
+    "perplexity": ("perplexity", "perplexity"),
+    "ar_perplexity": ("perplexity", "AR perplexity p(x_k | x_<k)"),
+    "masked_perplexity": ("perplexity", "masked-prefix perplexity p(x_k | x_<k)"),
+    "pseudo_perplexity": ("pseudo-perplexity", "pseudo-perplexity (every token masked in turn)"),
+    "bits_per_byte": ("bits_per_byte", "bits per byte"),
+}
+
+
+def collect_results(checkpoint_dir, dataset: str | None = None, task_type: str = "text-generation") -> list:
     """Evaluation results found in ``checkpoint_dir`` as ``huggingface_hub.EvalResult`` entries.
 
     Reads whichever of these exist (missing keys are skipped, never an error):
@@ -145,6 +157,8 @@ def collect_results(checkpoint_dir, dataset: str | None = None) -> list:
     - ``probe_results.json``: ``{"task", "dataset", "metric", "test_<metric>"}`` (or a list of such),
       the linear probe;
     - ``perplexity.json``: ``{"dataset", "ar_perplexity", "masked_perplexity", "bits_per_byte"}``.
+
+    ``task_type`` is the model-index task of the language-modelling numbers (``fill-mask`` for masked models).
     """
     from huggingface_hub import EvalResult
 
@@ -159,10 +173,11 @@ def collect_results(checkpoint_dir, dataset: str | None = None) -> list:
             name = key[len("eval_"):] if key.startswith("eval_") else key if key == "perplexity" else None
             if name is None or name in skip or _number(value) is None:
                 continue
+            metric_type, metric_name = METRIC_NAMES.get(name, (name, f"eval {name}"))
             results.append(EvalResult(
-                task_type="text-generation", task_name="Pretraining objective (held-out)",
+                task_type=task_type, task_name="Pretraining data (held-out)",
                 dataset_type=source, dataset_name=source, dataset_split="validation",
-                metric_type=name, metric_name=f"eval {name}", metric_value=_number(value),
+                metric_type=metric_type, metric_name=metric_name, metric_value=_number(value),
             ))
 
     probes = _read_json(folder / "probe_results.json")
@@ -181,15 +196,12 @@ def collect_results(checkpoint_dir, dataset: str | None = None) -> list:
     ppl = _read_json(folder / "perplexity.json")
     if isinstance(ppl, dict):
         data = ppl.get("dataset") or source
-        for key, metric, label in (
-            ("ar_perplexity", "perplexity", "AR perplexity p(x_k | x_<k)"),
-            ("masked_perplexity", "perplexity", "masked-prefix perplexity p(x_k | x_<k)"),
-            ("bits_per_byte", "bits_per_byte", "bits per byte"),
-        ):
+        for key in ("ar_perplexity", "masked_perplexity", "pseudo_perplexity", "bits_per_byte"):
             value = _number(ppl.get(key))
+            metric, label = METRIC_NAMES[key]
             if value is not None:
                 results.append(EvalResult(
-                    task_type="text-generation", task_name="Language modelling",
+                    task_type=task_type, task_name="Language modelling",
                     dataset_type=data, dataset_name=data, dataset_split=ppl.get("split", "test"),
                     metric_type=metric, metric_name=label, metric_value=value,
                 ))
@@ -246,9 +258,9 @@ def _num_parameters(folder: Path) -> int | None:
     return total
 
 
-def _human(n: int | None) -> str:
+def _human(n: int | None) -> str | None:
     if n is None:
-        return "unknown"
+        return None
     for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:
             return f"{n / scale:.1f}{unit}"
@@ -298,10 +310,12 @@ def build_model_card(
     ]
     datasets = [dataset] if isinstance(dataset, str) else list(dataset or [])
     # The Hub's `datasets` metadata takes dataset ids; a local path would be a broken link.
-    hub_datasets = [d for d in datasets if d.count("/") <= 1 and not os.path.exists(d) and " " not in d]
+    # ("name:config" is how the pretraining script names a datasets config)
+    hub_datasets = [d.split(":")[0] for d in datasets if d.count("/") <= 1 and not os.path.exists(d) and " " not in d]
     model_id = model_id or REPO_PLACEHOLDER
-    eval_results = collect_results(folder, dataset=", ".join(datasets) or None)
     pipeline_tag = {"two-stream": "text-generation", "masked": "fill-mask", "vision": "image-feature-extraction"}
+    eval_results = collect_results(folder, dataset=", ".join(datasets) or None,
+                                   task_type=pipeline_tag[family] if family != "vision" else "image-classification")
 
     card_args = {k: v for k, v in dict(objective=objective, plan_params=given or None, dataset=dataset or None,
                                        dataset_description=dataset_description, family=family).items() if v}
@@ -345,7 +359,8 @@ def build_model_card(
             for r in eval_results
         ],
         plan_kwargs="".join(f", {k}={v!r}" for k, v in sorted(given.items())),
-        protocols=EVALUATION_PROTOCOLS + (VISION_PROTOCOLS if family == "vision" else []),
+        # text protocols for text models; a vision model is probed, fine-tuned and scored on reconstruction
+        protocols=VISION_PROTOCOLS if family == "vision" else EVALUATION_PROTOCOLS,
         heads=[(head, auto) for head, (auto, _) in HEADS.items()],
         citation=CITATION,
     )
@@ -446,14 +461,21 @@ def ensure_remote_code(folder) -> list[str]:
             "LookAround checkpoint, so hf_lookaround cannot supply its remote code"
         )
     written = []
-    if _remote_code_problems(folder, [CONFIG_MODULE, MODEL_MODULE]):
+    problems = _remote_code_problems(folder, [CONFIG_MODULE, MODEL_MODULE])
+    if problems:
+        replaced = []
         for source in _package_module_files():
             target = folder / source.name
-            if target.is_symlink():
+            if target.is_symlink() or target.exists():
+                replaced.append(source.name)
                 target.unlink()
             shutil.copyfile(source, target)
             written.append(source.name)
-        logger.info("added remote code from the installed hf_lookaround: %s", ", ".join(written))
+        if replaced:  # the checkpoint's own copy was incomplete: the package's may be a newer version
+            logger.warning("replaced the checkpoint's remote code (%s) by the installed hf_lookaround's: %s",
+                           "; ".join(problems), ", ".join(replaced))
+        else:
+            logger.info("added remote code from the installed hf_lookaround: %s", ", ".join(written))
     problems = _remote_code_problems(folder, [CONFIG_MODULE, MODEL_MODULE])
     if problems:
         raise ValueError("the remote-code files cannot be loaded without hf_lookaround:\n  " + "\n  ".join(problems))

@@ -83,10 +83,12 @@ class AttentionPlan:
         """A FlexAttention ``BlockMask`` from the same rule."""
         from torch.nn.attention.flex_attention import create_block_mask
 
-        q_rank, strict, k_rank, k_valid = self.query_rank, self.query_is_strict, self.key_rank, self.key_valid
+        # int32 everywhere: inductor's CPU code generation fails on bool/int64 loads inside mask_mod
+        q_rank, k_rank = self.query_rank.int(), self.key_rank.int()
+        strict, k_valid = self.query_is_strict.int(), self.key_valid.int()
 
         def mask_mod(b, h, q_idx, kv_idx):
-            return may_attend(q_rank[b, q_idx], k_rank[b, kv_idx], strict[b, q_idx], k_valid[b, kv_idx])
+            return may_attend(q_rank[b, q_idx], k_rank[b, kv_idx], strict[b, q_idx] != 0, k_valid[b, kv_idx] != 0)
 
         batch, rows = q_rank.shape
         return create_block_mask(mask_mod, batch, None, rows, k_rank.shape[1], device=q_rank.device)

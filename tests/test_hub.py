@@ -260,3 +260,18 @@ def test_push_requires_network_mode(checkpoint, monkeypatch):
         hub_module.push_checkpoint(checkpoint, "lab/offline")
     with pytest.raises(ValueError, match="no config.json"):
         hub_module.push_checkpoint(checkpoint.parent, "lab/offline")
+
+
+def test_push_trainer_output_uses_the_trainer_hub_arguments(server, online, checkpoint, tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    model = LookAroundForPreTraining.from_pretrained(checkpoint)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), hub_model_id="lab/from-trainer", hub_private_repo=True,
+                             hub_token="hf_trainer_token", report_to=[])
+    hub_module.push_trainer_output(Trainer(model=model, args=args), dataset="sotu")
+    repo = server.repo("lab/from-trainer")
+    assert repo.private and server.auth_headers[-1] == "Bearer hf_trainer_token"
+    files = repo.files("main")
+    assert files["model.safetensors"] == (tmp_path / "out" / "model.safetensors").read_bytes()
+    card = files["README.md"].decode()
+    assert "objective (`dar`)" in card and 'from_pretrained("lab/from-trainer"' in card and "\nsotu." in card

@@ -570,7 +570,10 @@ def _stage(folder: Path, staging: Path, repo_id: str, card_kwargs: dict | None) 
     if readme.exists():
         from huggingface_hub import ModelCard
 
-        stored = ModelCard.load(readme).data.to_dict().get(CARD_ARGS_KEY)
+        try:
+            stored = ModelCard.load(readme).data.to_dict().get(CARD_ARGS_KEY)
+        except Exception:  # unparsable metadata: a hand-written card, uploaded as it is
+            stored = None
     if not readme.exists() or stored is not None or card_kwargs:
         args = {**(stored or {}), **(card_kwargs or {}), "model_id": repo_id}
         write_model_card(staging, **args)
@@ -636,8 +639,8 @@ def push_trainer_output(trainer, repo_id: str | None = None, **card_kwargs):
 
     Saves the model and tokenizer to ``args.output_dir``, writes our model card there, and pushes
     the folder with :func:`push_checkpoint`, using the Trainer's hub arguments (``hub_model_id``,
-    ``hub_token``, ``hub_private_repo``, ``hub_revision``). ``trainer.push_to_hub`` would replace the
-    card by Trainer's generic one and skip the remote code of an unregistered model.
+    ``hub_token``, ``hub_private_repo``, ``hub_revision``). ``trainer.push_to_hub`` would replace our
+    card by Trainer's generic one and upload an ``auto_map`` that names only the saved head.
     """
     args = trainer.args
     trainer.save_model(args.output_dir)
@@ -655,15 +658,16 @@ def push_trainer_output(trainer, repo_id: str | None = None, **card_kwargs):
 def _fetch_weights(repo_id: str, hub_kwargs: dict) -> Path:
     """Download the weights of ``repo_id`` (into the cache) and return the snapshot folder that holds them."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
+    # only the server saying "no such file" counts as missing; offline cache misses keep their own error
+    from huggingface_hub.errors import RemoteEntryNotFoundError
 
     try:
         return Path(hf_hub_download(repo_id, WEIGHTS_NAME, **hub_kwargs)).parent
-    except EntryNotFoundError:
+    except RemoteEntryNotFoundError:
         pass
     try:
         index = Path(hf_hub_download(repo_id, WEIGHTS_INDEX_NAME, **hub_kwargs))
-    except EntryNotFoundError:
+    except RemoteEntryNotFoundError:
         raise ValueError(
             f"no weights in the Hub repo {repo_id}: expected {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}. "
             f"Push the checkpoint again (hf-lookaround push <checkpoint_dir> {repo_id})."
@@ -672,7 +676,7 @@ def _fetch_weights(repo_id: str, hub_kwargs: dict) -> Path:
     for shard in sorted(set((data.get("weight_map") or {}).values())):
         try:
             hf_hub_download(repo_id, shard, **hub_kwargs)
-        except EntryNotFoundError:
+        except RemoteEntryNotFoundError:
             raise ValueError(f"{shard}, listed in {WEIGHTS_INDEX_NAME}, is missing from the Hub repo {repo_id}; "
                              "push the checkpoint again") from None
     return index.parent

@@ -198,7 +198,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._resolve(path, head=True)
 
     def do_GET(self) -> None:
-        path, _ = self._record()
+        path, query = self._record()
         if path.startswith("/api/"):
             m = _API.match(path)
             if m is None:
@@ -211,7 +211,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._info(repo, unquote(rest[len("/revision/"):]) if rest else "main")
             if rest.startswith("/tree/"):
                 rev, _, sub = rest[len("/tree/"):].partition("/")
-                return self._tree(repo, unquote(rev), unquote(sub))
+                recursive = query.get("recursive", ["false"])[0].lower() in ("1", "true")
+                return self._tree(repo, unquote(rev), unquote(sub), recursive)
             return self._error(404, f"no route GET {path}")
         self._resolve(path, head=False)
 
@@ -324,7 +325,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _entry(path: str, data: bytes) -> dict:
         return {"type": "file", "path": path, "size": len(data), "oid": git_blob_sha1(data)}
 
-    def _tree(self, repo: Repo, rev: str, sub: str) -> None:
+    def _tree(self, repo: Repo, rev: str, sub: str, recursive: bool = False) -> None:
         sha = repo.resolve(rev)
         if sha is None:
             return self._error(404, f"Invalid rev id: {rev}", "RevisionNotFound")
@@ -335,7 +336,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not path.startswith(prefix):
                 continue
             head, sep, _ = path[len(prefix):].partition("/")
-            if sep:  # a sub-folder: list it once (the client asks recursively when it needs more)
+            if sep and not recursive:  # a sub-folder: listed once, its content on request
                 if head not in folders:
                     folders.add(head)
                     entries.append({"type": "directory", "path": prefix + head, "oid": "0" * 40, "size": 0})

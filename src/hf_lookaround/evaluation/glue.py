@@ -1,0 +1,343 @@
+"""GLUE-style fine-tuning with ``Trainer``, fully or with LoRA: ``hf-lookaround glue`` and ``examples/run_glue.py``.
+
+In the manner of transformers' ``run_glue.py``: ``HfArgumentParser`` over :class:`ModelArguments`,
+:class:`DataTrainingArguments` and ``TrainingArguments`` (so every Trainer option works, and a single
+``.json`` argument is read as a file of arguments).
+
+- Data: ``--task_name`` (a GLUE task, from ``nyu-mll/glue`` when a network is there), or local
+  ``--train_file`` / ``--validation_file`` / ``--test_file`` (CSV or JSON Lines with one or two sentence
+  columns and a ``label`` column), or ``--dataset_name`` (a folder of split files or a datasets name).
+- Model: any checkpoint ``AutoModelForSequenceClassification`` loads (a LookAround checkpoint pretrained
+  with any objective gets a fresh head). A checkpoint that already has a classification head with a
+  different number of labels is an error unless ``--ignore_mismatched_sizes``.
+- LoRA (``--use_lora``): adapters on the attention / MLP ``Linear`` layers of the backbone, found by
+  name (:func:`find_lora_target_modules`); the classification head is trained fully and saved with the
+  adapter (``modules_to_save``). ``PeftModel.from_pretrained(base, output_dir)`` reloads it.
+- Metrics: the package's ``evaluate`` module (:func:`glue_metric_path`), which loads offline.
+- Results: ``train_results.json``, ``eval_results.json`` and ``all_results.json`` as transformers writes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ModelArguments",
+    "DataTrainingArguments",
+    "glue_metric_path",
+    "load_glue_metric",
+    "head_module_names",
+    "find_lora_target_modules",
+    "check_head_size",
+    "run",
+    "main",
+]
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str = field(metadata={"help": "checkpoint folder or hub name"})
+    config_name: str | None = field(default=None, metadata={"help": "config if not the model's"})
+    tokenizer_name: str | None = field(default=None, metadata={"help": "tokenizer if not the model's"})
+    cache_dir: str | None = field(default=None)
+    model_revision: str = field(default="main")
+    trust_remote_code: bool = field(default=False)
+    ignore_mismatched_sizes: bool = field(
+        default=False, metadata={"help": "replace a classification head whose label count differs from the data's"}
+    )
+    attention_pattern: str | None = field(
+        default=None, metadata={"help": "LookAround: causal or bidirectional (default: as pretrained)"}
+    )
+    classifier_pooling: str | None = field(default=None, metadata={"help": "LookAround: cls, mean or last"})
+    use_lora: bool = field(default=False, metadata={"help": "fine-tune LoRA adapters (peft) instead of all weights"})
+    lora_r: int = field(default=8)
+    lora_alpha: int = field(default=16)
+    lora_dropout: float = field(default=0.05)
+    lora_target_modules: list[str] | None = field(
+        default=None, metadata={"help": "module names to adapt (default: every Linear of the backbone, found by name)"}
+    )
+
+
+@dataclass
+class DataTrainingArguments:
+    task_name: str | None = field(default=None, metadata={"help": "a GLUE task: cola sst2 mrpc qqp stsb mnli qnli rte wnli"})
+    dataset_name: str | None = field(default=None, metadata={"help": "a folder of {train,validation,test} files or a datasets name"})
+    dataset_config_name: str | None = field(default=None)
+    train_file: str | None = field(default=None, metadata={"help": "CSV or JSON(L) training data"})
+    validation_file: str | None = field(default=None, metadata={"help": "CSV or JSON(L) validation data"})
+    test_file: str | None = field(default=None, metadata={"help": "CSV or JSON(L) test data (labels optional)"})
+    label_column: str = field(default="label")
+    max_seq_length: int = field(default=128, metadata={"help": "longer inputs are truncated, and counted in the log"})
+    max_train_samples: int | None = field(default=None)
+    max_eval_samples: int | None = field(default=None)
+    max_predict_samples: int | None = field(default=None)
+
+    def __post_init__(self):
+        if self.task_name is not None:
+            self.task_name = self.task_name.lower()
+
+
+def glue_metric_path() -> str:
+    """The folder of the package's ``evaluate`` metric module (``evaluate.load(path, config_name)``)."""
+    return str(Path(__file__).resolve().parents[1] / "metrics" / "glue_lookaround")
+
+
+def load_glue_metric(config_name: str):
+    """The GLUE metric of ``config_name`` (a GLUE task, ``accuracy`` or ``regression``), offline."""
+    import evaluate
+
+    return evaluate.load(glue_metric_path(), config_name)
+
+
+# ---------------------------------------------------------------------------------------------
+# model helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def head_module_names(model) -> list[str]:
+    """Top-level modules with weights outside the backbone: the task head (``score``, ``classifier``, ...)."""
+    prefix = getattr(model, "base_model_prefix", "")
+    return [
+        name
+        for name, child in model.named_children()
+        if name != prefix and any(True for _ in child.parameters())
+    ]
+
+
+def find_lora_target_modules(model) -> list[str]:
+    """Names (last component) of the backbone's ``Linear`` layers: attention and MLP projections.
+
+    Found by inspecting the module tree rather than hard-coding, so any architecture works
+    (``q_proj k_proj v_proj o_proj gate_proj up_proj down_proj`` for LookAround, ``c_attn c_proj c_fc``
+    for GPT-2, ``query key value dense`` for BERT). The task head is excluded: it is trained in full.
+    """
+    import torch.nn as nn
+    from transformers.pytorch_utils import Conv1D
+
+    heads = set(head_module_names(model))
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, (nn.Linear, Conv1D)) and name.split(".")[0] not in heads and "lm_head" not in name
+    }
+    if not names:
+        raise ValueError(f"found no Linear layer in the backbone of {type(model).__name__} to put LoRA adapters on")
+    return sorted(names)
+
+
+def apply_lora(model, model_args: ModelArguments):
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    targets = model_args.lora_target_modules or find_lora_target_modules(model)
+    heads = head_module_names(model)
+    config = LoraConfig(
+        task_type=TaskType.SEQ_CLS,
+        r=model_args.lora_r,
+        lora_alpha=model_args.lora_alpha,
+        lora_dropout=model_args.lora_dropout,
+        target_modules=targets,
+        modules_to_save=heads,
+    )
+    logger.info("LoRA r=%d alpha=%d on %s; trained in full: %s", config.r, config.lora_alpha, targets, heads)
+    model = get_peft_model(model, config)
+    model.print_trainable_parameters()
+    return model
+
+
+def check_head_size(checkpoint_config, num_labels: int, ignore_mismatched_sizes: bool) -> None:
+    """A checkpoint with a classification head must match the data's label count (or be told to replace it)."""
+    archs = getattr(checkpoint_config, "architectures", None) or []
+    has_head = any(a.endswith("ForSequenceClassification") for a in archs)
+    if has_head and checkpoint_config.num_labels != num_labels and not ignore_mismatched_sizes:
+        raise ValueError(
+            f"the checkpoint's classification head has {checkpoint_config.num_labels} labels but the data has "
+            f"{num_labels}; pass --ignore_mismatched_sizes to replace the head with a new one"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# the job
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None):
+    from transformers import HfArgumentParser, TrainingArguments
+
+    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def _metric_config(task_name: str | None, is_regression: bool) -> str:
+    from hf_lookaround.evaluation.tasks import GLUE_TASK_KEYS
+
+    if task_name in GLUE_TASK_KEYS:
+        return task_name
+    return "regression" if is_regression else "accuracy"
+
+
+def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_args) -> dict:
+    """Fine-tune and evaluate; return all metrics (also written to ``output_dir/all_results.json``)."""
+    from transformers import (
+        AutoConfig,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        Trainer,
+        set_seed,
+    )
+
+    import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes)
+    from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info, load_labeled_splits
+
+    set_seed(training_args.seed)
+    raw = load_labeled_splits(
+        task_name=data_args.task_name,
+        dataset=data_args.dataset_name,
+        dataset_config_name=data_args.dataset_config_name,
+        train_file=data_args.train_file,
+        validation_file=data_args.validation_file,
+        test_file=data_args.test_file,
+        label_column=data_args.label_column,
+    )
+    if training_args.do_eval and "validation" not in raw:
+        raise ValueError("--do_eval needs a validation split: pass --validation_file")
+    labels = label_info(raw, data_args.task_name, data_args.label_column)
+    key1, key2 = detect_sentence_columns(raw["train"], data_args.task_name, data_args.label_column)
+    logger.info("inputs: %s; %s", (key1, key2), "regression" if labels.is_regression else f"{labels.num_labels} classes")
+
+    # --- model -------------------------------------------------------------------------------
+    common = {"cache_dir": model_args.cache_dir, "revision": model_args.model_revision,
+              "trust_remote_code": model_args.trust_remote_code}
+    checkpoint_config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path, **common)
+    check_head_size(checkpoint_config, labels.num_labels, model_args.ignore_mismatched_sizes)
+    config_kwargs = {"finetuning_task": data_args.task_name or "text-classification"}
+    if labels.is_regression:
+        config_kwargs.update(num_labels=1, problem_type="regression")
+    else:  # id2label sets num_labels (passing both lets num_labels reset the names)
+        config_kwargs.update(
+            problem_type="single_label_classification",
+            id2label=dict(enumerate(labels.names)),
+            label2id={n: i for i, n in enumerate(labels.names)},
+        )
+    if model_args.attention_pattern:
+        config_kwargs["default_attention"] = model_args.attention_pattern
+    if model_args.classifier_pooling:
+        config_kwargs["classifier_pooling"] = model_args.classifier_pooling
+    config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path, **config_kwargs, **common)
+    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path, **common)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_args.model_name_or_path, config=config, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes, **common
+    )
+    if tokenizer.pad_token is None:  # GPT-style tokenizers: pad with EOS, as run_glue users do
+        tokenizer.pad_token = tokenizer.eos_token
+        model.config.pad_token_id = tokenizer.pad_token_id
+    max_positions = getattr(config, "max_position_embeddings", None)
+    if max_positions and data_args.max_seq_length > max_positions:
+        raise ValueError(f"--max_seq_length {data_args.max_seq_length} exceeds the model's {max_positions} positions")
+    if model_args.use_lora:
+        model = apply_lora(model, model_args)
+
+    # --- data --------------------------------------------------------------------------------
+    label_to_id = None if labels.is_regression else {v: i for i, v in enumerate(labels.values)}
+
+    def preprocess(batch):
+        args = (batch[key1],) if key2 is None else (batch[key1], batch[key2])
+        out = tokenizer(*args, truncation=True, max_length=data_args.max_seq_length)
+        full = tokenizer(*args)["input_ids"]  # to count what truncation cut
+        out["was_truncated"] = [len(ids) > data_args.max_seq_length for ids in full]
+        if data_args.label_column in batch:
+            gold = batch[data_args.label_column]
+            if label_to_id is not None:
+                unknown = {g for g in gold if g not in label_to_id and g != -1}
+                if unknown:
+                    raise ValueError(f"labels {sorted(unknown, key=str)} are not among the train labels {labels.values}")
+                gold = [label_to_id.get(g, -1) for g in gold]
+            out["label"] = gold
+        return out
+
+    caps = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+            "test": data_args.max_predict_samples}
+    processed = {}
+    for split, ds in raw.items():
+        if split not in caps:
+            continue
+        if caps[split] is not None:
+            ds = ds.select(range(min(caps[split], len(ds))))
+        removable = [c for c in ds.column_names if c != "label"]
+        ds = ds.map(preprocess, batched=True, remove_columns=removable, desc=f"tokenizing {split}")
+        truncated = int(sum(ds["was_truncated"]))
+        if truncated:
+            logger.warning("%s: truncated %d of %d examples to --max_seq_length %d tokens", split, truncated, len(ds),
+                           data_args.max_seq_length)
+        processed[split] = ds.remove_columns("was_truncated")
+
+    metric = load_glue_metric(_metric_config(data_args.task_name, labels.is_regression))
+
+    def compute_metrics(p):
+        preds = p.predictions[0] if isinstance(p.predictions, tuple) else p.predictions
+        preds = np.squeeze(preds) if labels.is_regression else np.argmax(preds, axis=1)
+        result = metric.compute(predictions=preds, references=p.label_ids)
+        if len(result) > 1:
+            result["combined_score"] = float(np.mean(list(result.values())))
+        return result
+
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=processed.get("train") if training_args.do_train else None,
+        eval_dataset=processed.get("validation") if training_args.do_eval else None,
+        processing_class=tokenizer,
+        data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if training_args.fp16 else None),
+        compute_metrics=compute_metrics,
+    )
+
+    # --- train / evaluate / predict (all_results.json collects train_* and eval_*) --------------
+    metrics = {}
+    if training_args.do_train:
+        result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        trainer.save_model()  # a LoRA run saves the adapter (and the head) only
+        train_metrics = dict(result.metrics, train_samples=len(processed["train"]))
+        trainer.log_metrics("train", train_metrics)
+        trainer.save_metrics("train", train_metrics)
+        trainer.save_state()
+        metrics.update(train_metrics)
+    if training_args.do_eval:
+        eval_metrics = trainer.evaluate(eval_dataset=processed["validation"])
+        eval_metrics["eval_samples"] = len(processed["validation"])
+        trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
+        metrics.update(eval_metrics)
+    if training_args.do_predict:
+        if "test" not in processed:
+            raise ValueError("--do_predict needs test data: pass --test_file")
+        test = processed["test"]
+        output = trainer.predict(test, metric_key_prefix="predict")
+        if "label" in test.column_names and min(test["label"]) >= 0:  # a labelled test split: report its metrics
+            trainer.log_metrics("predict", output.metrics)
+            trainer.save_metrics("predict", output.metrics)
+            metrics.update(output.metrics)
+        preds = np.squeeze(output.predictions) if labels.is_regression else np.argmax(output.predictions, axis=1)
+        if trainer.is_world_process_zero():
+            path = Path(training_args.output_dir) / f"predict_results_{data_args.task_name or 'test'}.txt"
+            with open(path, "w") as f:
+                f.write("index\tprediction\n")
+                for i, p in enumerate(preds):
+                    f.write(f"{i}\t{p:.3f}\n" if labels.is_regression else f"{i}\t{labels.names[int(p)]}\n")
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    run(*parse_args(argv))
+    return 0

@@ -1,0 +1,251 @@
+"""GLUE harness: the offline metric module, LoRA target discovery and reload, run_glue end to end, errors."""
+
+import json
+import os
+from pathlib import Path
+
+import evaluate
+import numpy as np
+import pytest
+import torch
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+from hf_lookaround import LookAroundConfig, LookAroundForPreTraining, LookAroundForSequenceClassification
+from hf_lookaround.evaluation.glue import (
+    find_lora_target_modules,
+    glue_metric_path,
+    head_module_names,
+    load_glue_metric,
+    main,
+)
+from hf_lookaround.tokenization import train_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "classification"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="shared data not available")
+
+
+# ---------------------------------------------------------------------------------------------
+# metric module
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", ["cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli", "accuracy", "regression"])
+def test_metric_matches_sklearn_and_scipy(task):
+    rng = np.random.default_rng(hash(task) % 2**32)
+    metric = load_glue_metric(task)
+    if task in ("stsb", "regression"):
+        refs = rng.uniform(0, 5, 200)
+        preds = refs + rng.normal(0, 1.5, 200)
+        out = metric.compute(predictions=preds, references=refs)
+        assert out["pearson"] == pytest.approx(pearsonr(preds, refs)[0], abs=1e-6)
+        assert out["spearmanr"] == pytest.approx(spearmanr(preds, refs)[0], abs=1e-6)
+        if task == "regression":
+            assert out["mse"] == pytest.approx(np.mean((preds.astype(np.float32) - refs.astype(np.float32)) ** 2), rel=1e-5)
+        return
+    classes = 3 if task == "mnli" else 2
+    refs, preds = rng.integers(0, classes, 300), rng.integers(0, classes, 300)
+    out = metric.compute(predictions=preds, references=refs)
+    if task == "cola":
+        assert out == {"matthews_correlation": pytest.approx(matthews_corrcoef(refs, preds))}
+    elif task in ("mrpc", "qqp"):
+        assert out == {"accuracy": pytest.approx(accuracy_score(refs, preds)), "f1": pytest.approx(f1_score(refs, preds))}
+    else:
+        assert out == {"accuracy": pytest.approx(accuracy_score(refs, preds))}
+
+
+def test_metric_loads_with_no_network(monkeypatch):
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise OSError("network access in a test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)  # any attempt to reach the Hub fails loudly
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    for path in (glue_metric_path(), os.path.join(glue_metric_path(), "glue_lookaround.py")):
+        out = evaluate.load(path, "mrpc").compute(predictions=[1, 0, 1, 1], references=[1, 0, 0, 1])
+        assert out == {"accuracy": 0.75, "f1": pytest.approx(0.8)}
+    with pytest.raises(KeyError, match="unknown configuration"):
+        load_glue_metric("squad")
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA targets
+# ---------------------------------------------------------------------------------------------
+
+
+def test_lora_targets_are_found_by_name():
+    from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
+
+    look = LookAroundForSequenceClassification(LookAroundConfig.from_preset("tiny", vocab_size=300, num_labels=3))
+    assert head_module_names(look) == ["score"]
+    assert find_lora_target_modules(look) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    bert = BertForSequenceClassification(BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1,
+                                                    num_attention_heads=2, intermediate_size=37))
+    assert head_module_names(bert) == ["classifier"]
+    assert find_lora_target_modules(bert) == ["dense", "key", "query", "value"]
+    gpt2 = GPT2ForSequenceClassification(GPT2Config(vocab_size=99, n_embd=32, n_layer=1, n_head=2))
+    assert head_module_names(gpt2) == ["score"] and find_lora_target_modules(gpt2) == ["c_attn", "c_fc", "c_proj"]
+
+
+# ---------------------------------------------------------------------------------------------
+# end to end
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny pretrained-style checkpoint (LookAroundForPreTraining, no classification head) and its tokenizer."""
+    path = tmp_path_factory.mktemp("ckpt")
+    lines = [json.loads(l)["sentence"] for l in open(DATA / "rotten_tomatoes" / "train.jsonl")][:500] if DATA.is_dir() else ["a film"] * 10
+    tok = train_tokenizer(lines, vocab_size=400, min_frequency=1)
+    torch.manual_seed(0)
+    config = LookAroundConfig.from_preset(
+        "tiny", vocab_size=len(tok), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, mask_token_id=tok.mask_token_id,
+    )
+    LookAroundForPreTraining(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _argv(checkpoint, out, task="rotten_tomatoes", *extra):
+    return [
+        "--model_name_or_path", str(checkpoint),
+        "--train_file", str(DATA / task / "train.jsonl"),
+        "--validation_file", str(DATA / task / "validation.jsonl"),
+        "--max_train_samples", "64", "--max_eval_samples", "32", "--max_seq_length", "64",
+        "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32", "--max_steps", "4",
+        "--learning_rate", "1e-3", "--do_train", "--do_eval", "--report_to", "none", "--save_strategy", "no",
+        "--use_cpu", "--output_dir", str(out), *extra,
+    ]
+
+
+@needs_data
+@pytest.mark.parametrize("task,key", [("rotten_tomatoes", "eval_accuracy"), ("vader_movie", "eval_pearson")])
+def test_full_fine_tuning_writes_all_results(checkpoint, tmp_path, task, key):
+    assert main(_argv(checkpoint, tmp_path, task)) == 0
+    results = json.loads((tmp_path / "all_results.json").read_text())
+    assert {"train_loss", "train_runtime", "eval_loss", key, "eval_samples"} <= set(results)
+    assert results["eval_samples"] == 32 and np.isfinite(results["train_loss"])
+    config = json.loads((tmp_path / "config.json").read_text())
+    if task == "rotten_tomatoes":
+        assert 0.0 <= results[key] <= 1.0 and config["id2label"] == {"0": "0", "1": "1"}
+    else:
+        assert -1.0 <= results[key] <= 1.0 and len(config["id2label"]) == 1 and config["problem_type"] == "regression"
+
+
+@needs_data
+def test_lora_adapter_reloads_with_same_logits(checkpoint, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    assert main(_argv(checkpoint, tmp_path, "trec", "--use_lora", "--lora_r", "4", "--lora_alpha", "8",
+                      "--learning_rate", "5e-2")) == 0
+    saved = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert set(saved["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert "score" in saved["modules_to_save"]
+    assert not (tmp_path / "model.safetensors").exists()  # only the adapter (and the head) is saved
+
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    batch = tok(["What is the capital of France ?", "Who wrote Hamlet ?"], padding=True, return_tensors="pt")
+    config = AutoConfig.from_pretrained(checkpoint, num_labels=6)
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, config=config)
+    with torch.no_grad():
+        before = base(**batch).logits.clone()
+        reloaded = PeftModel.from_pretrained(base, tmp_path).eval()
+        after = reloaded(**batch).logits
+        # the adapter and the trained head changed the model ...
+        assert not torch.allclose(before, after)
+        # ... and the reloaded one equals the model merged from the trained weights
+        merged = PeftModel.from_pretrained(
+            AutoModelForSequenceClassification.from_pretrained(checkpoint, config=config), tmp_path
+        ).merge_and_unload()
+        torch.testing.assert_close(merged(**batch).logits, after, rtol=1e-4, atol=1e-5)
+    results = json.loads((tmp_path / "all_results.json").read_text())
+    assert "eval_accuracy" in results
+
+
+@needs_data
+def test_lora_reload_matches_the_trained_model(checkpoint, tmp_path):
+    """Logits of the in-memory trained PeftModel equal those of the saved, reloaded adapter."""
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, TrainingArguments
+
+    from hf_lookaround.evaluation.glue import DataTrainingArguments, ModelArguments, apply_lora
+
+    config = AutoConfig.from_pretrained(checkpoint, num_labels=2)
+    model = apply_lora(AutoModelForSequenceClassification.from_pretrained(checkpoint, config=config),
+                       ModelArguments(str(checkpoint), lora_r=4))
+    with torch.no_grad():  # stand in for training: move every trainable weight
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    model.eval().save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    batch = tok(["a charming film", "dull"], padding=True, return_tensors="pt")
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoint, config=config)
+    reloaded = PeftModel.from_pretrained(base, tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**batch).logits, model(**batch).logits)
+
+
+@needs_data
+def test_local_data_columns_and_label_names():
+    from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info, load_labeled_splits
+
+    raw = load_labeled_splits(dataset=str(DATA / "trec"))
+    assert set(raw) == {"train", "validation", "test"} and len(raw["train"]) == 4365
+    assert detect_sentence_columns(raw["train"]) == ("sentence", None)  # label_name is not an input
+    info = label_info(raw)
+    assert not info.is_regression and info.values == list(range(6))
+    assert info.names == ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
+    assert label_info(load_labeled_splits(dataset=str(DATA / "vader_movie"))).is_regression
+
+
+def test_sentence_pair_columns_are_detected(tmp_path):
+    from hf_lookaround.evaluation.tasks import detect_sentence_columns, load_labeled_splits
+
+    rows = [{"idx": i, "premise": "a b", "hypothesis": "c", "label": i % 2} for i in range(4)]
+    (tmp_path / "train.csv").write_text("idx,premise,hypothesis,label\n" + "".join(f"{r['idx']},{r['premise']},{r['hypothesis']},{r['label']}\n" for r in rows))
+    raw = load_labeled_splits(train_file=str(tmp_path / "train.csv"))
+    assert detect_sentence_columns(raw["train"]) == ("premise", "hypothesis")
+    assert detect_sentence_columns(raw["train"], task_name="mnli") == ("premise", "hypothesis")
+
+
+# ---------------------------------------------------------------------------------------------
+# errors
+# ---------------------------------------------------------------------------------------------
+
+
+def test_glue_task_without_network_says_what_to_pass(checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    argv = ["--model_name_or_path", str(checkpoint), "--task_name", "sst2", "--do_train", "--output_dir", str(tmp_path)]
+    with pytest.raises(ValueError, match="no data for GLUE task 'sst2'.*--train_file"):
+        main(argv)
+    with pytest.raises(ValueError, match="unknown GLUE task 'sst3'"):
+        main(argv[:2] + ["--task_name", "sst3", "--output_dir", str(tmp_path)])
+
+
+def test_missing_label_column_is_an_error(checkpoint, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"sentence": s, "target": i % 2}) + "\n" for i, s in enumerate(["a", "b", "c"])))
+    argv = ["--model_name_or_path", str(checkpoint), "--train_file", str(data), "--do_train", "--output_dir", str(tmp_path / "o")]
+    with pytest.raises(ValueError, match="no label column 'label'.*--label_column"):
+        main(argv)
+
+
+@needs_data
+def test_label_count_must_match_the_checkpoint_head(checkpoint, tmp_path):
+    three = tmp_path / "three_labels"
+    LookAroundForSequenceClassification.from_pretrained(checkpoint, num_labels=3).save_pretrained(three)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (three / f).write_bytes((checkpoint / f).read_bytes())
+    with pytest.raises(ValueError, match="head has 3 labels but the data has 2.*--ignore_mismatched_sizes"):
+        main(_argv(three, tmp_path / "a"))
+    argv = _argv(three, tmp_path / "b", "rotten_tomatoes", "--ignore_mismatched_sizes", "--max_steps", "1")
+    assert main(argv) == 0
+    assert len(json.loads((tmp_path / "b" / "config.json").read_text())["id2label"]) == 2

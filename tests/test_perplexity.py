@@ -133,6 +133,18 @@ def test_masked_two_stream_ar_plan_matches_brute_force(tokenizer):
     np.testing.assert_allclose(result.nlls, _brute_force(tokenizer, 12, 5, one), rtol=1e-4, atol=1e-5)
 
 
+def test_two_stream_ar_is_the_ar_plan_and_auto_modes(tokenizer):
+    model = LookAroundForPreTraining(_config(tokenizer, objective="ar")).eval()
+    ar = ar_perplexity(model, tokenizer, TEXTS, max_length=12, stride=5)
+    masked = masked_perplexity(model, tokenizer, TEXTS, max_length=12, stride=5)  # auto: AR plan for an ar checkpoint
+    assert ar.extra["ar_mode"] == masked.extra["masked_mode"] == "two_stream"
+    np.testing.assert_allclose(ar.nlls, masked.nlls, rtol=1e-6)
+    mlm = LookAroundForPreTraining(_config(tokenizer, objective="mlm")).eval()
+    assert masked_perplexity(mlm, tokenizer, TEXTS[:1], max_length=12, stride=5).extra["masked_mode"] == "two_stream_prefix"
+    with pytest.raises(ValueError, match="needs a LookAroundForPreTraining"):
+        masked_perplexity(LookAroundForMaskedLM(_config(tokenizer)), tokenizer, TEXTS, mode="two_stream")
+
+
 def test_masked_two_stream_prefix_matches_brute_force(tokenizer):
     model = LookAroundForPreTraining(_config(tokenizer)).eval()
     result = masked_perplexity(model, tokenizer, TEXTS, max_length=12, stride=5, batch_size=4, mode="two_stream_prefix")

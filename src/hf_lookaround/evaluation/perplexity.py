@@ -3,7 +3,8 @@
 Two protocols, both scoring ``p(x_k | x_<k)`` (DESIGN.md, "Evaluation protocols"):
 
 - ``ar``: any causal LM (``LookAroundForCausalLM`` or any ``AutoModelForCausalLM``), one forward per
-  window; the logits at ``k - 1`` predict ``x_k``.
+  window; the logits at ``k - 1`` predict ``x_k``. A two-stream checkpoint (``LookAroundForPreTraining``)
+  is scored through its query stream with the AR plan instead: that is the pathway pretraining trained.
 - ``masked``: the prefix is visible, position ``k`` is masked, nothing after ``k`` is visible
   (paper (a) Table 7 and Fig. 3). Three ways to run it (``masked_mode``):
     * ``mask_token``: a single-stream ``[MASK]`` model (``AutoModelForMaskedLM``): the input is
@@ -49,6 +50,8 @@ __all__ = [
     "sliding_windows",
     "ar_perplexity",
     "masked_perplexity",
+    "default_masked_mode",
+    "is_two_stream",
     "bucket_by_prefix_length",
     "plot_by_prefix_length",
     "main",
@@ -213,12 +216,27 @@ def _windows_of(docs, max_length, stride, has_bos):
 # ---------------------------------------------------------------------------------------------
 
 
+def is_two_stream(model) -> bool:
+    """A LookAround pretraining head: predictions come from the query stream of a plan."""
+    return type(model).__name__ == "LookAroundForPreTraining"
+
+
 @torch.inference_mode()
 def ar_perplexity(model, tokenizer, texts, max_length=512, stride=256, batch_size=8, add_bos=None) -> PerplexityResult:
-    """Autoregressive perplexity ``p(x_k | x_<k)`` of a causal LM (any ``AutoModelForCausalLM``)."""
+    """Autoregressive perplexity ``p(x_k | x_<k)``.
+
+    A causal LM (any ``AutoModelForCausalLM``) predicts ``x_k`` from its state at ``k - 1``. A two-stream
+    ``LookAroundForPreTraining`` predicts it from the query stream at ``k`` under the AR plan (DESIGN.md:
+    "one forward with the AR plan"); its single-stream causal view was never trained to predict the next token.
+    """
     docs, num_bytes, has_bos = encode_documents(tokenizer, texts, add_bos)
     windows = _windows_of(docs, max_length, stride, has_bos)
     device, pad = _device(model), _pad_id(model, tokenizer)
+    if is_two_stream(model):
+        nlls = _two_stream_ar_plan(model, windows, batch_size, pad)
+        result = _result("ar", nlls, [w.prefix_lengths() for w in windows], num_bytes, max_length, stride)
+        result.extra["ar_mode"] = "two_stream"
+        return result
     nlls, prefixes = [], []
     for i in range(0, len(windows), batch_size):
         batch = windows[i : i + batch_size]
@@ -234,11 +252,17 @@ def ar_perplexity(model, tokenizer, texts, max_length=512, stride=256, batch_siz
 
 @torch.inference_mode()
 def masked_perplexity(
-    model, tokenizer, texts, max_length=512, stride=256, batch_size=8, add_bos=None, mode="mask_token"
+    model, tokenizer, texts, max_length=512, stride=256, batch_size=8, add_bos=None, mode="auto"
 ) -> PerplexityResult:
-    """Masked-model perplexity ``p(x_k | x_<k)``: prefix visible, ``k`` masked, nothing after ``k``."""
+    """Masked-model perplexity ``p(x_k | x_<k)``: prefix visible, ``k`` masked, nothing after ``k``.
+
+    ``mode="auto"`` picks :func:`default_masked_mode` of the model."""
+    if mode == "auto":
+        mode = default_masked_mode(model)
     if mode not in MASKED_MODES:
-        raise ValueError(f"masked mode must be one of {MASKED_MODES}, got {mode!r}")
+        raise ValueError(f"masked mode must be one of {MASKED_MODES} or 'auto', got {mode!r}")
+    if mode.startswith("two_stream") and not is_two_stream(model):
+        raise ValueError(f"masked mode {mode!r} needs a LookAroundForPreTraining model, got {type(model).__name__}")
     docs, num_bytes, has_bos = encode_documents(tokenizer, texts, add_bos)
     windows = _windows_of(docs, max_length, stride, has_bos)
     pad = _pad_id(model, tokenizer)
@@ -254,6 +278,16 @@ def masked_perplexity(
     result = _result("masked", nlls, [w.prefix_lengths() for w in windows], num_bytes, max_length, stride)
     result.extra["masked_mode"] = mode
     return result
+
+
+def default_masked_mode(model) -> str:
+    """``mask_token`` for single-stream masked LMs. For two-stream models, the AR plan (one forward) when the
+    checkpoint was pretrained with a (semi-)autoregressive plan, whose content stream is causal; otherwise
+    (masked, GVP) ``two_stream_prefix``, whose rank-0 prefix is bidirectional as in masked pretraining."""
+    if not is_two_stream(model):
+        return "mask_token"
+    objective = getattr(model.config, "objective", None)
+    return "two_stream" if objective in (None, "ar", "dar") else "two_stream_prefix"
 
 
 def _two_stream_ar_plan(model, windows, batch_size, pad) -> list[torch.Tensor]:
@@ -403,7 +437,8 @@ def _parser() -> argparse.ArgumentParser:
         "--masked_mode",
         choices=("auto",) + MASKED_MODES,
         default="auto",
-        help="auto: two_stream for LookAround checkpoints, mask_token for other masked LMs",
+        help="auto: mask_token for single-stream masked LMs; for two-stream LookAround checkpoints two_stream "
+        "(AR plan) if pretrained with ar/dar, else two_stream_prefix",
     )
     p.add_argument("--max_length", type=int, default=None, help="window length (default: min(512, max positions))")
     p.add_argument("--stride", type=int, default=None, help="default: max_length // 2")
@@ -421,18 +456,17 @@ def _load_model(args):
     import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes)
 
     config = transformers.AutoConfig.from_pretrained(args.model_name_or_path)
-    mode = None
+    # a LookAround checkpoint pretrained with a plan (two streams) is evaluated through its query stream
+    two_stream = "LookAroundForPreTraining" in (config.architectures or [])
     if args.protocol == "ar":
-        cls = transformers.AutoModelForCausalLM
+        cls = transformers.AutoModelForPreTraining if two_stream else transformers.AutoModelForCausalLM
     else:
-        mode = args.masked_mode
-        if mode == "auto":
-            mode = "two_stream" if config.model_type == "lookaround" else "mask_token"
-        if mode.startswith("two_stream") and config.model_type != "lookaround":
-            raise ValueError(f"masked_mode={mode} needs a LookAround checkpoint, got model_type={config.model_type!r}")
-        cls = transformers.AutoModelForPreTraining if mode.startswith("two_stream") else transformers.AutoModelForMaskedLM
-    model = cls.from_pretrained(args.model_name_or_path)
-    return model, mode
+        if args.masked_mode.startswith("two_stream") and config.model_type != "lookaround":
+            raise ValueError(f"masked_mode={args.masked_mode} needs a LookAround checkpoint, got {config.model_type!r}")
+        if args.masked_mode != "auto":
+            two_stream = args.masked_mode.startswith("two_stream")
+        cls = transformers.AutoModelForPreTraining if two_stream else transformers.AutoModelForMaskedLM
+    return cls.from_pretrained(args.model_name_or_path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -442,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hf_lookaround.evaluation.tasks import load_texts
 
-    model, mode = _load_model(args)
+    model = _load_model(args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
@@ -461,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.protocol == "ar":
         result = ar_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos)
     else:
-        result = masked_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos, mode)
+        result = masked_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos, args.masked_mode)
+    mode = result.extra.get("masked_mode") or result.extra.get("ar_mode")
     result.extra.update({"model": args.model_name_or_path, "split": args.split, "num_documents": len(texts)})
 
     out = Path(args.output_dir)

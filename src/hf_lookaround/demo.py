@@ -293,7 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     pretrain_texts = [a[2] for a in splits["train"]]
     print(f"[demo] {sum(map(len, splits.values()))} articles: "
           + ", ".join(f"{k} {len(v)}" for k, v in splits.items()), flush=True)
-    tokenizer = train_tokenizer(pretrain_texts, vocab_size=args.vocab_size, model_max_length=args.block_size,
+    from .configuration_lookaround import LookAroundConfig
+
+    # model_max_length: what the model accepts (probes read more than a block); blocks are chunked anyway
+    positions = LookAroundConfig.from_preset(args.preset).max_position_embeddings
+    tokenizer = train_tokenizer(pretrain_texts, vocab_size=args.vocab_size, model_max_length=positions,
                                 output_dir=output_dir / "tokenizer")
     train_blocks = chunk_into_blocks(pretrain_texts, tokenizer, args.block_size)
     eval_blocks = chunk_into_blocks([a[2] for a in splits["validation"]], tokenizer, args.block_size)

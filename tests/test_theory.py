@@ -149,8 +149,17 @@ def test_theorem_42_autoregressive_has_r_fewer_ones(r, s):
     paper = closed_form_spectrum(r, s, "ar")
     np.testing.assert_allclose(values[: r * (s - 1)], paper[: r * (s - 1)], atol=1e-12)
     assert len(values) == r * (s - 1)
-    with_bos = toy_spectrum(toy_dataset(r, s, bos=True), "ar")
+    with_bos = toy_spectrum(toy_dataset(r, s, bos="shared"), "ar")
     np.testing.assert_allclose(with_bos, np.ones(r * (s - 1) + 1), atol=1e-12)
+
+
+@pytest.mark.parametrize("r,s,rho", [(2, 4, 0.5), (3, 5, 0.4), (3, 6, 2 / 3)])
+def test_theorem_42_holds_in_full_with_a_class_prompt(r, s, rho):
+    # a class-specific condition token gives the first target a class-revealing context: AR has rs ones
+    data = toy_dataset(r, s, bos="class")
+    np.testing.assert_allclose(toy_spectrum(data, "ar"), closed_form_spectrum(r, s, "ar"), atol=1e-12)
+    np.testing.assert_allclose(toy_spectrum(data, "mlm", mask_ratio=rho), closed_form_spectrum(r, s, "mlm", rho),
+                               atol=1e-12)
 
 
 def test_theorem_42_non_integer_mask_count_uses_effective_ratio():
@@ -213,8 +222,8 @@ def test_cli_theorems(tmp_path, capsys):
     out = tmp_path / "thm42.md"
     assert main(["thm42", "--r", "2", "--s", "4", "--rho", "0.5", "--output", str(out)]) == 0
     table = out.read_text()
-    assert "| 2 | 4 | 0.5000 | 2 | mlm | r < j <= r(s-1) | 4 | 0.577350 | 0.577350 | yes |" in table
-    assert "| ar | r(s-1) < j <= rs | 2 | 0.000000 | 1.000000 | **no** |" in table
+    assert "| 2 | 4 | 0.5000 | 2 | mlm | 1.000000 | 0.577350 | 0.577350 | 0.000000 | yes | yes |" in table
+    assert "| 2 | 4 | 0.5000 | - | ar | 1.000000 | 1.000000 | **0.000000** (1.000000) | 0.000000 | no: r(s-1) < j <= rs | - |" in table
     plot = tmp_path / "tails.png"
     assert main(["tails", "--r", "2", "--s", "4", "--objectives", "ar", "mlm:0.5", "--plot", str(plot)]) == 0
     assert plot.stat().st_size > 1000

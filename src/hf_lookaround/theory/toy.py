@@ -11,7 +11,9 @@ The paper's text leaves the construction open in places, so here it is exactly.
   independently across positions (``k = 1``: the sample is the fixed sequence of the class);
 - ``o = 0``: sets of different classes are disjoint. ``o > 0``: ``T[y, p]`` shares its last ``o``
   tokens with the first ``o`` of ``T[y+1 mod r, p]`` (classes overlap: the theorem's premise fails);
-- ``bos``: a begin token, shared by all classes, at position 0 (``num_condition_tokens=1``).
+- ``bos``: a begin token at position 0, a condition token of rank 0 (``num_condition_tokens=1``):
+  ``"shared"`` (or ``True``) one token for all classes, ``"class"`` one token per class (a class
+  prompt).
 
 The data set is enumerated exactly (``r k^s`` samples) and so are the plans (see
 :func:`~hf_lookaround.theory.cooccurrence.plan_distribution`), so the co-occurrence matrix is
@@ -29,8 +31,10 @@ rank-one block and leaves the singular values unchanged.
   at the nominal ρ only when ``ρ s`` is an integer.
 - AR: every prefix fixes the class and position, so every target has its own conditional text:
   ``σ = 1`` ``r(s-1)`` times (position 0 is never a target: it has no conditional text), then 0.
-  With ``bos`` the first token is predicted from the shared begin token: ``r(s-1) + 1`` ones.
-  Either way AR has *fewer* than the ``rs`` ones of the closed form.
+  With a shared ``bos`` the first token is predicted from the begin token, one conditional text
+  for all classes: ``r(s-1) + 1`` ones. Either way AR has *fewer* than the ``rs`` ones of the
+  closed form. With a class ``bos`` the first token's conditional text fixes the class too, AR
+  has ``rs`` ones and masked is unchanged: **under this construction Theorem 4.2 holds in full**.
 """
 
 from __future__ import annotations
@@ -69,7 +73,9 @@ class ToyData:
         return len(self.sequences)
 
 
-def toy_dataset(r: int, s: int, tokens_per_slot: int = 1, shared_per_slot: int = 0, bos: bool = False) -> ToyData:
+def toy_dataset(
+    r: int, s: int, tokens_per_slot: int = 1, shared_per_slot: int = 0, bos: bool | str = False
+) -> ToyData:
     """Enumerate the toy data set described in the module docstring."""
     k, o = tokens_per_slot, shared_per_slot
     if r < 1 or s < 2:
@@ -78,20 +84,23 @@ def toy_dataset(r: int, s: int, tokens_per_slot: int = 1, shared_per_slot: int =
         raise ValueError(f"need tokens_per_slot >= 1 and 0 <= shared_per_slot < tokens_per_slot, got {k}, {o}")
     if r * k**s > MAX_TOY_SAMPLES:
         raise ValueError(f"r * tokens_per_slot**s = {r * k**s} samples is too many to enumerate; lower s or k")
+    bos = "shared" if bos is True else (bos or "none")
+    if bos not in ("none", "shared", "class"):
+        raise ValueError(f"bos must be False, True, 'none', 'shared' or 'class', got {bos!r}")
     stride = k - o  # tokens a class adds per position; consecutive classes share o tokens
     per_position = r * stride
 
     def slot(y: int, p: int) -> list[int]:
         return [p * per_position + (y * stride + u) % per_position for u in range(k)]
 
-    begin = [s * per_position] if bos else []
     sequences, labels = [], []
     for y in range(r):
+        begin = {"none": [], "shared": [s * per_position], "class": [s * per_position + y]}[bos]
         for choice in itertools.product(*(slot(y, p) for p in range(s))):
             sequences.append(begin + list(choice))
             labels.append(y)
     n = len(sequences)
-    return ToyData(np.array(sequences), np.full(n, 1.0 / n), np.array(labels), r, s, 1 if bos else 0)
+    return ToyData(np.array(sequences), np.full(n, 1.0 / n), np.array(labels), r, s, 0 if bos == "none" else 1)
 
 
 def toy_cooccurrence(data: ToyData, objective: str, target_with_position: bool = False, **params) -> Cooccurrence:
@@ -122,10 +131,11 @@ def closed_form_spectrum(r: int, s: int, objective: str, rho: float | None = Non
     raise ValueError(f"Theorem 4.2 covers 'ar' and 'mlm', got {objective!r}")
 
 
-def derived_spectrum(r: int, s: int, objective: str, rho: float | None = None, bos: bool = False) -> np.ndarray:
+def derived_spectrum(r: int, s: int, objective: str, rho: float | None = None, bos: bool | str = False) -> np.ndarray:
     """The nonzero singular values this package's plans give on the toy data (module docstring)."""
     if objective == "ar":
-        return np.ones(r * (s - 1) + (1 if bos else 0))
+        bos = "shared" if bos is True else (bos or "none")
+        return np.ones(r * (s - 1) + {"none": 0, "shared": 1, "class": r}[bos])
     if objective == "mlm":
         m = expected_masked_count(rho, s)
         if m >= s:  # everything masked: one empty conditional text for all targets

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hf_lookaround.data import chunk_into_blocks, iter_texts, load_texts
 from hf_lookaround.tokenization import main, train_tokenizer
@@ -20,7 +20,7 @@ def test_cli_trains_a_tokenizer_that_autotokenizer_loads(tmp_path):
     out = tmp_path / "tok"
     assert main([str(SOTU), "--output_dir", str(out), "--vocab_size", "1000"]) == 0
     tok = AutoTokenizer.from_pretrained(out)
-    assert len(tok) == 1000
+    assert isinstance(tok, PreTrainedTokenizerFast) and len(tok) == 1000
     assert (tok.pad_token, tok.bos_token, tok.eos_token, tok.mask_token) == ("[PAD]", "<s>", "</s>", "[MASK]")
     assert len({tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.mask_token_id, tok.unk_token_id}) == 5
     text = "The State of the Union is strong, said the President in 2001."

@@ -463,8 +463,6 @@ class LookAroundModel(LookAroundPreTrainedModel):
                 key_valid=key_valid,
             )
             row_positions, hidden = position_ids, inputs_embeds
-            if self.config.position_embedding_type == "absolute":
-                hidden = hidden + self.embed_positions(position_ids)
 
         implementation = self.config._attn_implementation
         causal_fast_path = (
@@ -480,6 +478,8 @@ class LookAroundModel(LookAroundPreTrainedModel):
         position_embeddings = None
         if self.config.position_embedding_type == "rope":
             position_embeddings = self.rotary_emb(hidden, row_positions)
+        else:  # each row, content or query, gets the embedding of its (target's) original position
+            hidden = hidden + self.embed_positions(row_positions)
         if self.config.norm_position == "post":
             hidden = self.norm(hidden)
         hidden = self.dropout(hidden)
@@ -527,10 +527,6 @@ class LookAroundModel(LookAroundPreTrainedModel):
         target_pos_ids = position_ids.gather(1, gather_at)
 
         query = self.query_embedding.to(inputs_embeds.dtype).expand(batch, target_positions.shape[1], -1)
-        content = inputs_embeds
-        if self.config.position_embedding_type == "absolute":
-            content = content + self.embed_positions(position_ids)
-            query = query + self.embed_positions(target_pos_ids)
         plan = AttentionPlan(
             query_rank=torch.cat([group_ids, target_rank], dim=1),
             query_is_strict=torch.cat(
@@ -539,7 +535,7 @@ class LookAroundModel(LookAroundPreTrainedModel):
             key_rank=group_ids,
             key_valid=key_valid,
         )
-        rows = torch.cat([content, query], dim=1)
+        rows = torch.cat([inputs_embeds, query], dim=1)
         return plan, torch.cat([position_ids, target_pos_ids], dim=1), rows, target_positions
 
     @staticmethod

@@ -43,13 +43,18 @@ def parse_objective(spec: str) -> tuple[str, dict]:
     raise ValueError(f"bad objective {spec!r}: use ar, dar:T, dar:T1,T2, mlm:RHO or vmlm:A-B")
 
 
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if 0 < abs(value) < 1e-3 else f"{value:.4f}"
+    return str(value)
+
+
 def _markdown(rows: list[dict]) -> str:
     if not rows:
         return ""
     keys = list(rows[0])
-    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) and (abs(v) < 1e-3 and v != 0) else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
     lines = ["| " + " | ".join(keys) + " |", "| " + " | ".join("---" for _ in keys) + " |"]
-    lines += ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows]
+    lines += ["| " + " | ".join(_cell(r[k]) for k in keys) + " |" for r in rows]
     return "\n".join(lines)
 
 

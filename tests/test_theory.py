@@ -291,8 +291,13 @@ def test_connectivity_features_and_plot(tiny_checkpoints, tmp_path):
 def test_cli_connectivity(tiny_checkpoints, tmp_path):
     paths, texts = tiny_checkpoints
     data = tmp_path / "held_out.txt"
-    data.write_text("\n".join(texts[:20]))
+    data.write_text(" ".join(texts[:20]))  # one long document, cut into samples of 6 words
     plot = tmp_path / "fig2.png"
     code = main(["connectivity", "--models", f"AR={paths['ar']}", f"MLM={paths['mlm']}", "--data", str(data),
-                 "--num-samples", "20", "--top", "50", "--plot", str(plot), "--json", str(tmp_path / "c.json")])
+                 "--chunk-words", "6", "--num-samples", "15", "--top", "50", "--plot", str(plot),
+                 "--json", str(tmp_path / "c.json")])
     assert code == 0 and plot.exists()
+    import json
+
+    top = json.loads((tmp_path / "c.json").read_text())
+    assert set(top) == {"AR", "MLM"} and len(top["AR"]) == 50  # 15 samples -> 105 pairs, top 50 kept

@@ -217,7 +217,14 @@ def cmd_connectivity(args) -> int:
     from .connectivity import mean_pooled_features, plot_connectivity, top_pair_products
     from .text import load_texts
 
-    texts = load_texts(args.data, args.text_field, args.num_samples)
+    texts = load_texts(args.data, args.text_field, None if args.chunk_words else args.num_samples)
+    if args.chunk_words:  # long documents (speeches, chapters) -> many samples of W words
+        words = [text.split() for text in texts]
+        texts = [
+            " ".join(w[k : k + args.chunk_words])
+            for w in words
+            for k in range(0, len(w) - args.chunk_words + 1, args.chunk_words)
+        ][: args.num_samples]
     distributions, rows = {}, []
     for spec in args.models:
         name, _, path = spec.rpartition("=")
@@ -316,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True)
     p.add_argument("--text-field", default="text")
     p.add_argument("--num-samples", type=int, default=1000)
+    p.add_argument("--chunk-words", type=int, help="cut documents into samples of this many words")
     p.add_argument("--top", type=int, default=100_000)
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=16)

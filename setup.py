@@ -28,6 +28,7 @@ setup(
         "matplotlib",
         "tensorboard",
         "tqdm",
+        "jinja2",  # ModelCard.from_template
     ],
     extras_require={
         # the default corpus of the demo: 2,225 BBC news articles in 5 topics (MIT)

@@ -325,6 +325,22 @@ def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ training
+def test_loss_honours_num_items_in_batch():
+    """Trainer passes the target count of the whole accumulated step; the loss is then sum / count."""
+    ids, mask, lengths = batch_inputs()
+    plan = make_plan("mlm", lengths, ids.shape[1], mask_ratio=0.3, generator=torch.Generator().manual_seed(0))
+    labels = torch.where(plan.is_target, ids, -100)
+    model = make(H.LookAroundForPreTraining)
+    mean = model(input_ids=ids, attention_mask=mask, group_ids=plan.group_ids, labels=labels).loss
+    count = int(plan.is_target.sum())
+    summed = model(input_ids=ids, attention_mask=mask, group_ids=plan.group_ids, labels=labels,
+                   num_items_in_batch=torch.tensor(2 * count)).loss
+    torch.testing.assert_close(summed, mean / 2)
+    causal = make(H.LookAroundForCausalLM)
+    mean = causal(input_ids=ids, labels=ids).loss
+    torch.testing.assert_close(causal(input_ids=ids, labels=ids, num_items_in_batch=ids[:, 1:].numel()).loss, mean)
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     ids, mask, lengths = batch_inputs()
     plan = make_plan("vmlm", lengths, ids.shape[1], generator=torch.Generator().manual_seed(0))

@@ -568,6 +568,20 @@ class LookAroundModel(LookAroundPreTrainedModel):
             raise ValueError(f"target_positions must lie in [0, {seq_len}) or be -1 for padding")
 
 
+def token_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+    """Cross-entropy over the labelled tokens (-100 ignored), in float32.
+
+    With `num_items_in_batch` (what `Trainer` passes under gradient accumulation or token averaging
+    across devices) the sum is divided by that count, so every target weighs the same in a step.
+    """
+    if num_items_in_batch is None:
+        return F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=-100)
+    total = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=-100, reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
 def positions_of(is_target: torch.Tensor) -> torch.Tensor:
     """(B, T) bool -> (B, M) indices of the True entries of each row, in order, padded with -1."""
     width = int(is_target.sum(-1).max()) if is_target.numel() else 0
@@ -646,7 +660,7 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         if labels is not None:
             slots = outputs.target_positions
             target_labels = torch.where(slots >= 0, labels.gather(1, slots.clamp(min=0)), -100)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), target_labels.flatten(), ignore_index=-100)
+            loss = token_loss(logits, target_labels, kwargs.get("num_items_in_batch"))
         return LookAroundForPreTrainingOutput(
             loss=loss,
             logits=logits,
@@ -689,7 +703,7 @@ class LookAroundForMaskedLM(LookAroundLMHeadMixin, LookAroundPreTrainedModel):
             if labels.shape != logits.shape[:2]:
                 raise ValueError(f"labels must have shape {tuple(logits.shape[:2])}, got {tuple(labels.shape)}")
             check_labels(labels, self.config.vocab_size)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+            loss = token_loss(logits, labels, kwargs.get("num_items_in_batch"))
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -734,9 +748,7 @@ class LookAroundForCausalLM(LookAroundLMHeadMixin, LookAroundPreTrainedModel, Ge
                 raise ValueError(f"labels must have shape {tuple(hidden.shape[:2])}, got {tuple(labels.shape)}")
             check_labels(labels, self.config.vocab_size)
             full_logits = logits if logits.shape[1] == labels.shape[1] else self.lm_head(hidden)
-            loss = F.cross_entropy(
-                full_logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100
-            )
+            loss = token_loss(full_logits[:, :-1], labels[:, 1:], kwargs.get("num_items_in_batch"))
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,

@@ -168,9 +168,6 @@ class LookAroundTrainer(Trainer):
     def __init__(self, *args, eval_data_collator=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.eval_data_collator = eval_data_collator
-        # The LookAround heads average their loss over the targets of the batch and do not read
-        # `num_items_in_batch`; let Trainer scale the loss for gradient accumulation itself.
-        self.model_accepts_loss_kwargs = False
 
     def get_eval_dataloader(self, eval_dataset=None):
         # evaluation draws the same plans every time (a fixed collator at epoch 0), so eval losses

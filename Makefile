@@ -3,12 +3,12 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-$(BIN)/.installed: setup.py
+$(BIN)/.installed: setup.py constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU build of torch first: a bare `torch` requirement would pull a CUDA build
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[test,demo]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[test,demo]"
 	touch $@
 
 .PHONY: install demo test

@@ -17,7 +17,7 @@ setup(
         "torch>=2.6,<2.14",
         "transformers>=5.17,<5.24",
         "accelerate>=1.15",
-        "huggingface_hub>=1.33",
+        "huggingface_hub>=1.33,<2",
         "peft>=0.21.2",
         "datasets>=5.2",
         "evaluate>=0.4.6",

@@ -599,7 +599,6 @@ def push_checkpoint(
     ``HfApi.create_repo`` + ``HfApi.upload_folder``. Optimizer/scheduler state and pickles are not
     uploaded. ``checkpoint_dir`` itself is never modified. ``endpoint`` defaults to ``HF_ENDPOINT``.
     """
-    import httpx
     from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -626,12 +625,21 @@ def push_checkpoint(
                 commit_message=commit_message or f"Upload {folder.name} with hf_lookaround",
                 revision=revision,
             )
-        except (HfHubHTTPError, httpx.HTTPError, OSError) as err:  # OSError: connection errors, offline mode
+        except (HfHubHTTPError, *_transport_errors(), OSError) as err:  # OSError: connection errors, offline mode
             raise HubPushError(
                 f"pushing {folder} to {repo_id} at {api.endpoint} failed: {err}\n"
                 "The local checkpoint was not modified. Fix the cause (token, network, HF_ENDPOINT, server) "
                 "and run the same push again; files already on the Hub are skipped."
             ) from err
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The HTTP client's own connection errors (httpx for huggingface_hub 1.x, if it is installed)."""
+    try:
+        import httpx
+    except ImportError:
+        return ()
+    return (httpx.HTTPError,)
 
 
 def push_trainer_output(trainer, repo_id: str | None = None, **card_kwargs):

@@ -10,10 +10,10 @@ On a fresh machine with no download at run time (a few minutes on 2 CPU cores):
    :mod:`hf_lookaround.pretraining`: AR, diversity-enhanced AR (t=2), masked 0.15, masked 0.3 and
    variable-length masked [0.15, 0.3], all in the two-stream form;
 4. evaluate every model with the same protocols (DESIGN.md): held-out perplexity ``p(x_k | x_<k)``
-   (one forward of ``LookAroundForPreTraining`` with the AR plan: the query stream at ``k`` sees
-   exactly the content at ranks ``< k``, i.e. the prefix, with ``k`` itself and everything after it
-   hidden; for masked models this is the masked-model perplexity with prefix visible, ``k`` masked
-   and nothing after), and linear-probe topic accuracy (logistic regression on frozen mean-pooled
+   (AR and semi-AR models: one forward of ``LookAroundForPreTraining`` with the AR plan, whose query
+   stream at ``k`` sees exactly the prefix; masked models: the masked-model protocol, the prefix one
+   bidirectional rank-0 group as in their pretraining, ``k`` masked and nothing after it visible,
+   one forward per ``k``), and linear-probe topic accuracy (logistic regression on frozen mean-pooled
    features; trained on the pretraining articles, ``C`` chosen on validation, accuracy on test).
    An untrained model of the same size is the reference row.
 
@@ -109,6 +109,7 @@ class Row:
     train_loss: float | None = None
     objective_perplexity: float | None = None
     perplexity: float | None = None
+    perplexity_protocol: str | None = None
     bits_per_byte: float | None = None
     probe_accuracy: float | None = None
     probe_C: float | None = None
@@ -191,9 +192,11 @@ def evaluate_one(model, tokenizer, splits, args, row: Row) -> Row:
 
     model.eval()
     test_texts = [a[2] for a in splits["test"]][: args.perplexity_documents]
-    # the two-stream model with the AR plan: p(x_k | x_<k) for every objective (see module doc)
+    # p(x_k | x_<k) for every objective: the AR plan for ar/dar; for masked and GVP models the prefix is one
+    # bidirectional rank-0 group (as in their pretraining), x_k is masked and nothing after k is visible
     ppl = masked_perplexity(model, tokenizer, test_texts, max_length=args.block_size,
-                            stride=args.block_size // 2, batch_size=args.batch_size, mode="two_stream")
+                            stride=args.block_size // 2, batch_size=args.batch_size, mode="auto")
+    row.perplexity_protocol = ppl.extra.get("masked_mode")
     row.perplexity, row.bits_per_byte = ppl.perplexity, ppl.bits_per_byte
 
     features = {}
@@ -215,15 +218,20 @@ def _fmt(value, spec):
     return "–" if value is None else format(value, spec)
 
 
+PROTOCOL_NAMES = {"two_stream": "AR plan", "two_stream_prefix": "masked prefix", "mask_token": "[MASK] input"}
+
+
 def results_table(rows: list[Row]) -> str:
     lines = [
-        "| model | objective | tokens | train s | objective ppl (val) | held-out ppl p(x_k∣x_<k) | bits/byte | probe acc (test) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| model | objective | tokens | train s | objective ppl (val) | held-out ppl p(x_k∣x_<k) | protocol "
+        "| bits/byte | probe acc (test) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
             f"| {r.name} | {r.description} | {r.tokens:,} | {r.train_seconds:.0f} | {_fmt(r.objective_perplexity, '.1f')} "
-            f"| {_fmt(r.perplexity, '.1f')} | {_fmt(r.bits_per_byte, '.3f')} | {_fmt(r.probe_accuracy, '.3f')} |"
+            f"| {_fmt(r.perplexity, '.1f')} | {PROTOCOL_NAMES.get(r.perplexity_protocol, '–')} "
+            f"| {_fmt(r.bits_per_byte, '.3f')} | {_fmt(r.probe_accuracy, '.3f')} |"
         )
     return "\n".join(lines)
 
@@ -239,8 +247,10 @@ def write_results(rows, info, output_dir: Path) -> str:
         f"({info['threads']} threads); total time {info['total_seconds']:.0f} s (CPU time {info['cpu_seconds']:.0f} s).\n\n"
         "- *objective ppl (val)*: exp of the objective's own validation loss; not comparable across objectives "
         "(a masked model predicts 15-30 % of tokens with both sides visible).\n"
-        "- *held-out ppl*: p(x_k | x_<k) on test articles, one forward of the two-stream model with the AR plan "
-        "(for masked models: prefix visible, k masked, nothing after). Comparable across rows.\n"
+        "- *held-out ppl*: p(x_k | x_<k) on test articles. Protocol *AR plan*: one forward of the two-stream model "
+        "with g[i] = i (the query stream at k sees the prefix). Protocol *masked prefix*: the prefix is one "
+        "bidirectional group of rank 0, x_k masked (rank 1), nothing after k visible (DESIGN.md, paper (a) Table 7). "
+        "Both condition on exactly x_<k, so the rows are comparable.\n"
         f"- *probe acc*: 5-topic accuracy of a logistic regression on frozen mean-pooled features "
         f"(first {info['probe_max_length']} tokens; trained on the pretraining split, C chosen on validation).\n"
     )

@@ -302,12 +302,11 @@ def read_splits(data_args: DataArguments):
 
 def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments, block_size: int, batch_size: int):
     """``p(x_k | x_<k)`` on held-out documents with the protocol of hf_lookaround.evaluation.perplexity."""
-    try:
-        from .evaluation.perplexity import masked_perplexity
-    except ImportError:
-        logger.warning("hf_lookaround.evaluation.perplexity is not available: no final perplexity")
-        return {}
-    mode = "mask_token" if objective_args.single_stream else "two_stream"
+    from .evaluation.perplexity import masked_perplexity
+
+    # auto: the AR plan for (semi-)AR checkpoints, the bidirectional prefix for masked/GVP ones,
+    # [MASK] inputs for single-stream masked LMs (see evaluation.perplexity.default_masked_mode)
+    mode = "auto"
     was_training = model.training
     model.eval()
     try:

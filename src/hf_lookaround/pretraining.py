@@ -26,7 +26,6 @@ tokenizer to have a mask token.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import math
@@ -318,14 +317,14 @@ def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments
     return {name: result.perplexity, "eval_bits_per_byte": result.bits_per_byte}
 
 
+def card_kwargs(objective_args: ObjectiveArguments, dataset) -> dict:
+    return {"objective": objective_args.objective, "plan_params": objective_args.plan_params(), "dataset": dataset}
+
+
 def write_card(output_dir, objective_args: ObjectiveArguments, dataset) -> None:
-    try:
-        from .hub import write_model_card
-    except ImportError:
-        return
-    accepted = inspect.signature(write_model_card).parameters
-    kwargs = {"objective": objective_args.objective, "plan_params": objective_args.plan_params(), "dataset": dataset}
-    write_model_card(output_dir, **{k: v for k, v in kwargs.items() if k in accepted})
+    from .hub import write_model_card
+
+    write_model_card(output_dir, **card_kwargs(objective_args, dataset))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,6 +337,8 @@ def parse_args(argv: list[str] | None = None):
         return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
     if not any(a == "--report_to" or a.startswith("--report_to=") for a in argv):
         argv += ["--report_to", "tensorboard"]  # TensorBoard logs under output_dir/runs by default
+    if not any(a.split("=")[0] in ("--do_train", "--do_eval", "--do_predict") for a in argv):
+        argv += ["--do_train", "--do_eval"]  # a pretraining command that names no stage trains and evaluates
     return parser.parse_args_into_dataclasses(args=argv)
 
 
@@ -403,11 +404,14 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
+    dataset = data_args.dataset_name or [str(f) for f in data_args.train_files]
     if training_args.do_train and trainer.is_world_process_zero():
-        write_card(training_args.output_dir, objective_args,
-                   data_args.dataset_name or [str(f) for f in data_args.train_files])
+        write_card(training_args.output_dir, objective_args, dataset)
     if training_args.push_to_hub:
-        trainer.push_to_hub(finetuned_from=model_args.model_name_or_path)
+        from .hub import push_trainer_output
+
+        # not trainer.push_to_hub(): that replaces our card and maps only the saved head in auto_map
+        push_trainer_output(trainer, **card_kwargs(objective_args, dataset))
     return metrics
 
 

@@ -1,0 +1,306 @@
+"""The two-stream ViT, tested from the outside: pixel-level leaks, backends, save/load, remote code, training."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForImageClassification,
+    AutoModelForPreTraining,
+)
+
+from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
+from hf_lookaround.modeling_lookaround_vit import (
+    LookAroundViTForImageClassification,
+    LookAroundViTForPreTraining,
+    LookAroundViTModel,
+    patchify,
+    unpatchify,
+)
+from hf_lookaround.vision import (
+    image_plan,
+    load_fashion_mnist,
+    make_image_collator,
+    reconstruction_l2,
+)
+
+FASHION = Path(__file__).resolve().parents[2] / "shared" / "data" / "images" / "fashion-mnist"
+PATCH, SIDE = 7, 28  # 16 patches
+HEADS = {
+    "AutoModel": (AutoModel, LookAroundViTModel),
+    "AutoModelForPreTraining": (AutoModelForPreTraining, LookAroundViTForPreTraining),
+    "AutoModelForImageClassification": (AutoModelForImageClassification, LookAroundViTForImageClassification),
+}
+
+# The lead registers these in hf_lookaround/__init__.py; registering again is harmless (exist_ok).
+AutoConfig.register("lookaround_vit", LookAroundViTConfig, exist_ok=True)
+LookAroundViTConfig.register_for_auto_class()
+for _name, (_auto, _cls) in HEADS.items():
+    _auto.register(LookAroundViTConfig, _cls, exist_ok=True)
+    _cls.register_for_auto_class(_name)
+
+
+@pytest.fixture
+def static_flex_shapes():
+    """torch 2.13's inductor fails on FlexAttention with dynamic shapes on the CPU: compile static graphs."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        yield
+    torch._dynamo.reset()
+
+
+def tiny_config(**overrides):
+    base = dict(image_size=SIDE, patch_size=PATCH, num_channels=1, hidden_size=32, num_hidden_layers=2,
+                num_attention_heads=2, intermediate_size=64)
+    return LookAroundViTConfig(**{**base, **overrides})
+
+
+def make(cls, impl="eager", seed=0, **overrides):
+    torch.manual_seed(seed)
+    model = cls(tiny_config(**overrides)).eval()
+    model.set_attn_implementation(impl)
+    return model
+
+
+def images(n=2, seed=0, channels=1):
+    return torch.rand(n, channels, SIDE, SIDE, generator=torch.Generator().manual_seed(seed))
+
+
+def plan_for(objective, n=2, seed=0, **params):
+    defaults = {"gvp": dict(num_groups=4, segmentation="random"), "vmlm": dict(mask_ratio_range=(0.5, 0.75))}
+    return image_plan(objective, n, (SIDE // PATCH) ** 2, generator=torch.Generator().manual_seed(seed),
+                      **{**defaults.get(objective, {}), **params})
+
+
+# ------------------------------------------------------------------------------------------ leaks
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("objective", ["vmlm", "gvp"])
+@pytest.mark.parametrize("position_embedding_type", ["absolute", "rope"])
+def test_reconstruction_loss_sees_exactly_the_pixels_of_lower_ranks(impl, objective, position_embedding_type):
+    """d loss(target patch) / d pixel is exactly 0 for every pixel of a patch of rank >= the target's rank
+    (its own patch included; the regression target is data, so it is detached) and of other images."""
+    model = make(LookAroundViTForPreTraining, impl, position_embedding_type=position_embedding_type)
+    plan = plan_for(objective, seed=len(objective))
+    slots = plan.target_positions()
+    pixels = images().requires_grad_(True)
+    out = model(pixel_values=pixels, group_ids=plan.group_ids, target_positions=slots)
+    truth = model.target_patches(pixels.detach())
+    checked = 0
+    for b in range(pixels.shape[0]):
+        for m, t in enumerate(slots[b].tolist()):
+            if t < 0:
+                continue
+            loss_t = ((out.logits[b, m] - truth[b, t - 1]) ** 2).mean()
+            (grad,) = torch.autograd.grad(loss_t, pixels, retain_graph=True)
+            per_patch = patchify(grad.abs(), PATCH).sum(-1)  # (B, N)
+            rank = plan.group_ids[:, 1:]
+            must_not_see = torch.ones_like(per_patch, dtype=torch.bool)
+            must_not_see[b] = rank[b] >= plan.group_ids[b, t]
+            leaking = (must_not_see & (per_patch != 0)).nonzero().tolist()
+            assert leaking == [], f"{objective}/{impl}: target patch {t - 1} of image {b} reads patches {leaking}"
+            assert per_patch[b][~must_not_see[b]].max() > 0, "a target sees none of the patches it may see"
+            checked += 1
+    assert checked == int(plan.is_target.sum()) > 0
+
+
+@torch.no_grad()
+def test_flex_attention_agrees_with_eager(static_flex_shapes):
+    eager = make(LookAroundViTForPreTraining, "eager")
+    flex = make(LookAroundViTForPreTraining, "flex_attention")
+    plan = plan_for("gvp", seed=3)
+    x = images(seed=3)
+    kw = dict(group_ids=plan.group_ids, target_positions=plan.target_positions())
+    want, got = eager(pixel_values=x, **kw), flex(pixel_values=x, **kw)
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(flex.vit(x).pooler_output, eager.vit(x).pooler_output, rtol=1e-4, atol=1e-5)
+
+
+def test_loss_is_mse_over_target_patches_only():
+    model = make(LookAroundViTForPreTraining)
+    plan = plan_for("vmlm", n=3, seed=1)
+    slots = plan.target_positions()
+    x = images(3, seed=1)
+    out = model(pixel_values=x, group_ids=plan.group_ids, target_positions=slots)
+    truth = patchify(x, PATCH)
+    expected = torch.stack([((out.logits[b, m] - truth[b, t - 1]) ** 2).mean()
+                            for b in range(3) for m, t in enumerate(slots[b].tolist()) if t >= 1]).mean()
+    torch.testing.assert_close(out.loss, expected)
+    # changing the pixels of a non-target patch changes no target's error term through the target side
+    assert torch.equal(unpatchify(truth, PATCH, 1), x)
+
+
+def test_norm_pix_loss_regresses_normalised_patches():
+    model = make(LookAroundViTForPreTraining, norm_pix_loss=True)
+    target = model.target_patches(images())
+    torch.testing.assert_close(target.mean(-1), torch.zeros(target.shape[:2]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(target.std(-1, unbiased=False), torch.ones(target.shape[:2]), atol=1e-3, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------ heads, save/load
+def head_output(model, x, plan):
+    if isinstance(model, LookAroundViTForPreTraining):
+        return model(pixel_values=x, group_ids=plan.group_ids, target_positions=plan.target_positions()).logits
+    out = model(pixel_values=x)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def test_save_and_load_through_the_auto_classes_is_bit_identical(tmp_path):
+    x, plan = images(), plan_for("gvp")
+    assert AutoConfig.for_model("lookaround_vit", image_size=28, patch_size=7).num_patches == 16
+    for name, (auto, cls) in HEADS.items():
+        model = make(cls, "sdpa", num_labels=3)
+        model.save_pretrained(tmp_path / name)
+        want = head_output(model, x, plan)
+        for loader in (cls, auto):
+            loaded = loader.from_pretrained(tmp_path / name).eval()
+            assert type(loaded) is cls
+            assert torch.equal(head_output(loaded, x, plan), want), f"{name} via {loader.__name__}"
+
+
+def test_a_pretraining_checkpoint_loads_into_the_classifier(tmp_path):
+    model = make(LookAroundViTForPreTraining)
+    model.save_pretrained(tmp_path)
+    clf = AutoModelForImageClassification.from_pretrained(tmp_path, num_labels=10)
+    assert torch.equal(clf.vit.embeddings.cls_token, model.vit.embeddings.cls_token)
+    assert torch.equal(clf.vit.encoder.layers[0].self_attn.q_proj.weight,
+                       model.vit.encoder.layers[0].self_attn.q_proj.weight)
+    out = clf(pixel_values=images(), labels=torch.tensor([3, 9]))
+    assert out.logits.shape == (2, 10) and torch.isfinite(out.loss)
+
+
+def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path):
+    x, plan = images(), plan_for("vmlm")
+    expected = {}
+    for name, (_, cls) in HEADS.items():
+        model = make(cls, "sdpa", num_labels=3)
+        model.save_pretrained(tmp_path / name)
+        assert (tmp_path / name / "modeling_lookaround_vit.py").exists()
+        expected[name] = head_output(model, x, plan)
+    torch.save({"x": x, "group_ids": plan.group_ids, "slots": plan.target_positions(), "expected": expected},
+               tmp_path / "io.pt")
+    script = textwrap.dedent(f"""
+        import sys, torch, transformers
+        io = torch.load({str(tmp_path / "io.pt")!r})
+        for name, want in io["expected"].items():
+            model = getattr(transformers, name).from_pretrained(
+                {str(tmp_path)!r} + "/" + name, trust_remote_code=True).eval()
+            kw = dict(pixel_values=io["x"])
+            if name == "AutoModelForPreTraining":
+                kw.update(group_ids=io["group_ids"], target_positions=io["slots"])
+            out = model(**kw)
+            got = out.logits if hasattr(out, "logits") else out.last_hidden_state
+            assert torch.equal(got, want), name
+            assert not type(model).__module__.startswith("hf_lookaround"), type(model).__module__
+        assert not any(m.startswith("hf_lookaround") for m in sys.modules)
+        print("REMOTE-OK")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"))
+    result = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert "REMOTE-OK" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("problem_type,num_labels,labels", [
+    ("single_label_classification", 4, torch.tensor([0, 3])),
+    ("regression", 1, torch.tensor([0.5, -1.0])),
+    ("multi_label_classification", 3, torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])),
+])
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_image_classification(problem_type, num_labels, labels, pooling):
+    model = make(LookAroundViTForImageClassification, num_labels=num_labels, problem_type=problem_type,
+                 classifier_pooling=pooling)
+    out = model(pixel_values=images(), labels=labels)
+    assert out.logits.shape == (2, num_labels) and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert model.vit.embeddings.patch_embeddings.weight.grad.abs().sum() > 0
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def test_bad_inputs_raise_clear_errors():
+    model = make(LookAroundViTForPreTraining)
+    plan = plan_for("gvp")
+    kw = dict(group_ids=plan.group_ids, target_positions=plan.target_positions())
+    with pytest.raises(ValueError, match=r"pixel_values must have shape \(batch, 1, 28, 28\)"):
+        model(pixel_values=torch.rand(2, 1, 32, 32), **kw)
+    with pytest.raises(ValueError, match=r"pixel_values must have shape \(batch, 1, 28, 28\)"):
+        model(pixel_values=images(channels=3), **kw)
+    with pytest.raises(ValueError, match="needs group_ids and target_positions"):
+        model(pixel_values=images())
+    with pytest.raises(ValueError, match="group_ids must cover"):
+        model(pixel_values=images(), group_ids=plan.group_ids[:, 1:], target_positions=kw["target_positions"])
+    with pytest.raises(ValueError, match="cannot be a target"):
+        model(pixel_values=images(), group_ids=plan.group_ids, target_positions=torch.zeros(2, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="CLS token .* lowest rank"):
+        model(pixel_values=images(), group_ids=torch.cat([plan.group_ids[:, :1] + 9, plan.group_ids[:, 1:]], 1),
+              target_positions=kw["target_positions"])
+    with pytest.raises(ValueError, match="patch_size .* must divide image_size"):
+        tiny_config(patch_size=5)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        tiny_config(max_position_embeddings=8)
+    with pytest.raises(ValueError, match="classifier_pooling"):
+        tiny_config(classifier_pooling="last")
+    with pytest.raises(ValueError, match="image objectives"):
+        make_image_collator("ar", 16)
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+def test_reconstruction_l2_per_group_and_modes():
+    """Group 1 is predicted from the true G0 in both modes; later groups differ once predictions are fed back.
+    A perfect predictor scores 0."""
+    model = make(LookAroundViTForPreTraining)
+    x = images(6, seed=5)
+    tf = reconstruction_l2(model, x, objective="gvp", plan_params={"num_groups": 4}, seed=1)
+    gen = reconstruction_l2(model, x, objective="gvp", plan_params={"num_groups": 4}, mode="generative", seed=1)
+    assert list(tf["l2_per_group"]) == ["1", "2", "3", "4"] and tf["patches_per_group"] == gen["patches_per_group"]
+    assert sum(tf["patches_per_group"].values()) == int(plan_for("gvp", 6, seed=1, segmentation="mixed").is_target.sum())
+    assert tf["l2_per_group"]["1"] == pytest.approx(gen["l2_per_group"]["1"], rel=1e-6)
+    assert tf["l2_per_group"]["4"] != gen["l2_per_group"]["4"]
+    masked = reconstruction_l2(model, x, objective="vmlm")
+    assert list(masked["l2_per_group"]) == ["1"]
+
+    class Oracle(torch.nn.Module):  # predicts the true patch: a leak on purpose, to pin the metric at 0
+        def __init__(self):
+            super().__init__()
+            self.config, self.target_patches, self.w = model.config, model.target_patches, torch.nn.Parameter(
+                torch.zeros(()))
+
+        def forward(self, pixel_values, group_ids, target_positions):
+            idx = (target_positions - 1).clamp(min=0)[..., None].expand(-1, -1, PATCH * PATCH)
+            return type("Out", (), {"logits": patchify(pixel_values, PATCH).gather(1, idx)})
+
+    assert reconstruction_l2(Oracle(), x, objective="gvp", plan_params={"num_groups": 4})["l2"] == 0.0
+
+
+@pytest.mark.skipif(not FASHION.exists(), reason="Fashion-MNIST is not at ../shared/data/images/fashion-mnist")
+def test_a_few_steps_on_fashion_mnist_lower_the_masked_patch_mse():
+    x, y = load_fashion_mnist(FASHION, "train", limit=512)
+    assert x.shape == (512, 1, 28, 28) and 0.0 <= float(x.min()) and float(x.max()) <= 1.0
+    assert set(y.tolist()) == set(range(10))
+    model = make(LookAroundViTForPreTraining, "sdpa").train()
+    collator = make_image_collator("vmlm", model.config.num_patches, seed=0)
+    held_out = x[-128:]
+
+    def eval_mse():
+        return reconstruction_l2(model, held_out, objective="vmlm", seed=7)["l2"]
+
+    before = eval_mse()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    torch.manual_seed(0)
+    for step in range(40):
+        rows = torch.randint(0, 384, (32,))
+        batch = collator([{"pixel_values": x[i]} for i in rows.tolist()])
+        model.train()
+        loss = model(**batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    after = eval_mse()
+    assert after < 0.6 * before, (before, after)

@@ -274,7 +274,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--learning-rate", type=float, default=3e-3)
     p.add_argument("--vocab-size", type=int, default=4096)
-    p.add_argument("--perplexity-documents", type=int, default=100, help="test articles scored for perplexity")
+    p.add_argument("--perplexity-documents", type=int, default=50, help="test articles scored for perplexity")
     p.add_argument("--probe-max-length", type=int, default=128, help="tokens of each article the probe sees")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--corpus-dir", default=None, help="a folder of <label>/*.txt instead of the BBC news corpus")

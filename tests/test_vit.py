@@ -304,3 +304,54 @@ def test_a_few_steps_on_fashion_mnist_lower_the_masked_patch_mse():
         optimizer.step()
     after = eval_mse()
     assert after < 0.6 * before, (before, after)
+
+
+def test_image_collator_draws_reproducible_plans_with_cls_as_condition():
+    x = images(8, seed=2)
+    features = [{"pixel_values": img} for img in x]
+    collator = make_image_collator("vmlm", 16, seed=3)
+    batch = collator(features)
+    assert batch["pixel_values"].shape == (8, 1, 28, 28) and batch["group_ids"].shape == (8, 17)
+    assert torch.all(batch["group_ids"][:, 0] == 0) and torch.all(batch["target_positions"] != 0)
+    counts = (batch["target_positions"] >= 1).sum(-1)
+    assert counts.min() >= round(0.5 * 16) and counts.max() <= round(0.75 * 16)  # images: ratio in U[0.5, 0.75]
+    again = make_image_collator("vmlm", 16, seed=3)(features)
+    assert all(torch.equal(batch[k], again[k]) for k in batch), "the same batch and seed give the same plan"
+    collator.set_epoch(1)
+    assert not torch.equal(collator(features)["group_ids"], batch["group_ids"]), "a new epoch draws a new plan"
+    gvp = make_image_collator("gvp", 16, num_groups=5)(features)
+    assert torch.all(gvp["group_ids"][:, 1:].amax(-1) == 6)  # G0 has rank 1, G5 rank 6
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    plan, x = plan_for("gvp"), images()
+    grads = []
+    for checkpointing in (False, True):
+        model = make(LookAroundViTForPreTraining).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model(pixel_values=x, group_ids=plan.group_ids, target_positions=plan.target_positions()).loss.backward()
+        grads.append(model.vit.embeddings.patch_embeddings.weight.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+@pytest.mark.skipif(not FASHION.exists(), reason="Fashion-MNIST is not at ../shared/data/images/fashion-mnist")
+def test_the_vision_command_end_to_end(tmp_path):
+    import json
+
+    from hf_lookaround.vision import main
+
+    argv = ["--data", str(FASHION), "--output_dir", str(tmp_path), "--objective", "gvp", "--num_groups", "4",
+            "--patch_size", "7", "--hidden_size", "32", "--num_hidden_layers", "1", "--num_attention_heads", "2",
+            "--intermediate_size", "64", "--num_train", "64", "--max_steps", "2", "--batch_size", "16",
+            "--num_probe_train", "100", "--num_test", "50", "--finetune_steps", "2"]
+    assert main(argv) == 0
+    results = json.loads((tmp_path / "vision_results.json").read_text())
+    assert set(results["linear_probe"]) == {"pretrained", "random_init", "raw_pixels"}
+    assert all(0.0 <= v <= 1.0 for v in results["linear_probe"].values())
+    recon = results["reconstruction_l2"]
+    assert list(recon["teacher_forced"]["l2_per_group"]) == ["1", "2", "3", "4"]
+    assert set(recon) == {"teacher_forced", "generative", "mean_image_baseline"}
+    assert set(results["finetune_test_accuracy"]) == {"pretrained", "from_scratch"}
+    loaded = AutoModelForPreTraining.from_pretrained(tmp_path)
+    assert isinstance(loaded, LookAroundViTForPreTraining) and loaded.config.objective == "gvp"

@@ -18,6 +18,7 @@ import argparse
 import gzip
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -277,6 +278,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--finetune_steps", type=int, default=0,
                    help="also fine-tune the pretrained model and one trained from scratch on the probe images")
     p.add_argument("--attn_implementation", default="sdpa", choices=("eager", "sdpa", "flex_attention"))
+    p.add_argument("--dataloader_num_workers", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -296,7 +298,8 @@ def _training_args(output_dir, args, steps):
         output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.learning_rate, weight_decay=args.weight_decay, lr_scheduler_type="cosine",
         warmup_steps=max(1, steps // 20), logging_steps=max(1, steps // 10), save_strategy="no",
-        report_to="none", seed=args.seed, dataloader_num_workers=0, remove_unused_columns=False,
+        report_to="none", seed=args.seed, dataloader_num_workers=args.dataloader_num_workers, remove_unused_columns=False,
+        disable_tqdm=True,
     )
 
 
@@ -315,6 +318,7 @@ def _finetune(model, args, images, labels, test_images, test_labels, output_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`hf-lookaround vision`: pretrain a tiny ViT on Fashion-MNIST, then probe, reconstruct and (optionally) fine-tune."""
     from transformers import Trainer, set_seed
 
     from .pretraining import CollatorEpochCallback
@@ -354,31 +358,42 @@ def main(argv: list[str] | None = None) -> int:
         "objective": args.objective, "plan_params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
         "num_parameters": model.num_parameters(), "num_pretrain_images": len(pre_images),
         "max_steps": args.max_steps, "train_loss": train_result.training_loss,
-        "train_runtime_s": train_result.metrics.get("train_runtime"),
+        "seconds": {"pretraining": train_result.metrics.get("train_runtime")},
     }
+    path = out / "vision_results.json"
+
+    def stage(name, compute):
+        # results are written after every stage, so a run stopped part-way keeps what it measured
+        start = time.perf_counter()
+        results[name] = compute()
+        results["seconds"][name] = round(time.perf_counter() - start, 1)
+        path.write_text(json.dumps(results, indent=2))
+        logger.info("%s: %s", name, json.dumps(results[name])[:400])
+
+    # reconstruction: the same plans (seeded) in both modes; predicting the mean training image is the baseline
+    def reconstruct():
+        modes = ("teacher_forced",) if args.norm_pix_loss else ("teacher_forced", "generative")
+        recon = {mode: reconstruction_l2(model, test_images, objective=args.objective, plan_params=params, mode=mode,
+                                         seed=args.seed) for mode in modes}
+        if not args.norm_pix_loss:
+            mean_model = _MeanImagePredictor(model, pre_images.mean(0, keepdim=True))
+            recon["mean_image_baseline"] = reconstruction_l2(mean_model, test_images, objective=args.objective,
+                                                             plan_params=params, seed=args.seed)
+        return recon
+
+    stage("reconstruction_l2", reconstruct)
     # probes: pretrained features, the same architecture untrained, raw pixels
-    results["linear_probe"] = {
+    stage("linear_probe", lambda: {
         name: linear_probe_images(m, probe_images, probe_labels, test_images, test_labels, seed=args.seed)["test_accuracy"]
         for name, m in (("pretrained", model), ("random_init", scratch), ("raw_pixels", None))
-    }
-    # reconstruction: the same plans (seeded) for both modes; the mean training image is the baseline
-    recon = {mode: reconstruction_l2(model, test_images, objective=args.objective, plan_params=params, mode=mode,
-                                     seed=args.seed) for mode in ("teacher_forced", "generative")
-             if not (mode == "generative" and args.norm_pix_loss)}
-    if not args.norm_pix_loss:
-        mean_model = _MeanImagePredictor(model, pre_images.mean(0, keepdim=True))
-        recon["mean_image_baseline"] = reconstruction_l2(mean_model, test_images, objective=args.objective,
-                                                         plan_params=params, seed=args.seed)
-    results["reconstruction_l2"] = recon
+    })
     if args.finetune_steps:
-        ft = LookAroundViTForImageClassification.from_pretrained(out)
-        cfg = LookAroundViTConfig.from_pretrained(out)
-        results["finetune_test_accuracy"] = {
-            "pretrained": _finetune(ft, args, probe_images, probe_labels, test_images, test_labels, out / "ft"),
-            "from_scratch": _finetune(LookAroundViTForImageClassification(cfg), args, probe_images, probe_labels,
-                                      test_images, test_labels, out / "ft_scratch"),
-        }
-    (out / "vision_results.json").write_text(json.dumps(results, indent=2))
+        stage("finetune_test_accuracy", lambda: {
+            "pretrained": _finetune(LookAroundViTForImageClassification.from_pretrained(out), args, probe_images,
+                                    probe_labels, test_images, test_labels, out / "ft"),
+            "from_scratch": _finetune(LookAroundViTForImageClassification(LookAroundViTConfig.from_pretrained(out)),
+                                      args, probe_images, probe_labels, test_images, test_labels, out / "ft_scratch"),
+        })
     print(json.dumps(results, indent=2))
     return 0
 
@@ -396,3 +411,9 @@ class _MeanImagePredictor(torch.nn.Module):
         idx = (target_positions - 1).clamp(min=0)
         patches = self.mean_patches.expand(len(pixel_values), -1, -1)
         return argparse.Namespace(logits=patches.gather(1, idx[..., None].expand(-1, -1, patches.shape[-1])))
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -260,7 +260,8 @@ def test_reconstruction_l2_per_group_and_modes():
     tf = reconstruction_l2(model, x, objective="gvp", plan_params={"num_groups": 4}, seed=1)
     gen = reconstruction_l2(model, x, objective="gvp", plan_params={"num_groups": 4}, mode="generative", seed=1)
     assert list(tf["l2_per_group"]) == ["1", "2", "3", "4"] and tf["patches_per_group"] == gen["patches_per_group"]
-    assert sum(tf["patches_per_group"].values()) == int(plan_for("gvp", 6, seed=1, segmentation="mixed").is_target.sum())
+    same_plan = plan_for("gvp", 6, seed=1, segmentation="mixed")
+    assert sum(tf["patches_per_group"].values()) == int(same_plan.is_target.sum())
     assert tf["l2_per_group"]["1"] == pytest.approx(gen["l2_per_group"]["1"], rel=1e-6)
     assert tf["l2_per_group"]["4"] != gen["l2_per_group"]["4"]
     masked = reconstruction_l2(model, x, objective="vmlm")

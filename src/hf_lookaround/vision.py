@@ -203,7 +203,7 @@ def reconstruction_l2(model: LookAroundViTForPreTraining, images: torch.Tensor, 
     if tuple(plan.group_ids.shape) != (n, num_patches + 1):
         raise ValueError(f"plan must cover {n} images x {num_patches + 1} positions, got {tuple(plan.group_ids.shape)}")
     model.eval()
-    device = next(model.parameters()).device
+    device = next(model.parameters(), images).device
     sq_sum: dict[int, float] = {}
     count: dict[int, int] = {}
     for start in range(0, n, batch_size):
@@ -298,8 +298,8 @@ def _training_args(output_dir, args, steps):
         output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.learning_rate, weight_decay=args.weight_decay, lr_scheduler_type="cosine",
         warmup_steps=max(1, steps // 20), logging_steps=max(1, steps // 10), save_strategy="no",
-        report_to="none", seed=args.seed, dataloader_num_workers=args.dataloader_num_workers, remove_unused_columns=False,
-        disable_tqdm=True,
+        report_to="none", seed=args.seed, dataloader_num_workers=args.dataloader_num_workers,
+        remove_unused_columns=False, disable_tqdm=True,
     )
 
 
@@ -318,7 +318,7 @@ def _finetune(model, args, images, labels, test_images, test_labels, output_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`hf-lookaround vision`: pretrain a tiny ViT on Fashion-MNIST, then probe, reconstruct and (optionally) fine-tune."""
+    """`hf-lookaround vision`: pretrain a tiny ViT on Fashion-MNIST; reconstruct, probe and (optionally) fine-tune."""
     from transformers import Trainer, set_seed
 
     from .pretraining import CollatorEpochCallback
@@ -355,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     model.save_pretrained(out)
 
     results = {
-        "objective": args.objective, "plan_params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
+        "objective": args.objective,
+        "plan_params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
         "num_parameters": model.num_parameters(), "num_pretrain_images": len(pre_images),
         "max_steps": args.max_steps, "train_loss": train_result.training_loss,
         "seconds": {"pretraining": train_result.metrics.get("train_runtime")},
@@ -384,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     stage("reconstruction_l2", reconstruct)
     # probes: pretrained features, the same architecture untrained, raw pixels
     stage("linear_probe", lambda: {
-        name: linear_probe_images(m, probe_images, probe_labels, test_images, test_labels, seed=args.seed)["test_accuracy"]
+        name: linear_probe_images(m, probe_images, probe_labels, test_images, test_labels,
+                                  seed=args.seed)["test_accuracy"]
         for name, m in (("pretrained", model), ("random_init", scratch), ("raw_pixels", None))
     })
     if args.finetune_steps:
@@ -405,7 +407,6 @@ class _MeanImagePredictor(torch.nn.Module):
         super().__init__()
         self.config, self.target_patches = model.config, model.target_patches
         self.register_buffer("mean_patches", model.target_patches(mean_image))
-        self._device_anchor = torch.nn.Parameter(torch.zeros(()), requires_grad=False)
 
     def forward(self, pixel_values, group_ids, target_positions):
         idx = (target_positions - 1).clamp(min=0)

@@ -356,3 +356,18 @@ def test_the_vision_command_end_to_end(tmp_path):
     assert set(results["finetune_test_accuracy"]) == {"pretrained", "from_scratch"}
     loaded = AutoModelForPreTraining.from_pretrained(tmp_path)
     assert isinstance(loaded, LookAroundViTForPreTraining) and loaded.config.objective == "gvp"
+
+
+def test_training_step_has_no_graph_breaks():
+    """`_can_compile_fullgraph`: the pretraining loss traces as one graph (value checks skip while compiling)."""
+    model = make(LookAroundViTForPreTraining, "sdpa").train()
+    plan, x = plan_for("vmlm"), images()
+    slots = plan.target_positions(pad_to=12)  # a static M: ceil(0.75 * 16)
+
+    def loss_fn(x, group_ids, slots):
+        return model(pixel_values=x, group_ids=group_ids, target_positions=slots).loss
+
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(loss_fn)(x, plan.group_ids, slots)
+    torch._dynamo.reset()
+    assert explanation.graph_break_count == 0, explanation.break_reasons

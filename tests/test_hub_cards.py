@@ -68,7 +68,7 @@ def test_family_and_template_choice(tmp_path):
     (tmp_path / "v").mkdir()
     (tmp_path / "v" / "config.json").write_text(json.dumps(config))
     vision = hub.build_model_card(tmp_path / "v")
-    assert "Placeholder for the future vision family" in vision.text
+    assert "does not yet\n> publish vision checkpoints" in vision.text
     with pytest.raises(ValueError, match="unknown objective 'bert'"):
         hub.build_model_card(tmp_path / "v", objective="bert")
     with pytest.raises(ValueError, match="save the checkpoint"):

@@ -79,7 +79,7 @@ class AttentionPlan:
         lowest = torch.where(self.key_valid, self.key_rank, big).amin(-1, keepdim=True)
         return may_attend(self.query_rank, lowest, self.query_is_strict, self.key_valid.any(-1, keepdim=True))
 
-    def block_mask(self, num_heads: int):
+    def block_mask(self):
         """A FlexAttention ``BlockMask`` from the same rule."""
         from torch.nn.attention.flex_attention import create_block_mask
 
@@ -94,7 +94,7 @@ class AttentionPlan:
         return create_block_mask(mask_mod, batch, None, rows, k_rank.shape[1], device=q_rank.device)
 
 
-def prepare_attention_mask(plan: AttentionPlan, implementation: str, dtype: torch.dtype, num_heads: int):
+def prepare_attention_mask(plan: AttentionPlan, implementation: str, dtype: torch.dtype):
     """The mask in the form the backend takes, and the (B, L, 1, 1) factor that zeroes rows that see nothing.
 
     Rows that see nothing (a query row with no lower rank, a padded target slot) would give NaN in a
@@ -104,7 +104,7 @@ def prepare_attention_mask(plan: AttentionPlan, implementation: str, dtype: torc
     sees = plan.row_sees_something()
     row_factor = sees[:, :, None, None].to(dtype)
     if implementation == "flex_attention":
-        return plan.block_mask(num_heads), row_factor
+        return plan.block_mask(), row_factor
     mask = plan.dense() | ~sees[:, None, :, None]
     if implementation == "sdpa":
         return mask, row_factor
@@ -472,7 +472,7 @@ class LookAroundModel(LookAroundPreTrainedModel):
         if causal_fast_path:  # lets SDPA pick its flash kernel
             mask, row_factor, extra = None, None, {"is_causal": True}
         else:
-            mask, row_factor = prepare_attention_mask(plan, implementation, hidden.dtype, self.config.num_attention_heads)
+            mask, row_factor = prepare_attention_mask(plan, implementation, hidden.dtype)
             extra = {}
 
         position_embeddings = None

@@ -51,16 +51,14 @@ class Plan:
 
 
 def target_positions_from_mask(is_target: torch.Tensor, pad_to: int | None = None) -> torch.Tensor:
-    counts = is_target.sum(-1)
-    width = int(counts.max().item()) if is_target.numel() else 0
+    """(B, T) bool -> (B, M) target indices in order, padded with -1; ``M`` = the largest count or ``pad_to``."""
+    from .modeling_lookaround import positions_of  # the model derives target slots from labels the same way
+
+    positions = positions_of(is_target)
     if pad_to is not None:
-        if pad_to < width:
-            raise ValueError(f"pad_to={pad_to} is smaller than the largest target count {width} in the batch")
-        width = pad_to
-    positions = torch.full((is_target.shape[0], width), -1, dtype=torch.long)
-    for b in range(is_target.shape[0]):
-        idx = is_target[b].nonzero().flatten()
-        positions[b, : idx.numel()] = idx
+        if pad_to < positions.shape[1]:
+            raise ValueError(f"pad_to={pad_to} is smaller than the largest target count {positions.shape[1]} in the batch")
+        positions = torch.nn.functional.pad(positions, (0, pad_to - positions.shape[1]), value=-1)
     return positions
 
 

@@ -275,3 +275,60 @@ def test_push_trainer_output_uses_the_trainer_hub_arguments(server, online, chec
     assert files["model.safetensors"] == (tmp_path / "out" / "model.safetensors").read_bytes()
     card = files["README.md"].decode()
     assert "objective (`dar`)" in card and 'from_pretrained("lab/from-trainer"' in card and "\nsotu." in card
+
+
+VISION_CHILD = textwrap.dedent('''
+    import sys, torch
+    sys.modules["hf_lookaround"] = None  # prove the remote code is self-contained
+    import transformers
+    repo, workdir = sys.argv[1], sys.argv[2]
+    io = torch.load(workdir + "/vision_io.pt")
+    out = {}
+    for name in ("AutoModel", "AutoModelForPreTraining", "AutoModelForImageClassification"):
+        model = getattr(transformers, name).from_pretrained(repo, trust_remote_code=True).eval()
+        with torch.no_grad():
+            if name == "AutoModelForPreTraining":
+                out[name] = model(pixel_values=io["pixels"], group_ids=io["group_ids"],
+                                  target_positions=io["targets"]).logits
+            elif name == "AutoModel":
+                out[name] = model(pixel_values=io["pixels"]).last_hidden_state
+            else:
+                out[name] = model(pixel_values=io["pixels"]).logits.shape
+        out[name + ".module"] = type(model).__module__
+    torch.save(out, workdir + "/vision_out.pt")
+''')
+
+
+def test_vision_checkpoint_push_and_remote_load(server, online, tmp_path):
+    """A two-stream ViT checkpoint goes through the same push path and loads without the package."""
+    from hf_lookaround import LookAroundViTConfig, LookAroundViTForPreTraining
+
+    torch.manual_seed(0)
+    config = LookAroundViTConfig(image_size=28, patch_size=7, num_channels=1, hidden_size=32, num_hidden_layers=2,
+                                 num_attention_heads=2, intermediate_size=64, objective="gvp",
+                                 plan_params={"num_groups": 4, "segmentation": "mixed"})
+    model = LookAroundViTForPreTraining(config).eval()
+    folder = tmp_path / "vit"
+    model.save_pretrained(folder)
+    hub_module.push_checkpoint(folder, "lab/tiny-vit")
+    pixels = torch.rand(2, 1, 28, 28)
+    plan = make_plan("gvp", [17, 17], 17, num_groups=4, segmentation="mixed", num_condition_tokens=1,
+                     generator=torch.Generator().manual_seed(0))
+    targets = plan.target_positions()
+    with torch.no_grad():
+        want = {"AutoModelForPreTraining": model(pixel_values=pixels, group_ids=plan.group_ids,
+                                                 target_positions=targets).logits,
+                "AutoModel": model.vit(pixel_values=pixels).last_hidden_state}
+    torch.save({"pixels": pixels, "group_ids": plan.group_ids, "targets": targets}, tmp_path / "vision_io.pt")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRANSFORMERS_OFFLINE", "HF_TOKEN")}
+    env.update(HF_ENDPOINT=server.url, HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="0",
+               HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_TELEMETRY="1")
+    proc = subprocess.run([sys.executable, "-c", VISION_CHILD, "lab/tiny-vit", str(tmp_path)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = torch.load(tmp_path / "vision_out.pt")
+    assert torch.equal(got["AutoModelForPreTraining"], want["AutoModelForPreTraining"])
+    assert torch.equal(got["AutoModel"], want["AutoModel"])
+    assert tuple(got["AutoModelForImageClassification"]) == (2, config.num_labels)
+    assert all(not got[f"{n}.module"].startswith("hf_lookaround") for n in
+               ("AutoModel", "AutoModelForPreTraining", "AutoModelForImageClassification"))

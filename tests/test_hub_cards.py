@@ -68,7 +68,7 @@ def test_family_and_template_choice(tmp_path):
     (tmp_path / "v").mkdir()
     (tmp_path / "v" / "config.json").write_text(json.dumps(config))
     vision = hub.build_model_card(tmp_path / "v")
-    assert "does not yet\n> publish vision checkpoints" in vision.text
+    assert "a two-stream ViT on the LookAround" in vision.text
     with pytest.raises(ValueError, match="unknown objective 'bert'"):
         hub.build_model_card(tmp_path / "v", objective="bert")
     with pytest.raises(ValueError, match="save the checkpoint"):
@@ -113,7 +113,7 @@ def test_remote_code_must_be_self_contained(tmp_path, monkeypatch, line, problem
     assert line not in (folder / "modeling_lookaround.py").read_text()
 
     # if the package's own modules are not self-contained, push refuses and says why
-    monkeypatch.setattr(hub, "_package_module_files", lambda: sorted(package.iterdir()))
+    monkeypatch.setattr(hub, "_package_module_files", lambda model_module="modeling_lookaround": sorted(package.iterdir()))
     (folder / "modeling_lookaround.py").unlink()
     with pytest.raises(ValueError, match=problem):
         hub.ensure_remote_code(folder)

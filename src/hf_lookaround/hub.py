@@ -61,6 +61,16 @@ HEADS = {
 }
 CONFIG_MODULE, MODEL_MODULE = "configuration_lookaround", "modeling_lookaround"
 CONFIG_CLASS = "LookAroundConfig"
+VIT_HEADS = {
+    "base": ("AutoModel", "LookAroundViTModel"),
+    "pretraining": ("AutoModelForPreTraining", "LookAroundViTForPreTraining"),
+    "image-classification": ("AutoModelForImageClassification", "LookAroundViTForImageClassification"),
+}
+# model_type -> (config module, config class, model module, heads): what a checkpoint's remote code is
+REMOTE_CODE = {
+    "lookaround": (CONFIG_MODULE, CONFIG_CLASS, MODEL_MODULE, HEADS),
+    "lookaround_vit": ("configuration_lookaround_vit", "LookAroundViTConfig", "modeling_lookaround_vit", VIT_HEADS),
+}
 
 # What each objective is, in the words of DESIGN.md; the family picks the card template.
 OBJECTIVES = {
@@ -361,7 +371,7 @@ def build_model_card(
         plan_kwargs="".join(f", {k}={v!r}" for k, v in sorted(given.items())),
         # text protocols for text models; a vision model is probed, fine-tuned and scored on reconstruction
         protocols=VISION_PROTOCOLS if family == "vision" else EVALUATION_PROTOCOLS,
-        heads=[(head, auto) for head, (auto, _) in HEADS.items()],
+        heads=[(head, auto) for head, (auto, _) in (VIT_HEADS if family == "vision" else HEADS).items()],
         citation=CITATION,
     )
 
@@ -392,13 +402,13 @@ def _write_text(path: Path, text: str) -> None:
 # ----------------------------------------------------------------------------------------------
 # Remote code
 # ----------------------------------------------------------------------------------------------
-def _package_module_files() -> list[Path]:
+def _package_module_files(model_module: str = MODEL_MODULE) -> list[Path]:
     """The modules a checkpoint needs for trust_remote_code, as transformers' custom_object_save copies them."""
+    import importlib
+
     from transformers.dynamic_module_utils import get_relative_import_files
 
-    from . import modeling_lookaround
-
-    model_file = Path(modeling_lookaround.__file__)
+    model_file = Path(importlib.import_module(f"{__package__}.{model_module}").__file__)
     return [model_file] + [Path(f) for f in get_relative_import_files(model_file)]
 
 
@@ -455,16 +465,17 @@ def ensure_remote_code(folder) -> list[str]:
     config = _read_json(config_path)
     if not isinstance(config, dict):
         raise ValueError(f"{config_path} is missing or not valid JSON: save the model with save_pretrained first")
-    if config.get("model_type") != "lookaround":
+    if config.get("model_type") not in REMOTE_CODE:
         raise ValueError(
-            f"{config_path} has model_type {config.get('model_type')!r}, not 'lookaround': this is not a "
-            "LookAround checkpoint, so hf_lookaround cannot supply its remote code"
+            f"{config_path} has model_type {config.get('model_type')!r}, not one of {sorted(REMOTE_CODE)}: this is "
+            "not a LookAround checkpoint, so hf_lookaround cannot supply its remote code"
         )
+    config_module, config_class, model_module, heads = REMOTE_CODE[config["model_type"]]
     written = []
-    problems = _remote_code_problems(folder, [CONFIG_MODULE, MODEL_MODULE])
+    problems = _remote_code_problems(folder, [config_module, model_module])
     if problems:
         replaced = []
-        for source in _package_module_files():
+        for source in _package_module_files(model_module):
             target = folder / source.name
             if target.is_symlink() or target.exists():
                 replaced.append(source.name)
@@ -476,13 +487,13 @@ def ensure_remote_code(folder) -> list[str]:
                            "; ".join(problems), ", ".join(replaced))
         else:
             logger.info("added remote code from the installed hf_lookaround: %s", ", ".join(written))
-    problems = _remote_code_problems(folder, [CONFIG_MODULE, MODEL_MODULE])
+    problems = _remote_code_problems(folder, [config_module, model_module])
     if problems:
         raise ValueError("the remote-code files cannot be loaded without hf_lookaround:\n  " + "\n  ".join(problems))
 
-    classes = _defined_classes(folder / f"{MODEL_MODULE}.py")
-    wanted = {"AutoConfig": f"{CONFIG_MODULE}.{CONFIG_CLASS}"}
-    wanted.update({auto: f"{MODEL_MODULE}.{cls}" for auto, cls in HEADS.values() if cls in classes})
+    classes = _defined_classes(folder / f"{model_module}.py")
+    wanted = {"AutoConfig": f"{config_module}.{config_class}"}
+    wanted.update({auto: f"{model_module}.{cls}" for auto, cls in heads.values() if cls in classes})
     auto_map = dict(config.get("auto_map") or {})
     if any(auto_map.get(k) != v for k, v in wanted.items()):
         config["auto_map"] = {**auto_map, **wanted}

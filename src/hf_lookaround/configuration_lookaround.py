@@ -87,13 +87,16 @@ class LookAroundConfig(PreTrainedConfig):
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
-    def validate_lookaround(self) -> None:
-        """Raise a ValueError that says what to fix for any inconsistent value."""
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings"):
+    def check_positive_ints(self, *names: str) -> None:
+        for name in names:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    def validate_lookaround(self) -> None:
+        """Raise a ValueError that says what to fix for any inconsistent value."""
+        self.check_positive_ints("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                 "intermediate_size", "max_position_embeddings")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "

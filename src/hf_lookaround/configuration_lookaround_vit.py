@@ -67,10 +67,7 @@ class LookAroundViTConfig(LookAroundConfig):
         return self.num_channels * self.patch_size**2
 
     def _check_image_fields(self) -> None:
-        for name in ("image_size", "patch_size", "num_channels"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.check_positive_ints("image_size", "patch_size", "num_channels")
         if self.image_size % self.patch_size:
             raise ValueError(
                 f"patch_size ({self.patch_size}) must divide image_size ({self.image_size}); "

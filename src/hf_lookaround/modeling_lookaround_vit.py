@@ -25,7 +25,7 @@ from transformers.modeling_outputs import ImageClassifierOutput, ModelOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_lookaround_vit import LookAroundViTConfig
-from .modeling_lookaround import LookAroundModel, LookAroundPreTrainedModel
+from .modeling_lookaround import LookAroundForPreTrainingOutput, LookAroundModel, LookAroundPreTrainedModel
 
 
 def patchify(pixel_values: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -70,20 +70,13 @@ class LookAroundViTModelOutput(ModelOutput):
 
 
 @dataclass
-class LookAroundViTForPreTrainingOutput(ModelOutput):
+class LookAroundViTForPreTrainingOutput(LookAroundForPreTrainingOutput):
     """
     loss: mean squared error over the pixels of the target patches (normalised per patch with
         `config.norm_pix_loss`).
     logits (`(B, M, p*p*C)`): the predicted pixels of each target patch (in the loss's space).
     target_positions (`(B, M)`): positions in ``[CLS, patches]`` predicted (patch = position - 1), -1 padding.
     """
-
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    target_positions: torch.LongTensor | None = None
-    last_hidden_state: torch.FloatTensor | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 class LookAroundViTPreTrainedModel(LookAroundPreTrainedModel):

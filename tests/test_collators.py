@@ -212,3 +212,25 @@ def test_max_targets_bounds_counts():
     for ratio in (0.15, 0.3, 0.5):
         batch = MaskedCollator(ToyTokenizer(), mask_ratio=ratio)(docs(4, 37))
         assert batch["target_positions"].shape[1] <= max_targets("mlm", 37, mask_ratio=ratio) == math.ceil(ratio * 37)
+
+
+@pytest.mark.parametrize("objective", ["dar", "mlm", "gvp"])
+def test_each_process_rank_draws_its_own_plans(objective, monkeypatch):
+    # Ranks of a multi-process run may hold identical content (e.g. repeated text): their masks
+    # must still differ, and each rank's plan must be reproducible (what resuming needs).
+    params = {"gvp": {"num_groups": 4}}.get(objective, {})
+    features = docs(8, 32)
+    plans_of = {r: make_collator(objective, ToyTokenizer(), seed=3, process_rank=r, **params)(features)["group_ids"]
+                for r in range(4)}
+    assert all(not torch.equal(plans_of[a], plans_of[b]) for a in range(4) for b in range(a + 1, 4))
+    again = make_collator(objective, ToyTokenizer(), seed=3, process_rank=1, **params)(features)["group_ids"]
+    assert torch.equal(again, plans_of[1])
+    # without an explicit rank, the process's rank is used ($RANK outside torch.distributed)
+    monkeypatch.setenv("RANK", "2")
+    assert torch.equal(make_collator(objective, ToyTokenizer(), seed=3, **params)(features)["group_ids"], plans_of[2])
+    monkeypatch.delenv("RANK")
+    assert torch.equal(make_collator(objective, ToyTokenizer(), seed=3, **params)(features)["group_ids"], plans_of[0])
+    # the plain stream mode also gives each rank its own stream
+    streams = [make_collator(objective, ToyTokenizer(), seed=3, per_batch_seed=False, process_rank=r,
+                             **params)(features)["group_ids"] for r in (0, 1)]
+    assert not torch.equal(*streams)

@@ -19,19 +19,23 @@ here as in the evaluators and the theory module.
 Randomness. Each collator owns a ``torch.Generator`` created lazily in the process that calls it
 (``seed + worker id`` inside a DataLoader worker, as transformers does). By default
 (``per_batch_seed=True``) the generator is re-seeded before every batch from a hash of
-``(seed, epoch, batch content)``. A batch's plan then depends only on which examples it holds,
-not on how many batches this process has drawn before: a run resumed from a checkpoint (where
-``Trainer`` skips the already-seen batches without collating them) draws exactly the plans of
-an uninterrupted run, whatever ``dataloader_num_workers`` is. ``set_epoch`` (called by
-:class:`hf_lookaround.pretraining.CollatorEpochCallback`) makes a repeated batch in a later
-epoch get a fresh plan. With ``per_batch_seed=False`` the generator is a plain stream
-(reproducible for one uninterrupted run in one process only).
+``(seed, epoch, process rank, batch content)``. A batch's plan then depends only on which examples
+it holds and on which process draws it, not on how many batches this process has drawn before: a
+run resumed from a checkpoint (where ``Trainer`` skips the already-seen batches without collating
+them) draws exactly the plans of an uninterrupted run, whatever ``dataloader_num_workers`` is, as
+long as the number of processes is the same. The process rank (``torch.distributed``'s rank when
+it is initialised, else ``$RANK``, else 0; or ``process_rank`` if given) makes every rank of a
+multi-process run draw its own plans: two ranks never repeat the same masks, even on identical
+content. ``set_epoch`` (called by :class:`hf_lookaround.pretraining.CollatorEpochCallback`) makes
+a repeated batch in a later epoch get a fresh plan. With ``per_batch_seed=False`` the generator is
+a plain stream seeded from ``(seed, rank, worker id)`` (reproducible for one uninterrupted run only).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -51,6 +55,7 @@ __all__ = [
     "MASKED_FORMS",
     "make_collator",
     "max_targets",
+    "current_process_rank",
 ]
 
 MASKED_FORMS = ("two_stream", "single_stream")
@@ -69,7 +74,9 @@ class PlanCollator:
         num_condition_tokens: a prefix of rank 0 that is never a target. ``None`` (default): 1 when
             every row starts with the tokenizer's BOS or CLS token, else 0.
         seed: seed of the collator's generator.
-        per_batch_seed: re-seed before each batch from ``(seed, epoch, batch content)`` (see module doc).
+        per_batch_seed: re-seed before each batch from ``(seed, epoch, rank, batch content)`` (see module doc).
+        process_rank: the rank mixed into the seed; ``None`` (default): the ``torch.distributed`` rank
+            of the process that collates (see :func:`current_process_rank`).
     """
 
     tokenizer: Any = None
@@ -78,6 +85,7 @@ class PlanCollator:
     num_condition_tokens: int | None = None
     seed: int = 0
     per_batch_seed: bool = True
+    process_rank: int | None = None
     epoch: int = field(default=0, init=False)
     _generator: torch.Generator | None = field(default=None, init=False, repr=False)
 
@@ -100,14 +108,19 @@ class PlanCollator:
         # seed + worker id, so that workers do not draw identical streams.
         if self._generator is None:
             info = torch.utils.data.get_worker_info()
-            self._generator = torch.Generator().manual_seed(self.seed + (info.id if info is not None else 0))
+            # ranks and workers get disjoint seeds (a worker id stays far below 2**20)
+            worker = (info.id if info is not None else 0) + (self._rank() << 20)
+            self._generator = torch.Generator().manual_seed(self.seed + worker)
         return self._generator
+
+    def _rank(self) -> int:
+        return current_process_rank() if self.process_rank is None else int(self.process_rank)
 
     def _batch_generator(self, content: torch.Tensor, lengths: torch.Tensor) -> torch.Generator:
         generator = self._worker_generator()
         if self.per_batch_seed:
             digest = hashlib.blake2b(digest_size=8)
-            digest.update(f"{self.seed}|{self.epoch}|{self.objective}|".encode())
+            digest.update(f"{self.seed}|{self.epoch}|{self._rank()}|{self.objective}|".encode())
             digest.update(lengths.numpy().tobytes())
             digest.update(content.contiguous().numpy().tobytes())
             generator.manual_seed(int.from_bytes(digest.digest(), "little") & ((1 << 63) - 1))
@@ -191,6 +204,14 @@ class PlanCollator:
             "labels": torch.where(plan.is_target, input_ids, torch.full_like(input_ids, -100)),
             "target_positions": plan.target_positions(self.pad_targets_to),
         }
+
+
+def current_process_rank() -> int:
+    """The rank of this process: ``torch.distributed``'s when initialised, else ``$RANK`` (set by torchrun
+    and accelerate, and inherited by DataLoader workers), else 0."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get("RANK", 0))
 
 
 def _padded_width(width: int, multiple: int | None) -> int:

@@ -43,9 +43,9 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from . import plans
+from . import checkpointing, plans
 from .collators import MASKED_FORMS, PlanCollator, make_collator, max_targets
 from .data import chunk_into_blocks, load_texts
 
@@ -55,6 +55,7 @@ __all__ = [
     "ModelArguments",
     "DataArguments",
     "ObjectiveArguments",
+    "LookAroundTrainingArguments",
     "LookAroundTrainer",
     "CollatorEpochCallback",
     "parse_args",
@@ -161,12 +162,56 @@ class CollatorEpochCallback(TrainerCallback):
         self.collator.set_epoch(int(math.floor((state.epoch or 0.0) + 1e-6)))
 
 
+@dataclass
+class LookAroundTrainingArguments(TrainingArguments):
+    """transformers' ``TrainingArguments`` plus a fixed global batch."""
+
+    global_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "examples per optimizer step over all processes; sets gradient_accumulation_steps = "
+                          "global / (per_device_train_batch_size x processes), which must divide exactly"},
+    )
+
+
+def apply_global_batch_size(training_args: TrainingArguments) -> None:
+    """Derive ``gradient_accumulation_steps`` from ``--global_batch_size`` for this world size."""
+    global_batch = getattr(training_args, "global_batch_size", None)
+    if global_batch is None:
+        return
+    steps = checkpointing.gradient_accumulation_for(
+        global_batch, training_args.per_device_train_batch_size, training_args.world_size
+    )
+    if training_args.gradient_accumulation_steps not in (1, steps):
+        raise ValueError(
+            f"--global_batch_size {global_batch} implies --gradient_accumulation_steps {steps}, but "
+            f"{training_args.gradient_accumulation_steps} was given: pass only one of the two"
+        )
+    training_args.gradient_accumulation_steps = steps
+
+
 class LookAroundTrainer(Trainer):
-    """``Trainer`` with a fixed-plan evaluation collator and the objective's perplexity in eval metrics."""
+    """``Trainer`` with a fixed-plan evaluation collator, the objective's perplexity in eval metrics, and
+    checkpoints that are complete or ignored (see :mod:`hf_lookaround.checkpointing`)."""
 
     def __init__(self, *args, eval_data_collator=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.eval_data_collator = eval_data_collator
+
+    def _save_checkpoint(self, model, trial):
+        # Trainer rotates old checkpoints at the end of its save; here rotation waits until the new
+        # checkpoint is marked complete, so a kill mid-save never leaves fewer complete checkpoints.
+        limit = self.args.save_total_limit
+        self.args.save_total_limit = None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        run_dir = self._get_output_dir(trial=trial)
+        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self.accelerator.wait_for_everyone()  # every process has written its files (RNG states, shards)
+        if self.args.should_save:
+            checkpointing.mark_complete(folder, self.state.global_step, self.args.world_size)
+            checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
 
     def get_eval_dataloader(self, eval_dataset=None):
         # evaluation draws the same plans every time (a fixed collator at epoch 0), so eval losses
@@ -331,7 +376,7 @@ def write_card(output_dir, objective_args: ObjectiveArguments, dataset) -> None:
 # The job
 # ---------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None):
-    parser = HfArgumentParser((ModelArguments, DataArguments, ObjectiveArguments, TrainingArguments))
+    parser = HfArgumentParser((ModelArguments, DataArguments, ObjectiveArguments, LookAroundTrainingArguments))
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 1 and argv[0].endswith(".json"):
         return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
@@ -346,6 +391,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
         training_args: TrainingArguments) -> dict:
     """Pretrain; return the final metrics."""
     set_seed(training_args.seed)
+    apply_global_batch_size(training_args)
     # only the loss is needed from evaluation: gathering (B, M, V) logits would waste memory
     training_args.prediction_loss_only = True
     block_size = data_args.block_size
@@ -384,11 +430,15 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
 
     metrics: dict = {}
     if training_args.do_train:
-        checkpoint = training_args.resume_from_checkpoint
-        if checkpoint in ("last", "True", "true"):
-            checkpoint = get_last_checkpoint(training_args.output_dir)
-            if checkpoint is None:
-                raise ValueError(f"--resume_from_checkpoint last: no checkpoint in {training_args.output_dir}")
+        # the main process removes what a killed save left; then every process finds the same checkpoint
+        with training_args.main_process_first(desc="checking checkpoints"):
+            if training_args.should_save:
+                checkpointing.remove_incomplete_checkpoints(training_args.output_dir)
+            checkpoint = checkpointing.resolve_resume_checkpoint(
+                training_args.resume_from_checkpoint, training_args.output_dir
+            )
+        if checkpoint is not None:
+            checkpointing.check_resume_compatible(checkpoint, model.config)
         result = trainer.train(resume_from_checkpoint=checkpoint)
         trainer.save_model()
         metrics.update(result.metrics)

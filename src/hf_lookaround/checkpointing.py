@@ -1,0 +1,220 @@
+"""Checkpoints that are atomic from the reader's view, and the checks made before resuming.
+
+``Trainer`` writes ``checkpoint-N/`` file by file (weights, optimizer, scheduler, one RNG state per
+process, ``trainer_state.json``). A process killed part-way leaves a folder that looks like a
+checkpoint but cannot be resumed from. Here a checkpoint counts as *complete* only once it holds
+:data:`COMPLETE_MARKER`, which the saving process writes last: after every process has finished
+writing (a barrier), after every file and the folder were fsync'd, through a temporary file that
+is renamed into place (a rename is atomic on POSIX file systems). Readers (``last`` resume,
+``save_total_limit`` rotation) only ever look at complete checkpoints:
+
+- :func:`last_complete_checkpoint` is the newest complete ``checkpoint-N`` of a folder;
+- :func:`rotate_complete_checkpoints` deletes the oldest complete checkpoints beyond the limit, and
+  runs only after the new checkpoint is complete, so a kill never leaves fewer complete ones;
+- :func:`remove_incomplete_checkpoints` deletes the debris of a killed save (main process, at start);
+- :func:`resolve_resume_checkpoint` turns ``--resume_from_checkpoint last|DIR`` into a folder, with a
+  clear error for an incomplete one;
+- :func:`check_resume_compatible` refuses a checkpoint of another objective or model size.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "COMPLETE_MARKER",
+    "is_complete",
+    "list_checkpoints",
+    "complete_checkpoints",
+    "last_complete_checkpoint",
+    "mark_complete",
+    "rotate_complete_checkpoints",
+    "remove_incomplete_checkpoints",
+    "resolve_resume_checkpoint",
+    "check_resume_compatible",
+    "gradient_accumulation_for",
+]
+
+COMPLETE_MARKER = "checkpoint_complete.json"
+_CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+
+# config fields that must agree between a checkpoint and the run resuming from it
+RESUME_FIELDS = (
+    "objective", "plan_params", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "intermediate_size", "max_position_embeddings", "hidden_act", "norm_type", "norm_position",
+    "position_embedding_type",
+)
+
+
+def is_complete(folder) -> bool:
+    return (Path(folder) / COMPLETE_MARKER).is_file()
+
+
+def list_checkpoints(output_dir) -> list[Path]:
+    """Every ``checkpoint-N`` folder of ``output_dir``, by step (oldest first)."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _CHECKPOINT_RE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def complete_checkpoints(output_dir) -> list[Path]:
+    return [p for p in list_checkpoints(output_dir) if is_complete(p)]
+
+
+def last_complete_checkpoint(output_dir) -> Path | None:
+    done = complete_checkpoints(output_dir)
+    return done[-1] if done else None
+
+
+def _fsync(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def mark_complete(folder, global_step: int, world_size: int) -> None:
+    """fsync every file of ``folder`` and the folder, then write the marker atomically.
+
+    Call it on the process that saves, after all processes have finished writing into ``folder``."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
+    for path in files:
+        _fsync(path)
+    for sub in sorted({p.parent for p in files} | {folder}):
+        _fsync(sub, directory=True)
+    manifest = {
+        "global_step": int(global_step),
+        "world_size": int(world_size),
+        "files": {str(p.relative_to(folder)): p.stat().st_size for p in files},
+    }
+    tmp = folder / (COMPLETE_MARKER + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / COMPLETE_MARKER)  # atomic: the marker is there in full or not at all
+    _fsync(folder, directory=True)
+
+
+def rotate_complete_checkpoints(output_dir, save_total_limit: int | None, keep=()) -> list[Path]:
+    """Delete the oldest complete checkpoints beyond ``save_total_limit`` (the newest and ``keep`` stay).
+
+    Incomplete folders are never counted: a broken save cannot push out a good checkpoint."""
+    if not save_total_limit or save_total_limit <= 0:
+        return []
+    done = complete_checkpoints(output_dir)
+    protected = {done[-1].resolve()} if done else set()
+    protected |= {Path(k).resolve() for k in keep if k}
+    deleted = []
+    excess = len(done) - max(save_total_limit, len(protected))
+    for path in done:
+        if excess <= 0:
+            break
+        if path.resolve() not in protected:
+            logger.info("deleting checkpoint %s (save_total_limit=%d)", path, save_total_limit)
+            shutil.rmtree(path, ignore_errors=True)
+            deleted.append(path)
+            excess -= 1
+    return deleted
+
+
+def remove_incomplete_checkpoints(output_dir) -> list[Path]:
+    """Delete ``checkpoint-N`` folders without the marker: what a kill during a save leaves behind."""
+    removed = []
+    for path in list_checkpoints(output_dir):
+        if not is_complete(path):
+            logger.warning("removing incomplete checkpoint %s (a save that did not finish)", path)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def resolve_resume_checkpoint(resume_from_checkpoint, output_dir) -> str | None:
+    """``--resume_from_checkpoint`` as a folder: ``last``/``true`` is the newest complete checkpoint of
+    ``output_dir``; an explicit folder must be a complete checkpoint."""
+    if resume_from_checkpoint in (None, "", False, "False", "false"):
+        return None
+    if resume_from_checkpoint in (True, "last", "True", "true"):
+        found = last_complete_checkpoint(output_dir)
+        if found is None:
+            incomplete = list_checkpoints(output_dir)
+            raise ValueError(
+                f"--resume_from_checkpoint last: no complete checkpoint in {output_dir}"
+                + (f" (only incomplete ones: {[p.name for p in incomplete]})" if incomplete else "")
+                + "; start without --resume_from_checkpoint, or name a complete checkpoint folder"
+            )
+        logger.info("resuming from %s, the newest complete checkpoint", found)
+        return str(found)
+    path = Path(resume_from_checkpoint)
+    if not path.is_dir():
+        raise ValueError(f"--resume_from_checkpoint {path}: no such folder")
+    if not is_complete(path):
+        done = last_complete_checkpoint(path.parent)
+        raise ValueError(
+            f"--resume_from_checkpoint {path} is not a complete checkpoint (no {COMPLETE_MARKER}: its save was "
+            "interrupted, or it was not written by hf-lookaround)"
+            + (f"; the newest complete one in that folder is {done}" if done else "")
+            + "; pass a complete checkpoint, or `last`"
+        )
+    return str(path)
+
+
+def check_resume_compatible(checkpoint, config) -> None:
+    """Raise if ``checkpoint``'s config.json has another objective, plan or model size than ``config``."""
+    path = Path(checkpoint) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"--resume_from_checkpoint {checkpoint}: the checkpoint has no config.json")
+    saved = json.loads(path.read_text())
+    current = config.to_dict()
+    diffs = []
+    for key in RESUME_FIELDS:
+        if key in saved or key in current:
+            a, b = saved.get(key), current.get(key)
+            if _normalise(a) != _normalise(b):
+                diffs.append(f"{key}: checkpoint {a!r}, this run {b!r}")
+    if diffs:
+        raise ValueError(
+            f"cannot resume from {checkpoint}: it was trained with another objective or model size ("
+            + "; ".join(diffs)
+            + "). Resume with the arguments of that run, or start a new run from its weights with "
+            "--model_name_or_path (without --resume_from_checkpoint)"
+        )
+
+
+def _normalise(value):
+    # JSON turns tuples into lists
+    if isinstance(value, (list, tuple)):
+        return [_normalise(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _normalise(v) for k, v in value.items()}
+    return value
+
+
+def gradient_accumulation_for(global_batch_size: int, per_device_batch_size: int, world_size: int) -> int:
+    """Accumulation steps so that ``per_device x world_size x steps == global_batch_size``; else an error."""
+    if global_batch_size <= 0 or per_device_batch_size <= 0:
+        raise ValueError(
+            f"--global_batch_size ({global_batch_size}) and --per_device_train_batch_size "
+            f"({per_device_batch_size}) must be positive"
+        )
+    per_step = per_device_batch_size * world_size
+    if global_batch_size % per_step:
+        raise ValueError(
+            f"--global_batch_size {global_batch_size} is not a multiple of --per_device_train_batch_size "
+            f"{per_device_batch_size} x {world_size} process(es) = {per_step}: choose a global batch that is, "
+            f"or a per-device batch / number of processes that divides it"
+        )
+    return global_batch_size // per_step

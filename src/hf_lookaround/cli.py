@@ -10,6 +10,7 @@ COMMANDS = {
     "demo": ("hf_lookaround.demo", "main", "pretrain small models with every objective and compare them"),
     "pretrain": ("hf_lookaround.pretraining", "main", "pretrain with Trainer on local files or a datasets name"),
     "train-tokenizer": ("hf_lookaround.tokenization", "main", "train a byte-level BPE tokenizer on local text"),
+    "generate": ("hf_lookaround.generation", "main", "group decoding (ar/dar), any-order infilling (masked/GVP)"),
     "perplexity": ("hf_lookaround.evaluation.perplexity", "main", "AR and masked-model perplexity"),
     "probe": ("hf_lookaround.evaluation.probing", "main", "linear probe on frozen features"),
     "glue": ("hf_lookaround.evaluation.glue", "main", "GLUE-style fine-tuning, full or LoRA"),

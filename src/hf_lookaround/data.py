@@ -39,6 +39,7 @@ import itertools
 import json
 import logging
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,8 @@ __all__ = [
     "pack_blocks",
     "build_blocks",
     "split_for_rank",
+    "is_split_by_node",
+    "rank_local_prepare",
     "chunk_into_blocks",
     "special_token_ids",
 ]
@@ -458,6 +461,34 @@ def split_for_rank(ds, rank: int, world_size: int):
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside a world of {world_size} processes")
     return split_dataset_by_node(ds, rank=rank, world_size=world_size)
+
+
+def is_split_by_node(ds) -> bool:
+    """Whether ``ds`` is a stream that :func:`split_for_rank` already gave one rank's part of."""
+    # datasets records the split in `_distributed` (a DistributedConfig); there is no public accessor
+    return getattr(ds, "_distributed", None) is not None
+
+
+@contextmanager
+def rank_local_prepare(accelerator):
+    """Within this block, ``accelerator.prepare(dataloader)`` places batches on the device but does not split.
+
+    accelerate assumes a data loader sees the whole data set and cuts it again per process (a
+    ``datasets.IterableDataset`` by ``.shard()``, any other stream by ``IterableDatasetShard``): on a
+    stream already split with ``split_dataset_by_node`` every rank would keep only a part of its part
+    (accelerate has no switch for this yet: huggingface/accelerate#4276)."""
+    from accelerate.data_loader import prepare_data_loader
+
+    def prepare(dataloader):
+        return prepare_data_loader(dataloader, accelerator.device, num_processes=1, process_index=0,
+                                   put_on_device=accelerator.device_placement, dispatch_batches=False,
+                                   non_blocking=accelerator.non_blocking)
+
+    accelerator.prepare = prepare
+    try:
+        yield
+    finally:
+        del accelerator.prepare
 
 
 def chunk_into_blocks(texts: Iterable[str], tokenizer, block_size: int, batch_size: int = 1000):

@@ -47,7 +47,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from . import checkpointing, plans
 from .collators import MASKED_FORMS, PlanCollator, make_collator, max_targets
-from .data import chunk_into_blocks, load_texts
+from .data import build_blocks, is_split_by_node, iter_dataset_texts, load_text_dataset, rank_local_prepare, split_for_rank
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +77,17 @@ class ModelArguments:
     tokenizer_name: str | None = field(default=None, metadata={"help": "tokenizer folder or hub name"})
     train_tokenizer: bool = field(default=False, metadata={"help": "train a byte-level BPE on the training text"})
     tokenizer_vocab_size: int = field(default=8192, metadata={"help": "vocabulary of a trained tokenizer"})
+    tokenizer_max_documents: int | None = field(
+        default=None, metadata={"help": "--train_tokenizer: read at most this many training documents (all by default)"}
+    )
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flex_attention"})
 
 
 @dataclass
 class DataArguments:
-    train_files: list[str] = field(default_factory=list, metadata={"help": "text/JSONL(.gz) files or folders"})
+    train_files: list[str] = field(
+        default_factory=list, metadata={"help": "text (.txt), JSON Lines (.jsonl, .json, .gz) or .parquet files or folders"}
+    )
     validation_files: list[str] = field(default_factory=list, metadata={"help": "held-out files or folders"})
     dataset_name: str | None = field(default=None, metadata={"help": "a `datasets` name (network or cache needed)"})
     dataset_config_name: str | None = None
@@ -95,6 +100,19 @@ class DataArguments:
     max_eval_samples: int | None = field(default=None, metadata={"help": "truncate the validation blocks"})
     perplexity_max_documents: int = field(
         default=100, metadata={"help": "validation documents scored with the p(x_k|x_<k) protocol at the end"}
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "processes that tokenize and pack (datasets .map num_proc); not with --streaming"}
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "datasets cache (default: HF_DATASETS_CACHE)"})
+    overwrite_cache: bool = field(default=False, metadata={"help": "tokenize and pack again instead of loading the cache"})
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "read, tokenize and pack on the fly (datasets IterableDataset), split across ranks; "
+                          "nothing is written to disk. Needs --max_steps"},
+    )
+    shuffle_buffer_size: int = field(
+        default=10_000, metadata={"help": "--streaming: blocks shuffled within a buffer of this size (0: stream order)"}
     )
 
 
@@ -213,6 +231,13 @@ class LookAroundTrainer(Trainer):
             checkpointing.mark_complete(folder, self.state.global_step, self.args.world_size)
             checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
 
+    def get_train_dataloader(self):
+        # a stream that split_dataset_by_node already split per rank must not be split again by accelerate
+        if not is_split_by_node(self.train_dataset):
+            return super().get_train_dataloader()
+        with rank_local_prepare(self.accelerator):
+            return super().get_train_dataloader()
+
     def get_eval_dataloader(self, eval_dataset=None):
         # evaluation draws the same plans every time (a fixed collator at epoch 0), so eval losses
         # of successive evaluations are comparable
@@ -235,6 +260,8 @@ class LookAroundTrainer(Trainer):
 # Building blocks (the demo reuses them)
 # ---------------------------------------------------------------------------------------------
 def load_tokenizer(model_args: ModelArguments, train_texts=None, save_dir=None, block_size=None):
+    """The tokenizer named by ``--tokenizer_name`` (or the checkpoint's), or one trained on ``train_texts``
+    (any iterable of documents: a generator over the dataset's text column, never a list of the corpus)."""
     if model_args.train_tokenizer:
         from .tokenization import train_tokenizer
 
@@ -251,6 +278,25 @@ def load_tokenizer(model_args: ModelArguments, train_texts=None, save_dir=None, 
         # blocks all have the same length, so padding never reaches the loss; collators still need an id
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def prepare_tokenizer(model_args: ModelArguments, data_args: DataArguments, training_args: TrainingArguments,
+                      train_raw, block_size: int):
+    """Load the tokenizer on every rank; with ``--train_tokenizer`` the main process alone trains it (from an
+    iterator over the text column) and saves it to ``output_dir/tokenizer``, and the other ranks wait and load
+    that folder (it must be on a file system every node sees). A resumed run reuses the saved tokenizer."""
+    if not model_args.train_tokenizer:
+        return load_tokenizer(model_args)
+    save_dir = os.path.join(training_args.output_dir, "tokenizer")
+    saved = os.path.isfile(os.path.join(save_dir, "tokenizer_config.json"))
+    with training_args.main_process_first(local=False, desc="training the tokenizer"):
+        if training_args.process_index == 0 and not (saved and training_args.resume_from_checkpoint):
+            texts = iter_dataset_texts(train_raw, data_args.text_column, max_documents=model_args.tokenizer_max_documents)
+            load_tokenizer(model_args, texts, save_dir=save_dir, block_size=block_size)
+    if saved and training_args.resume_from_checkpoint:
+        logger.info("resuming: the tokenizer trained by the first run is reused from %s", save_dir)
+    # every rank (the main one too) loads the saved files, so all hold the very same tokenizer
+    return AutoTokenizer.from_pretrained(save_dir)
 
 
 def check_tokenizer(tokenizer, objective_args: ObjectiveArguments) -> None:
@@ -319,29 +365,99 @@ def build_collators(objective_args: ObjectiveArguments, tokenizer, seed: int, bl
     return train, evaluation
 
 
-def read_splits(data_args: DataArguments):
-    """Training and validation documents."""
-    source = data_args.train_files or (
-        [data_args.dataset_name + (f":{data_args.dataset_config_name}" if data_args.dataset_config_name else "")]
-        if data_args.dataset_name else []
-    )
+def check_data_args(data_args: DataArguments, training_args: TrainingArguments) -> None:
+    """Refuse combinations the data path cannot honour, before anything is read."""
+    if data_args.block_size < 2:
+        raise ValueError(f"--block_size must be >= 2 (BOS + at least one token), got {data_args.block_size}")
+    if not data_args.streaming:
+        return
+    if data_args.preprocessing_num_workers:
+        raise ValueError(
+            "--streaming tokenizes on the fly, in the data loader: --preprocessing_num_workers (map num_proc) does "
+            "not apply. Use --dataloader_num_workers N to tokenize in N worker processes"
+        )
+    if training_args.do_train and training_args.max_steps <= 0:
+        raise ValueError("--streaming: a stream has no known length, so epochs cannot be counted; give --max_steps")
+    if training_args.do_eval and not data_args.validation_files and not data_args.dataset_name:
+        raise ValueError(
+            "--streaming cannot hold out --validation_split_percentage of a stream of unknown length: give "
+            "--validation_files, or train only (--do_train without --do_eval)"
+        )
+
+
+def _train_source(data_args: DataArguments) -> list[str]:
+    source = data_args.train_files or ([data_args.dataset_name] if data_args.dataset_name else [])
     if not source:
         raise ValueError("give training data: --train_files FILES_OR_FOLDERS or --dataset_name NAME")
-    train = load_texts(source, data_args.text_column, split="train")
+    return source
+
+
+def read_splits(data_args: DataArguments):
+    """Training and validation text datasets (``Dataset``, or ``IterableDataset`` with ``--streaming``); the
+    validation one is None when there is none. Nothing is read into Python lists."""
+    source = _train_source(data_args)
+    load = dict(text_column=data_args.text_column, streaming=data_args.streaming, cache_dir=data_args.cache_dir,
+                config_name=data_args.dataset_config_name)
+    train = load_text_dataset(source, split="train", **load)
     if data_args.validation_files:
-        return train, load_texts(data_args.validation_files, data_args.text_column, split="validation")
+        return train, load_text_dataset(data_args.validation_files, split="validation", **load)
     if data_args.dataset_name and not data_args.train_files:
         try:
-            return train, load_texts(source, data_args.text_column, split="validation")
+            return train, load_text_dataset(source, split="validation", **load)
         except ValueError:
-            pass
+            if data_args.streaming:
+                raise ValueError(
+                    f"--streaming: dataset {data_args.dataset_name!r} has no validation split, and a stream of unknown "
+                    "length cannot be held out from: give --validation_files, or train only (--do_train)"
+                ) from None
+    if data_args.streaming:
+        return train, None
     # hold out the last documents: deterministic, and no document is split between the two sets
     held = int(round(len(train) * data_args.validation_split_percentage / 100))
     if held == 0:
-        return train, []
+        return train, None
     if held >= len(train):
         raise ValueError(f"--validation_split_percentage {data_args.validation_split_percentage} leaves no training documents")
-    return train[:-held], train[-held:]
+    return train.select(range(len(train) - held)), train.select(range(len(train) - held, len(train)))
+
+
+def build_training_data(data_args: DataArguments, training_args: TrainingArguments, tokenizer, train_raw, eval_raw):
+    """Tokenized, packed blocks for training and evaluation.
+
+    Map-style: cached Arrow datasets, built once per node (the local main process first, the others then
+    load its cache). Streaming: lazy ``IterableDataset``s; the training stream is shuffled in a buffer
+    (seeded, the same on every rank), truncated to ``--max_train_samples`` blocks, then split across ranks
+    with ``split_dataset_by_node``."""
+    block_size = data_args.block_size
+    common = dict(text_column=data_args.text_column, num_proc=data_args.preprocessing_num_workers,
+                  load_from_cache_file=not data_args.overwrite_cache)
+    with training_args.main_process_first(desc="tokenizing and packing"):
+        train_blocks, _ = build_blocks(train_raw, tokenizer, block_size, what="training data", **common)
+        eval_blocks = None
+        if eval_raw is not None:
+            eval_blocks, _ = build_blocks(eval_raw, tokenizer, block_size, what="validation data", **common)
+    if data_args.streaming:
+        if data_args.max_train_samples:
+            train_blocks = train_blocks.take(data_args.max_train_samples)
+        if data_args.shuffle_buffer_size > 0:
+            train_blocks = train_blocks.shuffle(seed=training_args.seed, buffer_size=data_args.shuffle_buffer_size)
+        if eval_blocks is not None and data_args.max_eval_samples:
+            eval_blocks = eval_blocks.take(data_args.max_eval_samples)
+        # each rank reads its own part; evaluation streams are split by accelerate
+        train_blocks = split_for_rank(train_blocks, training_args.process_index, training_args.world_size)
+        if next(iter(train_blocks), None) is None:
+            raise ValueError(
+                f"--streaming: process {training_args.process_index} of {training_args.world_size} got no block of "
+                f"{block_size} tokens from the training data: give more text, a smaller --block_size or fewer processes"
+            )
+        return train_blocks, eval_blocks
+    if data_args.max_train_samples:
+        train_blocks = train_blocks.select(range(min(data_args.max_train_samples, len(train_blocks))))
+    if eval_blocks is not None and data_args.max_eval_samples:
+        eval_blocks = eval_blocks.select(range(min(data_args.max_eval_samples, len(eval_blocks))))
+    logger.info("%d training blocks of %d tokens; %s validation blocks", len(train_blocks), block_size,
+                len(eval_blocks) if eval_blocks is not None else 0)
+    return train_blocks, eval_blocks
 
 
 def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments, block_size: int, batch_size: int):
@@ -396,23 +512,20 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
     training_args.prediction_loss_only = True
     block_size = data_args.block_size
 
-    train_texts, eval_texts = read_splits(data_args)
-    tokenizer = load_tokenizer(model_args, train_texts, save_dir=None, block_size=block_size)
+    check_data_args(data_args, training_args)
+    with training_args.main_process_first(desc="loading the text"):
+        train_raw, eval_raw = read_splits(data_args)
+    if training_args.do_eval and eval_raw is None:
+        raise ValueError("--do_eval needs validation data: --validation_files or --validation_split_percentage > 0")
+    tokenizer = prepare_tokenizer(model_args, data_args, training_args, train_raw, block_size)
     check_tokenizer(tokenizer, objective_args)
     config = build_config(model_args, objective_args, tokenizer, block_size)
     model = build_model(config, model_args, objective_args)
 
-    with training_args.main_process_first(desc="tokenizing and chunking"):
-        train_blocks = chunk_into_blocks(train_texts, tokenizer, block_size)
-        eval_blocks = chunk_into_blocks(eval_texts, tokenizer, block_size) if eval_texts else None
-    if data_args.max_train_samples:
-        train_blocks = train_blocks.select(range(min(data_args.max_train_samples, len(train_blocks))))
-    if eval_blocks is not None and data_args.max_eval_samples:
-        eval_blocks = eval_blocks.select(range(min(data_args.max_eval_samples, len(eval_blocks))))
-    if training_args.do_eval and eval_blocks is None:
-        raise ValueError("--do_eval needs validation data: --validation_files or --validation_split_percentage > 0")
-    logger.info("%d training blocks of %d tokens; %s validation blocks", len(train_blocks), block_size,
-                len(eval_blocks) if eval_blocks is not None else 0)
+    train_blocks, eval_blocks = build_training_data(data_args, training_args, tokenizer, train_raw, eval_raw)
+    # the documents scored with the p(x_k | x_<k) protocol at the end (a few, read one by one)
+    eval_texts = [] if eval_raw is None or not training_args.do_eval else list(
+        iter_dataset_texts(eval_raw, data_args.text_column, max_documents=data_args.perplexity_max_documents))
 
     train_collator, eval_collator = build_collators(
         objective_args, tokenizer, training_args.seed, block_size, static_shapes=bool(training_args.torch_compile)

@@ -430,16 +430,18 @@ def pack_blocks(tokenized, tokenizer, block_size: int, num_proc: int | None = No
 
 
 def build_blocks(ds, tokenizer, block_size: int, text_column: str = "text", num_proc: int | None = None,
-                 load_from_cache_file: bool = True, what: str = "training data"):
-    """Tokenize and pack a text dataset (map-style or streaming). Returns ``(blocks, PackingStats | None)``."""
+                 load_from_cache_file: bool = True, what: str = "training data", batch_size: int = 1000):
+    """Tokenize and pack a text dataset (map-style or streaming). Returns ``(blocks, PackingStats | None)``.
+
+    ``batch_size``: documents per ``.map`` batch (memory per worker); the blocks do not depend on it."""
     import datasets
 
     tokenized = tokenize_documents(ds, tokenizer, text_column, num_proc=num_proc,
-                                   load_from_cache_file=load_from_cache_file)
+                                   load_from_cache_file=load_from_cache_file, batch_size=batch_size)
     if isinstance(tokenized, datasets.Dataset) and len(tokenized) == 0:
         raise ValueError(f"no text found in the {what}: every document is empty (field {text_column!r})")
     blocks, stats = pack_blocks(tokenized, tokenizer, block_size, num_proc=num_proc,
-                                load_from_cache_file=load_from_cache_file)
+                                load_from_cache_file=load_from_cache_file, batch_size=batch_size)
     if stats is not None:
         logger.info("%s: %s", what, stats.describe())
     else:

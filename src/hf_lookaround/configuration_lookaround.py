@@ -9,6 +9,27 @@ PLAIN_ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")
 POSITION_EMBEDDING_TYPES = ("rope", "absolute")
 ATTENTION_PATTERNS = ("causal", "bidirectional")
 POOLINGS = ("cls", "mean", "last")
+PREDICTION_STREAMS = ("query", "content")
+# objectives whose plan always trains the query stream; the masked ones do unless pretrained single-stream
+TWO_STREAM_OBJECTIVES = ("ar", "dar", "gvp")
+MASKED_OBJECTIVES = ("mlm", "vmlm")
+
+
+def infer_prediction_stream(objective: str | None, architectures: list[str] | None) -> str | None:
+    """The stream a checkpoint was trained to predict with, for configs written before `prediction_stream` existed.
+
+    (Semi-)AR and GVP plans train the query stream. Masked objectives do too, unless pretrained in the single-stream
+    `[MASK]` form, whose checkpoints were saved from `LookAroundForMaskedLM`. Without an objective, a checkpoint
+    saved from `LookAroundForPreTraining` is two-stream; otherwise nothing says (None: the head decides).
+    """
+    architectures = list(architectures or [])
+    if objective in TWO_STREAM_OBJECTIVES:
+        return "query"
+    if objective in MASKED_OBJECTIVES:
+        return "content" if "LookAroundForMaskedLM" in architectures else "query"
+    if "LookAroundForPreTraining" in architectures:
+        return "query"
+    return None
 
 # name -> (hidden, layers, heads, intermediate). Sizes a researcher can name in one word.
 PRESETS = {
@@ -42,6 +63,13 @@ class LookAroundConfig(PreTrainedConfig):
         classifier_dropout (`float`, optional): dropout before the classifier (defaults to `hidden_dropout_prob`).
         objective (`str`, optional), plan_params (`dict`, optional): what the checkpoint was pretrained with;
             informational, written into model cards.
+        prediction_stream (`"query"` or `"content"`, optional): the stream the checkpoint was trained to predict
+            with, and so the one `LookAroundForCausalLM` (`generate()`) and `LookAroundForMaskedLM` (`fill-mask`)
+            predict with. `"query"`: two-stream pretraining (every plan of `hf-lookaround pretrain` except the
+            single-stream `[MASK]` form); `"content"`: the classic single-stream GPT/BERT forms. Left unset, it
+            is inferred from `objective` (configs written before this field existed); if that says nothing,
+            the first head built on the config records its own pathway (`LookAroundForPreTraining`: query;
+            the causal and masked LM heads: content).
         pad_token_id, bos_token_id, eos_token_id, mask_token_id: special token ids.
         tie_word_embeddings (`bool`): tie the LM head to the input embeddings.
     """
@@ -71,6 +99,7 @@ class LookAroundConfig(PreTrainedConfig):
     classifier_dropout: float | None = None
     objective: str | None = None
     plan_params: dict | None = None
+    prediction_stream: str | None = None
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
     eos_token_id: int | None = 2
@@ -81,6 +110,8 @@ class LookAroundConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         self.plan_params = dict(self.plan_params or {})
         super().__post_init__(**kwargs)
+        if self.prediction_stream is None:
+            self.prediction_stream = infer_prediction_stream(self.objective, self.architectures)
         self.validate_lookaround()
 
     @property
@@ -115,6 +146,8 @@ class LookAroundConfig(PreTrainedConfig):
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.prediction_stream not in PREDICTION_STREAMS + (None,):
+            raise ValueError(f"prediction_stream must be one of {PREDICTION_STREAMS}, got {self.prediction_stream!r}")
         for name in ("hidden_dropout_prob", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must lie in [0, 1), got {getattr(self, name)}")
@@ -131,4 +164,4 @@ class LookAroundConfig(PreTrainedConfig):
         return cls(**{**PRESETS[name], **overrides})
 
 
-__all__ = ["LookAroundConfig", "PRESETS"]
+__all__ = ["LookAroundConfig", "PRESETS", "PREDICTION_STREAMS", "infer_prediction_stream"]

@@ -308,9 +308,10 @@ class LookAroundLayer(GradientCheckpointingLayer):
 class LookAroundModelOutput(ModelOutput):
     """
     last_hidden_state (`(B, T, D)`): the content stream.
-    query_hidden_state (`(B, M, D)`, two-stream only): the query stream at `target_positions`.
-    target_positions (`(B, M)`, two-stream only): positions of the query rows, -1 for padding slots.
-    past_key_values: the KV cache (single-stream causal with `use_cache`).
+    query_hidden_state (`(B, M, D)`, two-stream only): the query stream's rows (at `target_positions`, or the
+        explicit `query_position_ids` / `query_group_ids`).
+    target_positions (`(B, M)`, with `group_ids` and no explicit rows): positions of the query rows, -1 for padding.
+    past_key_values: the content stream's KV cache, with `use_cache` (query rows never enter it).
     hidden_states: the content stream after the embeddings and after each layer, if asked for.
     attentions: attention weights of each layer (eager only), if asked for.
     """
@@ -328,7 +329,8 @@ class LookAroundForPreTrainingOutput(ModelOutput):
     """
     loss: mean cross-entropy over the targets of the plan.
     logits (`(B, M, V)`): predictions of the query stream at `target_positions`.
-    target_positions (`(B, M)`): the positions predicted, -1 for padding slots.
+    target_positions (`(B, M)`): the positions predicted, -1 for padding slots (None with explicit query rows).
+    past_key_values: the content stream's KV cache, with `use_cache`.
     """
 
     loss: torch.FloatTensor | None = None
@@ -337,6 +339,7 @@ class LookAroundForPreTrainingOutput(ModelOutput):
     last_hidden_state: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
+    past_key_values: Cache | None = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -353,6 +356,27 @@ class LookAroundPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _can_compile_fullgraph = True
+
+    def unused_parameter_names(self) -> list[str]:
+        """Parameters this head's forward never uses (frozen, so that DDP with `find_unused_parameters=False`
+        and optimizers see only trained ones). Heads override it."""
+        return []
+
+    def freeze_unused_parameters(self) -> None:
+        for name in self.unused_parameter_names():
+            self.get_parameter(name).requires_grad_(False)
+
+    def post_init(self):
+        super().post_init()
+        self.freeze_unused_parameters()
+
+    @staticmethod
+    def _finalize_model_loading(model, load_config, loading_info):
+        # loading replaces parameters by new ones that require grad: freeze the unused ones again
+        loading_info = PreTrainedModel._finalize_model_loading(model, load_config, loading_info)
+        if isinstance(model, LookAroundPreTrainedModel):
+            model.freeze_unused_parameters()
+        return loading_info
 
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -398,16 +422,30 @@ class LookAroundModel(LookAroundPreTrainedModel):
         attention_pattern: str | None = None,
         past_key_values: Cache | None = None,
         use_cache: bool | None = None,
+        query_position_ids: torch.LongTensor | None = None,
+        query_group_ids: torch.LongTensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         **kwargs,
     ) -> LookAroundModelOutput:
         r"""
-        group_ids (`(B, T)` long, optional): the plan's group rank of every token. Given, the model runs the
-            content and query streams; absent, it runs one stream with `attention_pattern`.
-        target_positions (`(B, M)` long, optional): where to run the query stream (-1 pads a row). Default: all.
-        attention_pattern (`"causal"` or `"bidirectional"`, optional): the single-stream pattern;
+        Ranks of the keys. The keys are the cached tokens (if `past_key_values` holds any, `past_len` of them) then
+        the T current tokens; every key-indexed input covers all of them, as `attention_mask` does.
+
+        group_ids (`(B, past_len + T)` long, optional): the plan's group rank of every key (without a cache,
+            `(B, T)`). Given, the model runs the content and query streams; absent, ranks follow
+            `attention_pattern` (causal: a token's rank is its index among the keys; bidirectional: all 0).
+        target_positions (`(B, M)` long, optional): run the query stream at these current positions (indices
+            into the T input tokens, -1 pads a slot); each row takes the rank and position of its token.
+            Default with `group_ids` and no explicit query rows: every current position.
+        query_position_ids, query_group_ids (`(B, M)` long, optional): query-stream rows given explicitly, instead of
+            `target_positions`: the position id of each row's target (it may lie past the input, e.g. the next
+            group, whose tokens do not exist yet) and its rank (`NO_TARGET_RANK` = -1 pads a slot). They read
+            every key (cache and current content) under the same rule as every other row (`may_attend`).
+        attention_pattern (`"causal"` or `"bidirectional"`, optional): the ranks without `group_ids`;
             defaults to `config.default_attention`.
+        past_key_values (`Cache`, optional), use_cache: keys and values of the content stream of earlier tokens;
+            those of the current tokens are appended. Query rows never enter the cache.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
@@ -421,52 +459,67 @@ class LookAroundModel(LookAroundPreTrainedModel):
             )
         batch, seq_len, _ = inputs_embeds.shape
         device = inputs_embeds.device
-        two_stream = group_ids is not None
-        if two_stream and (past_key_values is not None or use_cache):
-            raise ValueError("the KV cache serves single-stream causal decoding; do not pass it with group_ids")
-        if not two_stream and target_positions is not None:
+        explicit_rows = query_position_ids is not None or query_group_ids is not None
+        if explicit_rows and (query_position_ids is None or query_group_ids is None):
+            raise ValueError("pass query_position_ids and query_group_ids together: the position and rank of each query row")
+        if explicit_rows and target_positions is not None:
+            raise ValueError("pass either target_positions or query_position_ids/query_group_ids, not both")
+        if group_ids is None and target_positions is not None:
             raise ValueError("target_positions select query-stream rows and need group_ids (a plan)")
-        use_cache = bool(use_cache) and not two_stream and not self.training
+        two_stream = group_ids is not None or explicit_rows
+
+        use_cache = bool(use_cache) and not self.training
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
-        past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
-        total_len = past_len + seq_len
-        if total_len > self.config.max_position_embeddings:
-            raise ValueError(
-                f"sequence length {total_len} exceeds max_position_embeddings="
-                f"{self.config.max_position_embeddings}; split or shorten the input (nothing is truncated for you)"
-            )
-
-        key_valid = self._key_valid(attention_mask, batch, total_len, device)
+        # past_len is an int, or a 0-d tensor for a static cache (so that a compiled step does not recompile)
+        past_len, key_len = cache_lengths(past_key_values, seq_len)
+        self._check_total_length(past_len, seq_len)
+        key_valid = self._key_valid(attention_mask, batch, past_len, seq_len, key_len, device)
+        content_index = (past_len + torch.arange(seq_len, device=device)).expand(batch, seq_len)  # among the keys
         if position_ids is None:
-            position_ids = torch.arange(past_len, total_len, device=device).expand(batch, seq_len)
+            position_ids = content_index
         elif position_ids.shape != (batch, seq_len):
             position_ids = position_ids.expand(batch, seq_len) if position_ids.shape[-1] == seq_len else None
             if position_ids is None:
                 raise ValueError(f"position_ids must have shape ({batch}, {seq_len})")
+        position_ids = position_ids.to(device)
 
         pattern = attention_pattern or self.config.default_attention
-        if two_stream:
-            plan, row_positions, hidden, target_positions = self._two_stream_inputs(
-                inputs_embeds, group_ids, target_positions, key_valid, position_ids
-            )
+        if group_ids is not None:
+            key_rank = self._plan_key_ranks(group_ids, batch, past_len, seq_len, key_len, device)
+        elif pattern == "causal":
+            key_rank = torch.arange(key_len, device=device).expand(batch, key_len)
+        elif pattern == "bidirectional":
+            key_rank = torch.zeros(batch, key_len, dtype=torch.long, device=device)
         else:
-            if pattern not in ("causal", "bidirectional"):
-                raise ValueError(f"attention_pattern must be 'causal' or 'bidirectional', got {pattern!r}")
-            ranks = torch.arange(total_len, device=device).expand(batch, total_len)
-            if pattern == "bidirectional":
-                ranks = torch.zeros_like(ranks)
-            plan = AttentionPlan(
-                query_rank=ranks[:, past_len:],
-                query_is_strict=torch.zeros(batch, seq_len, dtype=torch.bool, device=device),
-                key_rank=ranks,
-                key_valid=key_valid,
-            )
-            row_positions, hidden = position_ids, inputs_embeds
+            raise ValueError(f"attention_pattern must be 'causal' or 'bidirectional', got {pattern!r}")
+        content_rank = key_rank.gather(1, content_index)
+
+        row_positions, row_rank, hidden = position_ids, content_rank, inputs_embeds
+        if two_stream:
+            if not explicit_rows:
+                if target_positions is None:
+                    target_positions = torch.arange(seq_len, device=device).expand(batch, seq_len)
+                query_position_ids, query_group_ids = self._rows_at_targets(
+                    target_positions, content_rank, position_ids, batch, seq_len
+                )
+            else:
+                query_position_ids, query_group_ids = self._explicit_rows(query_position_ids, query_group_ids, batch, device)
+            query = self.query_embedding.to(inputs_embeds.dtype).expand(batch, query_group_ids.shape[1], -1)
+            hidden = torch.cat([inputs_embeds, query], dim=1)
+            row_positions = torch.cat([position_ids, query_position_ids], dim=1)
+            row_rank = torch.cat([content_rank, query_group_ids], dim=1)
+        row_is_query = torch.arange(hidden.shape[1], device=device) >= seq_len
+        plan = AttentionPlan(
+            query_rank=row_rank,
+            query_is_strict=row_is_query.expand(batch, -1),
+            key_rank=key_rank,
+            key_valid=key_valid,
+        )
 
         implementation = self.config._attn_implementation
         causal_fast_path = (
-            not two_stream and pattern == "causal" and attention_mask is None and past_len == 0
+            not two_stream and pattern == "causal" and attention_mask is None and key_len == seq_len
             and implementation == "sdpa" and not output_attentions
         )
         if causal_fast_path:  # lets SDPA pick its flash kernel
@@ -507,47 +560,79 @@ class LookAroundModel(LookAroundPreTrainedModel):
             attentions=tuple(all_attn) if output_attentions else None,
         )
 
-    def _two_stream_inputs(self, inputs_embeds, group_ids, target_positions, key_valid, position_ids):
-        """Rows ``[content; query]``, their positions and the attention plan of both streams."""
-        batch, seq_len, _ = inputs_embeds.shape
-        device = inputs_embeds.device
-        if group_ids.shape != (batch, seq_len):
-            raise ValueError(
-                f"group_ids must have the shape of the input, ({batch}, {seq_len}); got {tuple(group_ids.shape)}"
-            )
-        group_ids = group_ids.to(device=device, dtype=torch.long)
-        if target_positions is None:
-            target_positions = torch.arange(seq_len, device=device).expand(batch, seq_len)
+    def _rows_at_targets(self, target_positions, content_rank, position_ids, batch, seq_len):
+        """Query rows at current tokens: each takes its token's rank and position (-1 slots get NO_TARGET_RANK)."""
         if target_positions.dim() != 2 or target_positions.shape[0] != batch:
             raise ValueError(f"target_positions must have shape ({batch}, M), got {tuple(target_positions.shape)}")
+        target_positions = target_positions.to(content_rank.device)
         self._check_target_positions(target_positions, seq_len)
         is_slot = target_positions >= 0
         gather_at = target_positions.clamp(min=0)
-        target_rank = torch.where(is_slot, group_ids.gather(1, gather_at), NO_TARGET_RANK)
-        target_pos_ids = position_ids.gather(1, gather_at)
+        ranks = torch.where(is_slot, content_rank.gather(1, gather_at), NO_TARGET_RANK)
+        return position_ids.gather(1, gather_at), ranks
 
-        query = self.query_embedding.to(inputs_embeds.dtype).expand(batch, target_positions.shape[1], -1)
-        plan = AttentionPlan(
-            query_rank=torch.cat([group_ids, target_rank], dim=1),
-            query_is_strict=torch.cat(
-                [torch.zeros_like(group_ids, dtype=torch.bool), torch.ones_like(target_rank, dtype=torch.bool)], 1
-            ),
-            key_rank=group_ids,
-            key_valid=key_valid,
-        )
-        rows = torch.cat([inputs_embeds, query], dim=1)
-        return plan, torch.cat([position_ids, target_pos_ids], dim=1), rows, target_positions
+    def _explicit_rows(self, query_position_ids, query_group_ids, batch, device):
+        if query_position_ids.dim() != 2 or query_position_ids.shape[0] != batch or \
+                query_group_ids.shape != query_position_ids.shape:
+            raise ValueError(
+                f"query_position_ids and query_group_ids must both have shape ({batch}, M); got "
+                f"{tuple(query_position_ids.shape)} and {tuple(query_group_ids.shape)}"
+            )
+        query_position_ids = query_position_ids.to(device=device, dtype=torch.long)
+        query_group_ids = query_group_ids.to(device=device, dtype=torch.long)
+        is_slot = query_group_ids != NO_TARGET_RANK
+        limit = self.config.max_position_embeddings
+        if not torch.compiler.is_compiling() and is_slot.any():
+            used = query_position_ids[is_slot]
+            if used.min() < 0 or used.max() >= limit:
+                raise ValueError(
+                    f"query_position_ids must lie in [0, max_position_embeddings={limit}) where query_group_ids is not "
+                    f"{NO_TARGET_RANK}; got positions from {int(used.min())} to {int(used.max())}"
+                )
+            if query_group_ids.min() < NO_TARGET_RANK:
+                raise ValueError(f"query_group_ids must be ranks >= 0, or {NO_TARGET_RANK} for a padding slot")
+        # padding slots see nothing; any valid position will do for them
+        return torch.where(is_slot, query_position_ids, 0), query_group_ids
+
+    def _plan_key_ranks(self, group_ids, batch, past_len, seq_len, key_len, device) -> torch.Tensor:
+        """Ranks of all keys from `group_ids` (B, past_len + T); a static cache's empty slots get rank 0 (invalid)."""
+        width = group_ids.shape[-1]
+        if group_ids.dim() != 2 or group_ids.shape[0] != batch or width > key_len or (
+            not torch.compiler.is_compiling() and width not in (key_len, int(past_len) + seq_len)
+        ):
+            expected = seq_len if isinstance(past_len, int) and past_len == 0 else f"past_len + {seq_len}"
+            raise ValueError(
+                f"group_ids must have the shape of the input, ({batch}, {expected}): a rank for every cached and "
+                f"current token (past_len = {int(past_len)}); got {tuple(group_ids.shape)}"
+            )
+        group_ids = group_ids.to(device=device, dtype=torch.long)
+        return F.pad(group_ids, (0, key_len - width)) if width < key_len else group_ids
+
+    def _check_total_length(self, past_len, seq_len: int) -> None:
+        if torch.compiler.is_compiling():
+            return  # needs a host sync; generate() checks the final length before it starts
+        total_len = int(past_len) + seq_len
+        if total_len > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {total_len} exceeds max_position_embeddings="
+                f"{self.config.max_position_embeddings}; split or shorten the input (nothing is truncated for you)"
+            )
 
     @staticmethod
-    def _key_valid(attention_mask, batch, total_len, device) -> torch.Tensor:
+    def _key_valid(attention_mask, batch, past_len, seq_len, key_len, device) -> torch.Tensor:
+        """(B, key_len) bool: real tokens. A static cache's slots past the current tokens are never valid."""
         if attention_mask is None:
-            return torch.ones(batch, total_len, dtype=torch.bool, device=device)
-        if attention_mask.shape != (batch, total_len):
+            return (torch.arange(key_len, device=device) < past_len + seq_len).expand(batch, key_len)
+        width = attention_mask.shape[-1]
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or width > key_len or (
+            not torch.compiler.is_compiling() and width not in (key_len, int(past_len) + seq_len)
+        ):
             raise ValueError(
-                f"attention_mask must have shape ({batch}, {total_len}) (past + current tokens), "
+                f"attention_mask must have shape ({batch}, {int(past_len) + seq_len}) (past + current tokens), "
                 f"got {tuple(attention_mask.shape)}"
             )
-        return attention_mask.to(device) != 0
+        valid = attention_mask.to(device) != 0
+        return F.pad(valid, (0, key_len - width)) if width < key_len else valid
 
     def _check_token_ids(self, ids: torch.Tensor, name: str) -> None:
         if ids.dim() != 2:
@@ -566,6 +651,18 @@ class LookAroundModel(LookAroundPreTrainedModel):
             return
         if target_positions.min() < -1 or target_positions.max() >= seq_len:
             raise ValueError(f"target_positions must lie in [0, {seq_len}) or be -1 for padding")
+
+
+def cache_lengths(past_key_values: Cache | None, seq_len: int):
+    """(tokens already cached, number of keys after appending `seq_len` more).
+
+    A dynamic cache holds exactly past + current keys; a static cache always returns all its slots, and its past
+    length is a 0-d tensor, so a compiled decoding step sees the same shapes and guards at every step."""
+    if past_key_values is None:
+        return 0, seq_len
+    past_len = past_key_values.get_seq_length()
+    key_len, _ = past_key_values.get_mask_sizes(seq_len, 0)
+    return past_len, int(key_len)
 
 
 def token_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
@@ -618,6 +715,8 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
 
     def __init__(self, config: LookAroundConfig):
         super().__init__(config)
+        if config.prediction_stream is None:
+            config.prediction_stream = "query"  # this head trains the query stream: say so in the saved config
         self.model = LookAroundModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
@@ -632,18 +731,27 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         target_positions: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = None,
+        query_position_ids: torch.LongTensor | None = None,
+        query_group_ids: torch.LongTensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         **kwargs,
     ) -> LookAroundForPreTrainingOutput:
         r"""
-        group_ids (`(B, T)`): the plan (required). labels (`(B, T)`): the token to predict at each position,
-        -100 where there is no loss. target_positions (`(B, M)`): where to predict; default: where labels are
-        set, or every position without labels.
+        group_ids (`(B, T)`, or `(B, past_len + T)` with a cache): the plan (required). labels (`(B, T)`): the token
+        to predict at each position, -100 where there is no loss. target_positions (`(B, M)`): where to predict;
+        default: where labels are set, or every position without labels. query_position_ids / query_group_ids,
+        past_key_values / use_cache: explicit query rows and the content cache, as in `LookAroundModel.forward`
+        (the logits are then those of the explicit rows).
         """
         if group_ids is None:
             raise ValueError("LookAroundForPreTraining needs group_ids (a plan); collators in hf_lookaround emit them")
+        explicit_rows = query_position_ids is not None or query_group_ids is not None
         if labels is not None:
+            if explicit_rows:
+                raise ValueError("labels index the input tokens; with explicit query rows compute the loss from logits")
             shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
             if labels.shape != shape:
                 raise ValueError(f"labels must have shape {tuple(shape)}, got {tuple(labels.shape)}")
@@ -653,7 +761,9 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, group_ids=group_ids,
             target_positions=target_positions, position_ids=position_ids, inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+            past_key_values=past_key_values, use_cache=use_cache, query_position_ids=query_position_ids,
+            query_group_ids=query_group_ids, output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
         )
         logits = self.lm_head(outputs.query_hidden_state)
         loss = None
@@ -668,17 +778,42 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
             last_hidden_state=outputs.last_hidden_state,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            past_key_values=outputs.past_key_values,
         )
 
 
-class LookAroundForMaskedLM(LookAroundLMHeadMixin, LookAroundPreTrainedModel):
-    """Single-stream bidirectional masked LM over `[MASK]` inputs (BERT-style, works with `fill-mask`)."""
+class LookAroundSingleOrTwoStreamLM(LookAroundLMHeadMixin, LookAroundPreTrainedModel):
+    """An LM head that predicts with the stream the checkpoint was trained on (`config.prediction_stream`)."""
 
     def __init__(self, config: LookAroundConfig):
         super().__init__(config)
+        if config.prediction_stream is None:
+            config.prediction_stream = "content"  # a fresh head trains the classic single-stream form
         self.model = LookAroundModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+
+    @property
+    def predicts_with_query_stream(self) -> bool:
+        return self.config.prediction_stream == "query"
+
+    def unused_parameter_names(self) -> list[str]:
+        return [] if self.predicts_with_query_stream else ["model.query_embedding"]
+
+
+class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
+    """Masked LM over `[MASK]` inputs (BERT-style; works with the `fill-mask` pipeline).
+
+    - `config.prediction_stream == "content"` (checkpoints pretrained single-stream, BERT-style): bidirectional
+      single stream; logits at every position come from the content stream.
+    - `"query"` (two-stream checkpoints): the pathway pretraining trained. Every position to predict (holding
+      `config.mask_token_id`, and with labels also every position whose label is not -100) gets rank 1, every
+      other token rank 0; the query stream runs at the positions to predict and sees exactly the rank-0 tokens
+      (never the `[MASK]` inputs, nor each other). Logits at those positions are the query stream's. Logits at
+      the other positions are the content stream's LM head; a two-stream checkpoint never trained them, so
+      they mean nothing (BERT's are near the input token). The loss covers labels != -100, all of which are
+      query-stream positions.
+    """
 
     @can_return_tuple
     def forward(
@@ -692,31 +827,66 @@ class LookAroundForMaskedLM(LookAroundLMHeadMixin, LookAroundPreTrainedModel):
         output_attentions: bool | None = None,
         **kwargs,
     ) -> MaskedLMOutput:
-        outputs = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            inputs_embeds=inputs_embeds, attention_pattern="bidirectional",
+        if labels is not None:
+            shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+            if labels.shape != shape:
+                raise ValueError(f"labels must have shape {tuple(shape)}, got {tuple(labels.shape)}")
+            check_labels(labels, self.config.vocab_size)
+        common = dict(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
+        if self.predicts_with_query_stream:
+            is_target = self._positions_to_predict(input_ids, attention_mask, labels)
+            targets = positions_of(is_target)
+            outputs = self.model(**common, group_ids=is_target.long(), target_positions=targets)
+            logits = self.lm_head(outputs.last_hidden_state)
+            rows, slots = (targets >= 0).nonzero(as_tuple=True)
+            query_logits = self.lm_head(outputs.query_hidden_state)
+            logits = logits.index_put((rows, targets[rows, slots]), query_logits[rows, slots])
+        else:
+            outputs = self.model(**common, attention_pattern="bidirectional")
+            logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            if labels.shape != logits.shape[:2]:
-                raise ValueError(f"labels must have shape {tuple(logits.shape[:2])}, got {tuple(labels.shape)}")
-            check_labels(labels, self.config.vocab_size)
             loss = token_loss(logits, labels, kwargs.get("num_items_in_batch"))
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
 
+    def _positions_to_predict(self, input_ids, attention_mask, labels) -> torch.Tensor:
+        mask_id = self.config.mask_token_id
+        if input_ids is None and labels is None:
+            raise ValueError(
+                "this two-stream checkpoint (prediction_stream='query') predicts the positions holding the mask token "
+                "or carrying labels: pass input_ids (or labels), not only inputs_embeds"
+            )
+        if input_ids is not None and mask_id is None:
+            raise ValueError(
+                "this two-stream checkpoint (prediction_stream='query') fills the positions holding the mask token, "
+                "but config.mask_token_id is None: set it to the tokenizer's mask_token_id"
+            )
+        is_target = input_ids == mask_id if input_ids is not None else torch.zeros_like(labels, dtype=torch.bool)
+        if labels is not None:
+            is_target = is_target | (labels.to(is_target.device) != -100)
+        if attention_mask is not None:
+            is_target = is_target & (attention_mask.to(is_target.device) != 0)
+        return is_target
 
-class LookAroundForCausalLM(LookAroundLMHeadMixin, LookAroundPreTrainedModel, GenerationMixin):
-    """Single-stream causal LM (GPT-style) with a KV cache for `generate()`."""
 
-    def __init__(self, config: LookAroundConfig):
-        super().__init__(config)
-        self.model = LookAroundModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
+class LookAroundForCausalLM(LookAroundSingleOrTwoStreamLM, GenerationMixin):
+    """Causal LM (GPT-style) with a KV cache for `generate()` (dynamic or static cache).
+
+    - `config.prediction_stream == "content"`: the single-stream causal view; `logits[:, i]` is the content stream
+      at `i`.
+    - `"query"` (two-stream checkpoints): the AR plan, the pathway pretraining trained. The content stream is causal
+      (a token's rank is its index among the keys) and a query row at position `i + 1` with rank `i + 1` gives
+      `logits[:, i]`: it predicts token `i + 1` from the tokens `<= i`, exactly as the AR plan's query stream does.
+      Only the rows kept by `logits_to_keep` run (in `generate()`, one per step); the cache holds content only.
+      A row whose position would reach `max_position_embeddings` predicts nothing (its logits are meaningless);
+      it only occurs after the last token of an input that fills every position.
+    Both keep the transformers convention: labels are the input ids, shifted inside.
+    """
 
     @can_return_tuple
     def forward(
@@ -734,25 +904,78 @@ class LookAroundForCausalLM(LookAroundLMHeadMixin, LookAroundPreTrainedModel, Ge
         **kwargs,
     ) -> CausalLMOutputWithPast:
         r"""labels (`(B, T)`): the input ids themselves; they are shifted inside, -100 is ignored."""
-        outputs = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            inputs_embeds=inputs_embeds, attention_pattern="causal", past_key_values=past_key_values,
-            use_cache=use_cache, output_hidden_states=output_hidden_states, output_attentions=output_attentions,
-        )
-        hidden = outputs.last_hidden_state
+        inputs = input_ids if input_ids is not None else inputs_embeds
+        shape, device = inputs.shape[:2], inputs.device
+        if labels is not None:
+            if labels.shape != shape:
+                raise ValueError(f"labels must have shape {tuple(shape)}, got {tuple(labels.shape)}")
+            check_labels(labels, self.config.vocab_size)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(hidden[:, keep])
+        common = dict(
+            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+            attention_pattern="causal", past_key_values=past_key_values, use_cache=use_cache,
+            output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+        )
+        if self.predicts_with_query_stream:
+            # with labels every row is needed for the loss; otherwise only the kept ones run
+            rows = torch.arange(shape[1], device=device)
+            rows = rows if labels is not None else rows[keep]
+            query_positions, query_ranks, position_ids = self._next_token_rows(rows, position_ids, past_key_values, shape)
+            outputs = self.model(**common, position_ids=position_ids, query_position_ids=query_positions,
+                                 query_group_ids=query_ranks)
+            full_logits = self.lm_head(outputs.query_hidden_state)
+            logits = full_logits[:, keep] if labels is not None else full_logits
+        else:
+            outputs = self.model(**common, position_ids=position_ids)
+            hidden = outputs.last_hidden_state
+            logits = self.lm_head(hidden[:, keep])
+            if labels is not None:
+                full_logits = logits if logits.shape[1] == labels.shape[1] else self.lm_head(hidden)
         loss = None
         if labels is not None:
-            if labels.shape != hidden.shape[:2]:
-                raise ValueError(f"labels must have shape {tuple(hidden.shape[:2])}, got {tuple(labels.shape)}")
-            check_labels(labels, self.config.vocab_size)
-            full_logits = logits if logits.shape[1] == labels.shape[1] else self.lm_head(hidden)
             loss = token_loss(full_logits[:, :-1], labels[:, 1:], kwargs.get("num_items_in_batch"))
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,
         )
+
+    def _next_token_rows(self, rows, position_ids, past_key_values, shape):
+        """Query rows of the AR plan: the row after current token `r` has position `pos[r] + 1`, rank `index + 1`."""
+        batch, seq_len = shape
+        past_len, _ = cache_lengths(past_key_values, seq_len)
+        if position_ids is None:
+            position_ids = (past_len + torch.arange(seq_len, device=rows.device)).expand(batch, seq_len)
+        elif position_ids.shape != (batch, seq_len):
+            position_ids = position_ids.expand(batch, seq_len)
+        query_positions = position_ids[:, rows] + 1
+        query_ranks = (past_len + rows + 1).expand(batch, -1)
+        # past the last position the model has there is nothing to predict: the row becomes a padding slot
+        beyond = query_positions >= self.config.max_position_embeddings
+        return query_positions.masked_fill(beyond, 0), query_ranks.masked_fill(beyond, NO_TARGET_RANK), position_ids
+
+    def create_masks_for_generate(self, config=None, inputs_embeds=None, attention_mask=None, past_key_values=None,
+                                  **kwargs):
+        """`generate()` asks for the mask up front with a compilable (static) cache. Ours stays the 2D mask of real
+        tokens, widened to every cache slot (empty slots invalid), so that every decoding step has the same shapes."""
+        if attention_mask is None or attention_mask.dim() != 2:
+            return attention_mask
+        _, key_len = cache_lengths(past_key_values, inputs_embeds.shape[1])
+        return F.pad(attention_mask, (0, key_len - attention_mask.shape[1]))
+
+    def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
+        super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
+        limit = self.config.max_position_embeddings
+        if input_ids_length > limit:
+            raise ValueError(
+                f"the prompt has {input_ids_length} tokens, more than max_position_embeddings={limit}; "
+                "shorten it (nothing is truncated for you)"
+            )
+        if generation_config.max_length > limit:
+            raise ValueError(
+                f"generation would reach {generation_config.max_length} tokens (a {input_ids_length}-token prompt and "
+                f"up to {generation_config.max_length - input_ids_length} new ones), but the model has "
+                f"max_position_embeddings={limit}: ask for at most max_new_tokens={limit - input_ids_length}"
+            )
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
@@ -781,6 +1004,9 @@ class LookAroundForSequenceClassification(LookAroundPreTrainedModel):
         self.dropout = nn.Dropout(dropout)
         self.score = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
+
+    def unused_parameter_names(self) -> list[str]:
+        return ["model.query_embedding"]  # classification reads the content stream only
 
     @can_return_tuple
     def forward(

@@ -340,6 +340,7 @@ def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments,
     config.objective = objective_args.objective
     config.plan_params = objective_args.plan_params()
     config.default_attention = "causal" if objective_args.objective in ("ar", "dar") else "bidirectional"
+    config.prediction_stream = "content" if objective_args.single_stream else "query"  # the stream trained to predict
     config.validate_lookaround()
     return config
 

@@ -281,3 +281,47 @@ def test_two_processes_streaming_with_a_tokenizer_trained_once(tmp_path):
         own = [tuple(b) for b in chunk_into_blocks(docs[8 * rank : 8 * (rank + 1)], tok, 16)["input_ids"]]
         assert set(seen[rank]) <= set(own) and seen[rank][: len(own)] == own[: len(seen[rank])]
     assert not set(seen[0]) & set(seen[1])
+
+
+def test_streaming_resume_within_the_first_pass_sees_the_same_blocks(tmp_path, tokenizer, monkeypatch):
+    # Trainer skips the batches already trained on by reading them again (an IterableDataset cannot seek)
+    from hf_lookaround import pretraining
+
+    write_jsonl(tmp_path / "train.jsonl", documents(40, seed=13))
+    tokenizer.save_pretrained(tmp_path / "tok")
+    seen: dict[str, dict[int, list]] = {}
+
+    class Recording(pretraining.LookAroundTrainer):
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            seen[self.args.output_dir][self.state.global_step + 1] = inputs["input_ids"].tolist()
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    monkeypatch.setattr(pretraining, "LookAroundTrainer", Recording)
+    common = ("--streaming", "--do_train", "--max_steps", "5", "--save_strategy", "steps", "--save_steps", "2",
+              "--shuffle_buffer_size", "8", "--seed", "3")
+    straight = command(tmp_path, tmp_path / "tok", *common)
+    seen[str(tmp_path / "out")] = {}
+    run(*parse_args(straight))
+    resumed_out = tmp_path / "resumed"
+    seen[str(resumed_out)] = {}
+    resumed = command(tmp_path, tmp_path / "tok", *common, "--resume_from_checkpoint",
+                      str(tmp_path / "out" / "checkpoint-2"))
+    resumed[resumed.index("--output_dir") + 1] = str(resumed_out)
+    run(*parse_args(resumed))
+    reference, after = seen[str(tmp_path / "out")], seen[str(resumed_out)]
+    assert sorted(reference) == [1, 2, 3, 4, 5] and sorted(after) == [3, 4, 5]
+    assert len({str(reference[s]) for s in reference}) == 5  # five different batches, shuffled in a buffer
+    assert all(after[s] == reference[s] for s in after)
+
+
+def test_json_lines_files_with_different_fields_load_together(tmp_path):
+    docs = documents(6, seed=14)
+    data = tmp_path / "data"
+    data.mkdir()
+    with open(data / "a.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": t, "genre": "news"}) + "\n" for t in docs[:3])
+    with open(data / "b.jsonl", "w") as f:
+        f.writelines(json.dumps({"chapter": i, "text": t}) + "\n" for i, t in enumerate(docs[3:]))
+    ds = load_text_dataset(data, cache_dir=str(tmp_path / "cache"))
+    assert ds["text"] == docs
+    assert [r["text"] for r in load_text_dataset(data, streaming=True)] == docs

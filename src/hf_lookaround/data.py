@@ -188,7 +188,7 @@ def load_text_dataset(inputs: str | Sequence[str], text_column: str = "text", sp
     if not files:
         raise ValueError(f"no text found in {inputs!r}: no files of the types {TEXT_SUFFIXES}")
     parts = []
-    for builder, group in itertools.groupby(files, key=lambda p: _BUILDERS[_suffix(p)]):
+    for (builder, _), group in itertools.groupby(files, key=_file_kind):
         kwargs = {"sample_by": "document"} if builder == "text" else {}
         ds = datasets.load_dataset(builder, data_files=[str(p) for p in group], split="train", streaming=streaming,
                                    cache_dir=cache_dir, **kwargs)
@@ -196,6 +196,27 @@ def load_text_dataset(inputs: str | Sequence[str], text_column: str = "text", sp
             ds = ds.rename_column("text", text_column)
         parts.append(_only_text_column(ds, text_column, f"{builder} files"))
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def _file_kind(path: Path) -> tuple[str, object]:
+    """(builder, field names): one ``load_dataset`` call reads a run of files with the same fields.
+
+    A builder call casts every file to one schema, so JSON Lines files whose records have other fields
+    (``genre`` in one corpus, ``chapter`` in another) must be loaded apart and concatenated."""
+    builder = _BUILDERS[_suffix(path)]
+    if builder == "text":
+        return builder, None
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        return builder, tuple(pq.read_schema(path).names)
+    with _open(path) as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        record = json.loads(first)
+    except ValueError:  # a .json array or a record over several lines: that file alone
+        return builder, str(path)
+    return builder, tuple(sorted(record)) if isinstance(record, dict) else str(path)
 
 
 def _load_hub(name: str, text_column: str, split: str, streaming: bool, cache_dir, config_name):

@@ -58,8 +58,10 @@ def mlm(tokenizer):
     return _model(LookAroundForPreTraining, tokenizer, seed=1, objective="mlm", plan_params={"mask_ratio": 0.15})
 
 
-class GroupCausalLM(GroupDecodingMixin, LookAroundForCausalLM):
-    """The mixin on the causal head, as LookAroundForCausalLM carries it once wired in."""
+def _causal(pretraining):
+    causal = LookAroundForCausalLM(pretraining.config).eval()
+    causal.load_state_dict(pretraining.state_dict())
+    return causal
 
 
 def _prompt(tokenizer, text="The committee met on"):
@@ -118,12 +120,14 @@ def test_t1_is_greedy_token_by_token_decoding_through_the_query_stream(dar, toke
     expected = _greedy_reference(dar, prompt, 12)
     got = group_generate(dar, prompt, group_size=1, max_new_tokens=12, eos_token_id=[], use_cache=use_cache)
     assert got[0].tolist() == expected
-    # the same through generate() on the causal head (custom_generate hook)
-    causal = GroupCausalLM(dar.config).eval()
-    causal.load_state_dict(dar.state_dict())
-    out = causal.generate(torch.tensor([prompt]), group_size=1, max_new_tokens=12, do_sample=False,
-                          use_cache=use_cache, eos_token_id=None)
-    assert out[0].tolist() == expected
+    # the same through generate(group_size=1) on the causal head (custom_generate hook), and through the head's
+    # own token-by-token generate() (no group_size), which reads the query stream of a two-stream checkpoint
+    causal = _causal(dar)
+    assert isinstance(causal, GroupDecodingMixin)
+    for kwargs in ({"group_size": 1}, {}):
+        out = causal.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, use_cache=use_cache,
+                              eos_token_id=None, **kwargs)
+        assert out[0].tolist() == expected, kwargs
 
 
 @pytest.mark.parametrize("t", [2, 3])
@@ -213,8 +217,7 @@ def test_logits_processors_and_sampling_controls(dar, tokenizer):
 
 
 def test_generate_and_text_generation_pipeline(dar, tokenizer):
-    causal = GroupCausalLM(dar.config).eval()
-    causal.load_state_dict(dar.state_dict())
+    causal = _causal(dar)
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.padding_side = "left"
     # the tokenizer's template wraps text as <s> ... </s>; a prompt must not end in EOS, so BOS comes with the text

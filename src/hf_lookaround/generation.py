@@ -710,9 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from transformers import AutoModelForPreTraining, AutoTokenizer
-
-    from . import LookAroundConfig  # noqa: F401  (registers the Auto classes)
+    from transformers import AutoModelForPreTraining, AutoTokenizer  # the package's import registered our classes
 
     args = build_parser().parse_args(argv)
     if args.infill is None and args.num_tokens is None and args.prompt is None:

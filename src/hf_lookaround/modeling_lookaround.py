@@ -874,7 +874,10 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         return is_target
 
 
-class LookAroundForCausalLM(LookAroundSingleOrTwoStreamLM, GenerationMixin):
+from .generation import GroupDecodingMixin  # noqa: E402  (generate(..., group_size=t): semi-AR group decoding)
+
+
+class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, GenerationMixin):
     """Causal LM (GPT-style) with a KV cache for `generate()` (dynamic or static cache).
 
     - `config.prediction_stream == "content"`: the single-stream causal view; `logits[:, i]` is the content stream

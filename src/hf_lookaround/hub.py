@@ -345,6 +345,7 @@ def build_model_card(
     architecture = {k: config[k] for k in (
         "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
         "max_position_embeddings", "hidden_act", "norm_type", "position_embedding_type", "default_attention",
+        "prediction_stream",
     ) if k in config}
     _, name, plan_text = OBJECTIVES.get(objective, (None, None, None))
     return ModelCard.from_template(

@@ -234,7 +234,7 @@ def hf_decoder(model, static: bool):
         torch.manual_seed(seed)
         kwargs = {"cache_implementation": "static"} if static else {}
         return model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, **SAMPLING, **kwargs)
+                              **SAMPLING, **kwargs)
     return decode
 
 

@@ -36,9 +36,13 @@ from transformers.generation import (
     LogitsProcessorList,
     MaxLengthCriteria,
     StoppingCriteriaList,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    MinPLogitsWarper,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
+    TypicalLogitsWarper,
 )
 
 logger = logging.getLogger(__name__)
@@ -67,6 +71,11 @@ AR_OBJECTIVES = ("ar", "dar")
 MASKED_OBJECTIVES = ("mlm", "vmlm", "gvp")
 ORDERS = ("confidence", "random", "left_to_right")
 SCHEDULES = ("cosine", "linear")
+
+
+# sampling warpers that read only the scores, never the sequence so far
+_POSITIONLESS_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper,
+                            TypicalLogitsWarper, EpsilonLogitsWarper, EtaLogitsWarper)
 
 
 class UntrainedDecodingError(ValueError):
@@ -373,52 +382,65 @@ def _group_decode(
     # the whole plan is known up front: ranks and positions of every column, prompt and continuation
     ranks, positions = semi_ar_ranks(attention_mask, total, group_size, has_condition)
 
-    sequences, mask = input_ids, attention_mask
+    # one buffer for the whole output: a step writes its columns, views give the sequence so far (no copies)
+    buffer = input_ids.new_full((batch, total), pad_token_id)
+    buffer[:, :prompt_len] = input_ids
+    mask = attention_mask.new_zeros((batch, total))  # generated columns become valid as they are written
+    mask[:, :prompt_len] = attention_mask
+    # warpers that never read input_ids treat the slots of a group in one call
+    one_call = all(isinstance(p, _POSITIONLESS_PROCESSORS) for p in logits_processor)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
     cache = DynamicCache(config=config) if use_cache else None
-    fresh_content = input_ids  # content rows not yet in the cache
+    length, past = prompt_len, 0  # columns decided / columns whose content is in the cache
     all_scores, all_logits = [], []
     while True:
-        length = sequences.shape[1]
         width = min(group_size, total - length)  # the last group may be cut by max_new_tokens
         if width <= 0:
             break
         slots = slice(length, length + width)
         if cache is not None:
-            # one forward: content rows of the group just sampled (the prompt at first) join the cache,
+            # one forward: content rows of the group sampled last (the prompt at first) join the cache,
             # query rows of the next group read every key of lower rank
-            past = cache.get_seq_length()
             out = backbone(
-                input_ids=fresh_content, attention_mask=mask, group_ids=ranks[:, :length],
+                input_ids=buffer[:, past:length], attention_mask=mask[:, :length], group_ids=ranks[:, :length],
                 position_ids=positions[:, past:length], past_key_values=cache, use_cache=True,
                 query_position_ids=positions[:, slots], query_group_ids=ranks[:, slots],
             )
+            past = length
         else:
-            # recompute every content row; the next group's slots are invalid keys that only hold query rows
+            # recompute every content row; the next group's columns are invalid keys that only hold query rows
             out = backbone(
-                input_ids=torch.cat([sequences, sequences.new_full((batch, width), pad_token_id)], 1),
-                attention_mask=torch.cat([mask, mask.new_zeros((batch, width))], 1),
+                input_ids=buffer[:, : length + width], attention_mask=mask[:, : length + width],
                 group_ids=ranks[:, : length + width], position_ids=positions[:, : length + width],
                 target_positions=torch.arange(length, length + width, device=device).expand(batch, width),
             )
         logits = lm_head(out.query_hidden_state[:, :width]).float()
+        if one_call:
+            group_scores = logits.flatten(0, 1)
+            if len(logits_processor):
+                group_scores = logits_processor(buffer[:, :length].repeat_interleave(width, 0), group_scores)
+            group_scores = group_scores.view(batch, width, -1)
+            group_tokens = _pick(group_scores.flatten(0, 1), do_sample, generator).view(batch, width)
         for j in range(width):
-            # slots of a group are predicted together; processors still see the tokens committed before them
-            scores = logits_processor(sequences, logits[:, j])
-            token = _pick(scores, do_sample, generator)
-            token = torch.where(unfinished, token, torch.full_like(token, pad_token_id))
-            sequences = torch.cat([sequences, token[:, None]], 1)
-            mask = torch.cat([mask, mask.new_ones((batch, 1))], 1)
+            if one_call:
+                scores, token = group_scores[:, j], group_tokens[:, j]
+            else:
+                # slots of a group are predicted together; processors still see the tokens picked before them
+                scores = logits_processor(buffer[:, : length + j], logits[:, j])
+                token = _pick(scores, do_sample, generator)
+            buffer[:, length + j] = torch.where(unfinished, token, torch.full_like(token, pad_token_id))
+            mask[:, length + j] = 1
             if output_scores:
                 all_scores.append(scores)
             if output_logits:
                 all_logits.append(logits[:, j])
-            unfinished = unfinished & ~stopping_criteria(sequences, scores)
-        fresh_content = sequences[:, length:]
+            unfinished = unfinished & ~stopping_criteria(buffer[:, : length + j + 1], scores)
         if streamer is not None:
-            streamer.put(fresh_content.cpu())
+            streamer.put(buffer[:, slots].cpu())
+        length += width
         if not unfinished.any():
             break
+    sequences = buffer[:, :length]
     if streamer is not None:
         streamer.end()
     if return_dict:

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, pipeline
+from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor, pipeline
 
 from hf_lookaround import LookAroundConfig, LookAroundForCausalLM, LookAroundForMaskedLM, LookAroundForPreTraining
 from hf_lookaround.generation import (
@@ -214,6 +214,25 @@ def test_logits_processors_and_sampling_controls(dar, tokenizer):
     assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
     with pytest.raises(ValueError, match="do_sample"):
         group_generate(dar, prompt, group_size=2, max_new_tokens=4, temperature=0.7)
+    # a processor that reads the sequence runs slot by slot, through generate() as through group_generate
+    causal = _causal(dar)
+    penalised = causal.generate(torch.tensor([prompt]), group_size=2, max_new_tokens=8, repetition_penalty=5.0,
+                                eos_token_id=None)
+    by_hand = group_generate(dar, prompt, group_size=2, max_new_tokens=8, eos_token_id=[],
+                             logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(5.0)]))
+    assert torch.equal(penalised, by_hand) and penalised[0, len(prompt):].tolist() != free
+
+
+def test_t1_sampling_draws_what_token_by_token_sampling_draws(dar, tokenizer):
+    """Same seed, same warpers: group decoding at t = 1 consumes the RNG as transformers' sampling loop does."""
+    causal = _causal(dar)
+    prompt = torch.tensor([_prompt(tokenizer)] * 3)
+    draws = []
+    for kwargs in ({"group_size": 1}, {}):
+        torch.manual_seed(11)
+        draws.append(causal.generate(prompt, max_new_tokens=10, do_sample=True, top_k=40, top_p=0.9,
+                                     eos_token_id=None, **kwargs))
+    assert torch.equal(draws[0], draws[1])
 
 
 def test_generate_and_text_generation_pipeline(dar, tokenizer):

@@ -290,3 +290,29 @@ def test_every_trainable_parameter_gets_a_gradient(cls, stream, tmp_path):
         frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
         uses_query = stream == "query" and cls is not H.LookAroundForSequenceClassification
         assert frozen == (set() if uses_query else {"model.query_embedding"})
+
+
+@pytest.mark.parametrize("head", ["pretraining", "classification"])
+def test_every_trainable_vit_parameter_gets_a_gradient(head, tmp_path):
+    from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
+    from hf_lookaround.modeling_lookaround_vit import (
+        LookAroundViTForImageClassification,
+        LookAroundViTForPreTraining,
+    )
+    from hf_lookaround.plans import make_plan
+
+    config = LookAroundViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=64, num_labels=2)
+    cls = LookAroundViTForPreTraining if head == "pretraining" else LookAroundViTForImageClassification
+    cls(config).save_pretrained(tmp_path)
+    pixels = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(8))
+    for model in (cls(config), cls.from_pretrained(tmp_path)):
+        model.train()
+        if head == "pretraining":
+            plan = make_plan("mlm", [5, 5], 5, num_condition_tokens=1, generator=torch.Generator().manual_seed(0))
+            loss = model(pixel_values=pixels, group_ids=plan.group_ids, target_positions=plan.target_positions()).loss
+        else:
+            loss = model(pixel_values=pixels, labels=torch.tensor([0, 1])).loss
+        loss.backward()
+        missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        assert not missing, f"{head}: parameters without a gradient: {missing}"

@@ -87,6 +87,14 @@ class LookAroundViTPreTrainedModel(LookAroundPreTrainedModel):
     input_modalities = ("image",)
     _can_compile_fullgraph = True
 
+    def unused_parameter_names(self) -> list[str]:
+        # patches enter the text backbone as inputs_embeds: its token embedding is never used (frozen for DDP)
+        names = [f"{prefix}encoder.embed_tokens.weight" for prefix in ("vit.", "")
+                 if f"{prefix}encoder.embed_tokens.weight" in dict(self.named_parameters())]
+        if isinstance(self, LookAroundViTForImageClassification):  # classification reads the content stream only
+            names.append("vit.encoder.query_embedding")
+        return names
+
     def _init_weights(self, module):
         super()._init_weights(module)
         if isinstance(module, LookAroundViTEmbeddings):

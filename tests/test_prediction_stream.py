@@ -316,3 +316,31 @@ def test_every_trainable_vit_parameter_gets_a_gradient(head, tmp_path):
         loss.backward()
         missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
         assert not missing, f"{head}: parameters without a gradient: {missing}"
+
+
+@torch.no_grad()
+def test_masked_prefix_perplexity_through_the_masked_lm_is_the_two_stream_protocol(two_stream_checkpoint, tokenizer):
+    """The `[MASK]` protocol run through AutoModelForMaskedLM of a two-stream checkpoint is its rank-0-prefix,
+    rank-1-target protocol: the same numbers."""
+    from hf_lookaround.evaluation.perplexity import masked_perplexity
+
+    pretraining = H.LookAroundForPreTraining.from_pretrained(two_stream_checkpoint).eval()
+    masked = AutoModelForMaskedLM.from_pretrained(two_stream_checkpoint).eval()
+    texts = random_texts(3, seed=9, lengths=(4, 12))
+    want = masked_perplexity(pretraining, tokenizer, texts, max_length=16, stride=8, mode="two_stream_prefix")
+    got = masked_perplexity(masked, tokenizer, texts, max_length=16, stride=8, mode="mask_token")
+    assert got.num_tokens == want.num_tokens
+    assert abs(got.perplexity - want.perplexity) <= 1e-6 * want.perplexity
+
+
+@torch.no_grad()
+def test_text_generation_pipeline_decodes_through_the_query_stream(two_stream_checkpoint, tokenizer):
+    from transformers import pipeline
+
+    causal = AutoModelForCausalLM.from_pretrained(two_stream_checkpoint).eval()
+    pretraining = H.LookAroundForPreTraining.from_pretrained(two_stream_checkpoint).eval()
+    generator = pipeline("text-generation", model=causal, tokenizer=tokenizer)
+    text = generator("w1 w2 w3", max_new_tokens=5, do_sample=False, return_full_text=False)[0]["generated_text"]
+    prompt = tokenizer("w1 w2 w3", return_tensors="pt").input_ids
+    want = query_stream_greedy(pretraining, prompt, 5)[0, prompt.shape[1]:]
+    assert text.split() == tokenizer.convert_ids_to_tokens(want.tolist())

@@ -313,7 +313,7 @@ def main(argv=None) -> int:
             raise ValueError("--data holds one document: pass --eval_data for the prompts")
         train_docs, held_out = docs[:-held], docs[-held:]
     log(f"{len(train_docs)} training / {len(held_out)} held-out documents")
-    tokenizer = train_tokenizer(train_docs, vocab_size=args.vocab_size, model_max_length=args.block_size)
+    tokenizer = train_tokenizer(train_docs, vocab_size=args.vocab_size)
     blocks = blocks_of(train_docs, tokenizer, args.block_size)
     log(f"tokenizer {len(tokenizer)} tokens; {len(blocks)} blocks of {args.block_size}")
 

@@ -263,6 +263,9 @@ def group_decoding(
             f"group decoding keeps its own DynamicCache; cache_implementation={generation_config.cache_implementation!r} "
             "serves token-by-token generate() without group_size"
         )
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError("group decoding starts from input_ids (the cache holds content of known tokens); "
+                         "pass input_ids instead of inputs_embeds")
     past = model_kwargs.get("past_key_values")
     if past is not None and past.get_seq_length() > 0:
         raise ValueError("group decoding builds its cache from the prompt; pass no filled past_key_values")
@@ -313,7 +316,8 @@ def group_generate(
     """Group decoding on any LookAround LM head (``LookAroundForPreTraining`` included), without ``generate()``.
 
     ``input_ids`` ``(B, P)`` left-padded (or a list of ids for one row); ``eos_token_id`` / ``pad_token_id``
-    default to the config's; ``logits_processor`` runs after the sampling warpers built from
+    default to the config's (``eos_token_id=[]``: no EOS, always ``max_new_tokens``); ``logits_processor`` runs
+    after the sampling warpers built from
     ``temperature``/``top_k``/``top_p``. Returns the sequences ``(B, P + n)``, or a ``GenerateDecoderOnlyOutput``.
     """
     check_group_size(model.config, group_size, allow_untrained)
@@ -321,6 +325,8 @@ def group_generate(
     input_ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
+    if attention_mask is not None:
+        attention_mask = torch.as_tensor(attention_mask, device=device).reshape(input_ids.shape)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     config = model.config

@@ -326,7 +326,8 @@ def group_generate(
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     if attention_mask is not None:
-        attention_mask = torch.as_tensor(attention_mask, device=device).reshape(input_ids.shape)
+        attention_mask = torch.as_tensor(attention_mask, device=device)
+        attention_mask = attention_mask[None] if attention_mask.dim() == 1 else attention_mask
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     config = model.config

@@ -739,9 +739,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ValueError as err:  # bad input: say what to fix, without a traceback
+        raise SystemExit(f"hf-lookaround generate: error: {err}") from err
+
+
+def _run(args) -> int:
     from transformers import AutoModelForPreTraining, AutoTokenizer  # the package's import registered our classes
 
-    args = build_parser().parse_args(argv)
     if args.infill is None and args.num_tokens is None and args.prompt is None:
         raise SystemExit("give --prompt (group decoding), --infill TEXT or --num_tokens N")
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)

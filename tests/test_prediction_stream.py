@@ -344,3 +344,40 @@ def test_text_generation_pipeline_decodes_through_the_query_stream(two_stream_ch
     prompt = tokenizer("w1 w2 w3", return_tensors="pt").input_ids
     want = query_stream_greedy(pretraining, prompt, 5)[0, prompt.shape[1]:]
     assert text.split() == tokenizer.convert_ids_to_tokens(want.tolist())
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_query_stream_heads_do_not_leak(impl):
+    """Causal LM: logits[t] depend on tokens <= t only. Masked LM: a [MASK] position's logits depend on the
+    unmasked tokens only (not on any masked input, its own or another)."""
+    ids = torch.randint(4, VOCAB, (2, 9), generator=torch.Generator().manual_seed(10))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    causal = make(H.LookAroundForCausalLM, impl, prediction_stream="query")
+    embeds = causal.get_input_embeddings()(ids).detach().requires_grad_(True)
+    logits = causal(inputs_embeds=embeds, attention_mask=mask).logits
+    for b in range(2):
+        for t in range(int(mask[b].sum())):
+            (grad,) = torch.autograd.grad(logits[b, t].sum(), embeds, retain_graph=True)
+            per_token = grad.abs().sum(-1)
+            assert torch.all(per_token[b, t + 1:] == 0), f"causal row {t} sees the future"
+            assert torch.all(per_token[1 - b] == 0) and torch.all(per_token[b, : t + 1] > 0)
+
+    masked = make(H.LookAroundForMaskedLM, impl, prediction_stream="query")
+    inputs = ids.clone()
+    inputs[:, [2, 4]] = 3
+    embeds = masked.get_input_embeddings()(inputs).detach().requires_grad_(True)
+    real = mask.bool()
+    # the mask positions come from input_ids; the gradient is taken through a forward on the same embeddings
+    is_target = (inputs == 3) & real
+    targets = is_target.nonzero()[:, 1].view(2, -1)
+    out = masked.model(inputs_embeds=embeds, attention_mask=mask, group_ids=is_target.long(), target_positions=targets)
+    for b in range(2):
+        for m in range(targets.shape[1]):
+            (grad,) = torch.autograd.grad(out.query_hidden_state[b, m].sum(), embeds, retain_graph=True)
+            per_token = grad.abs().sum(-1)[b]
+            assert torch.all(per_token[is_target[b] | ~real[b]] == 0), "a masked position sees a [MASK] or padding"
+            assert torch.all(per_token[~is_target[b] & real[b]] > 0)
+    # and the head itself uses exactly these rows
+    torch.testing.assert_close(masked(input_ids=inputs, attention_mask=mask).logits[is_target],
+                               masked.lm_head(out.query_hidden_state).flatten(0, 1))

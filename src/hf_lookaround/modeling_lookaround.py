@@ -12,6 +12,11 @@ as one sequence ``[content; query]`` that attends to the content keys, so every 
 call to the attention backend (eager, SDPA or FlexAttention) through transformers' attention
 interface. The single-stream forms reuse the content stream: causal is the plan ``g[i] = i``,
 bidirectional is ``g = 0``.
+
+Decoding: a KV cache holds the content stream's keys and values only. A forward with a cache takes the ranks of
+all keys (cached and current), and query rows may be given explicitly by position and rank, e.g. at the
+positions of the next group, whose tokens do not exist yet. ``config.prediction_stream`` says which stream a
+checkpoint was trained to predict with; the causal and masked LM heads (``generate()``, ``fill-mask``) use it.
 """
 
 from __future__ import annotations

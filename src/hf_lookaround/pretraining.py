@@ -214,6 +214,7 @@ class LookAroundTrainer(Trainer):
     def __init__(self, *args, eval_data_collator=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.eval_data_collator = eval_data_collator
+        checkpointing.allow_indexed_cpu_map_location()  # resuming a multi-process CPU run
 
     def _save_checkpoint(self, model, trial):
         # Trainer rotates old checkpoints at the end of its save; here rotation waits until the new
@@ -426,9 +427,9 @@ def build_training_data(data_args: DataArguments, training_args: TrainingArgumen
     """Tokenized, packed blocks for training and evaluation.
 
     Map-style: cached Arrow datasets, built once per node (the local main process first, the others then
-    load its cache). Streaming: lazy ``IterableDataset``s; the training stream is shuffled in a buffer
-    (seeded, the same on every rank), truncated to ``--max_train_samples`` blocks, then split across ranks
-    with ``split_dataset_by_node``."""
+    load its cache). Streaming: lazy ``IterableDataset``s; the training stream is truncated to
+    ``--max_train_samples`` blocks, repeated without end, shuffled in a buffer (seeded, the same on every
+    rank), then split across ranks with ``split_dataset_by_node``."""
     block_size = data_args.block_size
     common = dict(text_column=data_args.text_column, num_proc=data_args.preprocessing_num_workers,
                   load_from_cache_file=not data_args.overwrite_cache)
@@ -440,6 +441,10 @@ def build_training_data(data_args: DataArguments, training_args: TrainingArgumen
     if data_args.streaming:
         if data_args.max_train_samples:
             train_blocks = train_blocks.take(data_args.max_train_samples)
+        # an endless stream (pass after pass): every rank has a batch at every one of the max_steps steps,
+        # even when the ranks' parts differ in length (a rank that ran out would hang the others), and a
+        # resumed run can skip to any step, not only within the first pass
+        train_blocks = train_blocks.repeat(None)
         if data_args.shuffle_buffer_size > 0:
             train_blocks = train_blocks.shuffle(seed=training_args.seed, buffer_size=data_args.shuffle_buffer_size)
         if eval_blocks is not None and data_args.max_eval_samples:

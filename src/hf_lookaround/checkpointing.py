@@ -42,6 +42,7 @@ __all__ = [
     "resolve_resume_checkpoint",
     "check_resume_compatible",
     "gradient_accumulation_for",
+    "allow_indexed_cpu_map_location",
 ]
 
 COMPLETE_MARKER = "checkpoint_complete.json"
@@ -218,3 +219,26 @@ def gradient_accumulation_for(global_batch_size: int, per_device_batch_size: int
             f"or a per-device batch / number of processes that divides it"
         )
     return global_batch_size // per_step
+
+
+_CPU_INDEX_REGISTERED = False
+
+
+def allow_indexed_cpu_map_location() -> None:
+    """Let ``torch.load(..., map_location="cpu:N")`` work.
+
+    In a multi-process CPU run (gloo) ``TrainingArguments.device`` is ``cpu:0``, and ``Trainer`` loads the
+    optimizer state of a checkpoint with ``map_location=args.device``; torch's default deserialisers know
+    ``cpu`` but not ``cpu:0``, so resuming failed. A ``cpu:N`` location is the CPU: keep the storage."""
+    global _CPU_INDEX_REGISTERED
+    if _CPU_INDEX_REGISTERED:
+        return
+    import torch
+
+    def restore(storage, location):
+        return storage if location.startswith("cpu:") else None
+
+    # a priority of its own (entries are sorted as tuples: equal priorities would compare functions)
+    taken = {entry[0] for entry in getattr(torch.serialization, "_package_registry", [])}
+    torch.serialization.register_package(max(taken, default=0) + 1, lambda obj: None, restore)
+    _CPU_INDEX_REGISTERED = True

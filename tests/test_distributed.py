@@ -1,0 +1,232 @@
+"""Two processes on the CPU (torchrun, gloo): pretraining, per-rank data and plans, gradients, every
+head under DDP, and resuming after a SIGKILL. Also the single-process pieces of checkpointing.
+
+The two-process tests launch ``tests/dist_worker.py`` with ``python -m torch.distributed.run
+--standalone --nproc_per_node 2`` and check the world size inside."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_lookaround import checkpointing
+from hf_lookaround.collators import make_collator
+from hf_lookaround.pretraining import parse_args, run
+
+WORKER = Path(__file__).resolve().parent / "dist_worker.py"
+TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,hidden_dropout_prob=0.1"
+STEPS, SAVE_EVERY = 10, 3  # 24 blocks, 2 per rank and step: 6 steps per epoch, so the run crosses an epoch
+CHECKPOINTS = [3, 6, 9, 10]  # every SAVE_EVERY steps, and at the end
+
+
+def torchrun(*args, env=None, check=True, timeout=240):
+    environ = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "HF_DATASETS_OFFLINE": "1", **(env or {})}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER), *args]
+    proc = subprocess.run(cmd, env=environ, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A small JSON Lines corpus of made-up sentences and a BPE tokenizer trained on it."""
+    from hf_lookaround.tokenization import train_tokenizer
+
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    words = [w for w in "the a model plan group rank stream token mask query content look around ahead".split()]
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(40, 90))) + "." for _ in range(60)]
+    path = root / "train.jsonl"
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    train_tokenizer(docs, vocab_size=300, output_dir=root / "tok")
+    return path, root / "tok"
+
+
+def pretrain_args(corpus, output_dir, *extra):
+    data, tok = corpus
+    return ["pretrain", "--train_files", str(data), "--tokenizer_name", str(tok), "--preset", "tiny",
+            "--config_overrides", TINY, "--block_size", "32", "--validation_split_percentage", "10",
+            "--max_train_samples", "24", "--objective", "vmlm", "--output_dir", str(output_dir),
+            "--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "4", "--learning_rate", "3e-3",
+            "--max_steps", str(STEPS), "--save_steps", str(SAVE_EVERY), "--seed", "13", "--logging_steps", "1",
+            "--use_cpu", "true", "--disable_tqdm", "true", "--dataloader_num_workers", "0", *extra]
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def same_weights(a, b) -> bool:
+    wa, wb = load_file(Path(a) / "model.safetensors"), load_file(Path(b) / "model.safetensors")
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.fixture(scope="module")
+def reference_run(corpus, tmp_path_factory):
+    """An uninterrupted two-process run, recording what each rank trained on."""
+    out = tmp_path_factory.mktemp("reference")
+    record = out / "record"
+    record.mkdir()
+    torchrun(*pretrain_args(corpus, out / "run", "--do_train", "--do_eval", "--max_eval_samples", "8",
+                            "--perplexity_max_documents", "1", "--report_to", "tensorboard"),
+             env={"LOOKAROUND_TEST_RECORD": str(record)})
+    return out / "run", record
+
+
+# ------------------------------------------------------------------------------------------------
+# two processes
+# ------------------------------------------------------------------------------------------------
+def test_two_process_pretraining_finishes_and_saves_once(reference_run):
+    out, record = reference_run
+    rows = {r: read_jsonl(record / f"rank{r}.jsonl") for r in (0, 1)}
+    assert all(row["world_size"] == 2 for r in rows for row in rows[r])
+    assert [row["step"] for row in rows[0]] == [row["step"] for row in rows[1]] == list(range(STEPS))
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    # only rank 0 writes the model (checkpoints and the final save), each once; one TensorBoard log
+    assert not (record / "saves1.txt").exists()
+    saves = (record / "saves0.txt").read_text().split()
+    expected = [str(out / f"checkpoint-{s}") for s in CHECKPOINTS] + [str(out)]
+    assert sorted(saves) == sorted(expected)
+    # TensorBoard files are named events.out.tfevents.TIME.HOST.PID.N: all written by one process
+    events = list((out / "runs").rglob("events.out.tfevents*"))
+    assert events and len({p.name.split(".")[-2] for p in events}) == 1
+    metrics = json.loads((out / "all_results.json").read_text())
+    assert "eval_loss" in metrics and "train_loss" in metrics
+    # every checkpoint is complete, with one RNG state per rank
+    assert [p.name for p in checkpointing.list_checkpoints(out)] == [f"checkpoint-{s}" for s in CHECKPOINTS]
+    for step in CHECKPOINTS:
+        ckpt = out / f"checkpoint-{step}"
+        assert checkpointing.is_complete(ckpt)
+        manifest = json.loads((ckpt / checkpointing.COMPLETE_MARKER).read_text())
+        assert manifest["world_size"] == 2 and {"rng_state_0.pth", "rng_state_1.pth"} <= set(manifest["files"])
+
+
+def test_ranks_see_disjoint_blocks_and_draw_their_own_plans(reference_run, corpus):
+    from transformers import AutoTokenizer
+
+    _, record = reference_run
+    rows = {r: read_jsonl(record / f"rank{r}.jsonl") for r in (0, 1)}
+    assert [rows[r][0]["collator_rank"] for r in (0, 1)] == [0, 1]
+    epoch0 = {r: [tuple(x) for row in rows[r] if row["epoch"] == 0 for x in row["input_ids"]] for r in (0, 1)}
+    # within an epoch each block goes to exactly one rank, and the two ranks cover the training set
+    assert not set(epoch0[0]) & set(epoch0[1])
+    assert len(set(epoch0[0]) | set(epoch0[1])) == len(epoch0[0]) + len(epoch0[1]) == 24
+    # each rank's plans are the collator's plans for that rank: recomputing them with the other rank differs
+    tok = AutoTokenizer.from_pretrained(corpus[1])
+    differs = 0
+    for r in (0, 1):
+        for row in rows[r]:
+            features = [{"input_ids": x} for x in row["input_ids"]]
+            draw = {}
+            for q in (0, 1):
+                collator = make_collator("vmlm", tok, seed=13, mask_ratio_range=(0.15, 0.3), process_rank=q)
+                collator.set_epoch(row["epoch"])
+                draw[q] = collator(features)["group_ids"].tolist()
+            assert draw[r] == row["group_ids"]
+            differs += draw[1 - r] != row["group_ids"]
+    assert differs == 2 * STEPS
+
+
+def test_gradients_of_two_ranks_equal_one_process_on_both_halves(tmp_path):
+    torchrun("grads", str(tmp_path / "grads.json"))
+    results = json.loads((tmp_path / "grads.json").read_text())
+    assert [r["world_size"] for r in results] == [2, 2]
+    # the halves hold different numbers of targets: the loss form matters (sum over the global count)
+    assert results[0]["rank_targets"] != results[1]["rank_targets"]
+    for r in results:
+        assert r["max_abs_grad"] > 1e-3
+        assert r["max_abs_diff"] <= 1e-5 * r["max_abs_grad"] + 1e-7
+
+
+def test_every_head_trains_under_ddp_without_find_unused_parameters(tmp_path):
+    torchrun("heads", str(tmp_path / "heads.json"))
+    report = json.loads((tmp_path / "heads.json").read_text())
+    assert report["world_size"] == 2
+    heads = ["LookAroundForPreTraining", "LookAroundForCausalLM", "LookAroundForMaskedLM",
+             "LookAroundForSequenceClassification"]
+    for head in heads:
+        result = report["results"].get(head, {"ok": False, "error": "not reached"})
+        assert result["ok"], f"{head}: {result.get('error')}"
+        assert len(result["losses"]) == 3 and all(torch.isfinite(torch.tensor(result["losses"])))
+        assert result["moved"] == result["trainable"] and result["replicas_equal"]
+
+
+@pytest.mark.parametrize("kill", ["train:7", "save:6"])
+def test_sigkill_then_resume_last_gives_the_uninterrupted_weights(kill, reference_run, corpus, tmp_path):
+    reference, _ = reference_run
+    out = tmp_path / "run"
+    # save_total_limit 1: rotation must never delete the complete checkpoint in favour of a broken one
+    extra = ("--do_train", "--report_to", "none", "--save_total_limit", "1")
+    proc = torchrun(*pretrain_args(corpus, out, *extra), env={"LOOKAROUND_TEST_KILL": kill}, check=False)
+    assert proc.returncode != 0 and not (out / "model.safetensors").exists()
+    where, step = kill.split(":")
+    if where == "save":
+        # the kill left checkpoint-6 half written (weights, no trainer state); checkpoint-3 is complete
+        assert (out / "checkpoint-6" / "model.safetensors").exists()
+        assert not checkpointing.is_complete(out / "checkpoint-6")
+        assert not (out / "checkpoint-6" / "trainer_state.json").exists()
+    assert checkpointing.last_complete_checkpoint(out) == out / f"checkpoint-{3 if where == 'save' else 6}"
+    torchrun(*pretrain_args(corpus, out, *extra, "--resume_from_checkpoint", "last"))
+    assert [p.name for p in checkpointing.list_checkpoints(out)] == ["checkpoint-10"]  # no debris left
+    assert same_weights(out, reference)
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == STEPS
+
+
+# ------------------------------------------------------------------------------------------------
+# one process: checkpoint bookkeeping and errors
+# ------------------------------------------------------------------------------------------------
+def fake_checkpoint(root, step, complete=True, **config):
+    folder = Path(root) / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    if complete:
+        checkpointing.mark_complete(folder, step, world_size=1)
+    return folder
+
+
+def test_last_and_rotation_see_complete_checkpoints_only(tmp_path):
+    for step, complete in ((2, True), (4, True), (6, False), (10, True), (12, False)):
+        fake_checkpoint(tmp_path, step, complete)
+    assert checkpointing.last_complete_checkpoint(tmp_path) == tmp_path / "checkpoint-10"
+    assert checkpointing.resolve_resume_checkpoint("last", tmp_path) == str(tmp_path / "checkpoint-10")
+    with pytest.raises(ValueError, match="not a complete checkpoint.*newest complete one.*checkpoint-10"):
+        checkpointing.resolve_resume_checkpoint(str(tmp_path / "checkpoint-12"), tmp_path)
+    deleted = checkpointing.rotate_complete_checkpoints(tmp_path, 2, keep=[tmp_path / "checkpoint-2"])
+    assert [p.name for p in deleted] == ["checkpoint-4"]
+    assert [p.name for p in checkpointing.complete_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-10"]
+    removed = checkpointing.remove_incomplete_checkpoints(tmp_path)
+    assert [p.name for p in removed] == ["checkpoint-6", "checkpoint-12"]
+    empty = tmp_path / "empty"
+    fake_checkpoint(empty, 5, complete=False)
+    with pytest.raises(ValueError, match="no complete checkpoint.*only incomplete ones"):
+        checkpointing.resolve_resume_checkpoint("last", empty)
+
+
+def test_clear_errors_for_batch_sizes_and_foreign_checkpoints(corpus, tmp_path):
+    assert checkpointing.gradient_accumulation_for(64, 4, 2) == 8
+    with pytest.raises(ValueError, match="not a multiple of --per_device_train_batch_size 4 x 2 process"):
+        checkpointing.gradient_accumulation_for(36, 4, 2)
+    base = pretrain_args(corpus, tmp_path / "a", "--do_train", "--report_to", "none")[1:]
+    with pytest.raises(ValueError, match="--global_batch_size 3 is not a multiple"):
+        run(*parse_args([*base, "--global_batch_size", "3"]))
+    with pytest.raises(ValueError, match="implies --gradient_accumulation_steps 2, but 3 was given"):
+        run(*parse_args([*base, "--global_batch_size", "4", "--gradient_accumulation_steps", "3"]))
+    # a checkpoint of another objective or size is refused before training
+    run(*parse_args([*base, "--max_steps", "3"]))
+    foreign = [*pretrain_args(corpus, tmp_path / "b", "--do_train", "--report_to", "none")[1:],
+               "--resume_from_checkpoint", str(tmp_path / "a" / "checkpoint-3")]
+    with pytest.raises(ValueError, match="another objective or model size.*objective: checkpoint 'vmlm', this run 'ar'"):
+        run(*parse_args([*foreign, "--objective", "ar"]))
+    with pytest.raises(ValueError, match="hidden_size: checkpoint 32, this run 64"):
+        run(*parse_args([*foreign, "--config_overrides", TINY.replace("hidden_size=32", "hidden_size=64")]))

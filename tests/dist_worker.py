@@ -1,8 +1,7 @@
 """Worker scripts that tests/test_distributed.py launches with ``torchrun --nproc_per_node 2`` (gloo, CPU).
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/dist_worker.py pretrain ARGS...
-    ... tests/dist_worker.py grads OUT.json
-    ... tests/dist_worker.py heads OUT.json
+    ... tests/dist_worker.py ddp GRADS.json HEADS.json
 
 ``pretrain`` runs ``hf-lookaround pretrain`` (``pretraining.main``) unchanged, except that its Trainer
 records what each rank trained on, and can SIGKILL itself at a chosen moment:
@@ -95,7 +94,10 @@ def _blocks(n, length, seed):
     return torch.cat([torch.ones(n, 1, dtype=torch.long), body], 1)
 
 
-def _finish():
+def ddp(grads_out, heads_out):
+    dist.init_process_group("gloo")
+    grads(grads_out)
+    heads(heads_out)
     # leave together: a gloo group torn down while a peer is gone can hang
     dist.barrier()
     dist.destroy_process_group()
@@ -108,7 +110,6 @@ def grads(out):
     from hf_lookaround import LookAroundForPreTraining
     from hf_lookaround.collators import make_collator
 
-    dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     b = 3
     # every rank builds the same 2b-example batch and plans (variable-ratio masking: the number of
@@ -140,7 +141,6 @@ def grads(out):
     dist.all_gather_object(gathered, result)
     if rank == 0:
         Path(out).write_text(json.dumps(gathered))
-    _finish()
 
 
 def heads(out):
@@ -155,7 +155,6 @@ def heads(out):
     )
     from hf_lookaround.collators import make_collator
 
-    dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     tok = _Tokenizer()
 
@@ -201,11 +200,10 @@ def heads(out):
             break  # a failed reduction leaves the ranks out of step: later collectives would hang
     if rank == 0:
         Path(out).write_text(json.dumps({"world_size": world, "results": results}))
-    _finish()
 
 
 if __name__ == "__main__":
     command, rest = sys.argv[1], sys.argv[2:]
     if command == "pretrain":
         sys.exit(pretrain(rest))
-    {"grads": grads, "heads": heads}[command](*rest)
+    {"ddp": ddp}[command](*rest)

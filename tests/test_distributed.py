@@ -137,9 +137,16 @@ def test_ranks_see_disjoint_blocks_and_draw_their_own_plans(reference_run, corpu
     assert differs == 2 * STEPS
 
 
-def test_gradients_of_two_ranks_equal_one_process_on_both_halves(tmp_path):
-    torchrun("grads", str(tmp_path / "grads.json"))
-    results = json.loads((tmp_path / "grads.json").read_text())
+@pytest.fixture(scope="module")
+def ddp_report(tmp_path_factory):
+    """Plain DDP loops (tests/dist_worker.py ddp): one step's gradients, and every head for 3 steps."""
+    out = tmp_path_factory.mktemp("ddp")
+    torchrun("ddp", str(out / "grads.json"), str(out / "heads.json"))
+    return json.loads((out / "grads.json").read_text()), json.loads((out / "heads.json").read_text())
+
+
+def test_gradients_of_two_ranks_equal_one_process_on_both_halves(ddp_report):
+    results, _ = ddp_report
     assert [r["world_size"] for r in results] == [2, 2]
     # the halves hold different numbers of targets: the loss form matters (sum over the global count)
     assert results[0]["rank_targets"] != results[1]["rank_targets"]
@@ -148,9 +155,8 @@ def test_gradients_of_two_ranks_equal_one_process_on_both_halves(tmp_path):
         assert r["max_abs_diff"] <= 1e-5 * r["max_abs_grad"] + 1e-7
 
 
-def test_every_head_trains_under_ddp_without_find_unused_parameters(tmp_path):
-    torchrun("heads", str(tmp_path / "heads.json"))
-    report = json.loads((tmp_path / "heads.json").read_text())
+def test_every_head_trains_under_ddp_without_find_unused_parameters(ddp_report):
+    _, report = ddp_report
     assert report["world_size"] == 2
     heads = ["LookAroundForPreTraining", "LookAroundForCausalLM", "LookAroundForMaskedLM",
              "LookAroundForSequenceClassification"]
@@ -161,26 +167,33 @@ def test_every_head_trains_under_ddp_without_find_unused_parameters(tmp_path):
         assert result["moved"] == result["trainable"] and result["replicas_equal"]
 
 
-@pytest.mark.parametrize("kill", ["train:7", "save:6"])
-def test_sigkill_then_resume_last_gives_the_uninterrupted_weights(kill, reference_run, corpus, tmp_path):
+def test_sigkill_during_a_save_and_mid_training_then_resume_gives_the_uninterrupted_weights(
+        reference_run, corpus, tmp_path):
     reference, _ = reference_run
     out = tmp_path / "run"
     # save_total_limit 1: rotation must never delete the complete checkpoint in favour of a broken one
-    extra = ("--do_train", "--report_to", "none", "--save_total_limit", "1")
-    proc = torchrun(*pretrain_args(corpus, out, *extra), env={"LOOKAROUND_TEST_KILL": kill}, check=False)
+    args = pretrain_args(corpus, out, "--do_train", "--report_to", "none", "--save_total_limit", "1")
+    resume = [*args, "--resume_from_checkpoint", "last"]
+
+    # 1. killed while saving checkpoint-6: its weights are written, its trainer state is not
+    proc = torchrun(*args, env={"LOOKAROUND_TEST_KILL": "save:6"}, check=False)
     assert proc.returncode != 0 and not (out / "model.safetensors").exists()
-    where, step = kill.split(":")
-    if where == "save":
-        # the kill left checkpoint-6 half written (weights, no trainer state); checkpoint-3 is complete
-        assert (out / "checkpoint-6" / "model.safetensors").exists()
-        assert not checkpointing.is_complete(out / "checkpoint-6")
-        assert not (out / "checkpoint-6" / "trainer_state.json").exists()
-    assert checkpointing.last_complete_checkpoint(out) == out / f"checkpoint-{3 if where == 'save' else 6}"
-    torchrun(*pretrain_args(corpus, out, *extra, "--resume_from_checkpoint", "last"))
-    assert [p.name for p in checkpointing.list_checkpoints(out)] == ["checkpoint-10"]  # no debris left
+    assert (out / "checkpoint-6" / "model.safetensors").exists()
+    assert not (out / "checkpoint-6" / "trainer_state.json").exists()
+    assert not checkpointing.is_complete(out / "checkpoint-6")
+    assert checkpointing.last_complete_checkpoint(out) == out / "checkpoint-3"
+
+    # 2. resumed from checkpoint-3 (the debris of checkpoint-6 removed), then killed between saves
+    proc = torchrun(*resume, env={"LOOKAROUND_TEST_KILL": "train:8"}, check=False)
+    assert proc.returncode != 0 and not (out / "model.safetensors").exists()
+    assert [p.name for p in checkpointing.list_checkpoints(out)] == ["checkpoint-6"]
+    assert checkpointing.is_complete(out / "checkpoint-6")
+
+    # 3. resumed from checkpoint-6, runs to the end
+    torchrun(*resume)
+    assert [p.name for p in checkpointing.list_checkpoints(out)] == ["checkpoint-10"]
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == STEPS
     assert same_weights(out, reference)
-    state = json.loads((out / "trainer_state.json").read_text())
-    assert state["global_step"] == STEPS
 
 
 # ------------------------------------------------------------------------------------------------

@@ -243,3 +243,45 @@ def test_clear_errors_for_batch_sizes_and_foreign_checkpoints(corpus, tmp_path):
         run(*parse_args([*foreign, "--objective", "ar"]))
     with pytest.raises(ValueError, match="hidden_size: checkpoint 32, this run 64"):
         run(*parse_args([*foreign, "--config_overrides", TINY.replace("hidden_size=32", "hidden_size=64")]))
+
+
+# ------------------------------------------------------------------------------------------------
+# launch recipes
+# ------------------------------------------------------------------------------------------------
+RECIPES = Path(__file__).resolve().parents[1] / "examples" / "accelerate"
+
+
+@pytest.mark.parametrize("name,distributed,processes", [("single_gpu", "NO", 1), ("ddp", "MULTI_GPU", 2),
+                                                        ("fsdp", "FSDP", 2)])
+def test_accelerate_recipes_load_as_accelerate_reads_them(name, distributed, processes, monkeypatch):
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    from hf_lookaround import LookAroundConfig, LookAroundForPreTraining
+
+    path = RECIPES / f"{name}.yaml"
+    config = load_config_from_file(str(path))
+    assert config.distributed_type.value == distributed and config.mixed_precision == "bf16"
+    assert config.num_processes == processes
+    # what `accelerate launch --config_file` does with it, up to starting the processes
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(path), "x.py"]))
+    assert args.mixed_precision == "bf16" and args.num_processes == processes
+    if name == "single_gpu":
+        return
+    env = prepare_multi_gpu_env(args)
+    if name == "ddp":
+        assert args.multi_gpu and "ACCELERATE_USE_FSDP" not in env
+        return
+    assert args.use_fsdp and env["FSDP_VERSION"] == "2"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2 and plugin.state_dict_type.name == "FULL_STATE_DICT"
+    model = LookAroundForPreTraining(LookAroundConfig.from_preset("tiny", vocab_size=100))
+    policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    wrapped = [type(m).__name__ for m in model.modules() if policy(m)]
+    assert wrapped == ["LookAroundLayer"] * model.config.num_hidden_layers
+    assert set(model._no_split_modules) == {"LookAroundLayer"}

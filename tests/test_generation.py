@@ -308,7 +308,7 @@ def test_infilling_never_changes_a_visible_token(mlm, tokenizer, order):
                  temperature=1.5, seed=0)
     assert torch.equal(out.sequences[~hidden], ids[~hidden])
     assert (out.commit_step[hidden] >= 1).all() and (out.commit_step[~hidden] == 0).all()
-    assert out.num_steps <= 3
+    assert out.num_steps == int(out.commit_step.max()) <= 3
 
 
 def test_left_to_right_infilling_is_the_masked_prefix_protocol(mlm, tokenizer):

@@ -537,8 +537,13 @@ def _encode_infill_inputs(tokenizer, text_or_ids, hidden, num_tokens, attention_
         ids = ids[None]
     if ids.dim() != 2:
         raise ValueError(f"ids must have shape (seq_len,) or (batch, seq_len), got {tuple(ids.shape)}")
-    valid = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else \
-        torch.as_tensor(attention_mask).reshape(ids.shape) != 0
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    if attention_mask is not None:
+        attention_mask = torch.as_tensor(attention_mask)
+        attention_mask = attention_mask[None] if attention_mask.dim() == 1 else attention_mask
+        if attention_mask.shape != ids.shape:
+            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must have the shape of the ids {tuple(ids.shape)}")
+        valid = attention_mask != 0
     if num_tokens:
         if attention_mask is not None and not valid.all():
             raise ValueError("num_tokens appends after the last column; pass unpadded ids")
@@ -658,9 +663,11 @@ def infill(
     commit_step = torch.zeros_like(ids)
     from .modeling_lookaround import positions_of  # the model's own (B, T) bool -> (B, M) slots
 
+    ran = 0
     for step in range(1, steps + 1):
         if not remaining.any():
             break
+        ran = step
         slots = positions_of(remaining)  # (B, M), -1 pads
         is_slot = slots >= 0
         gather_at = slots.clamp(min=0)
@@ -699,7 +706,7 @@ def infill(
     text = None
     if tokenizer is not None:
         text = [tokenizer.decode(row[v].tolist(), skip_special_tokens=True) for row, v in zip(ids, valid)]
-    return InfillOutput(sequences=ids, commit_step=commit_step, num_steps=step, text=text)
+    return InfillOutput(sequences=ids, commit_step=commit_step, num_steps=ran, text=text)
 
 
 # ----------------------------------------------------------------------------------------------

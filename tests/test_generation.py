@@ -267,6 +267,9 @@ def test_group_size_the_checkpoint_was_not_trained_for(tokenizer, caplog):
     masked = _model(LookAroundForPreTraining, tokenizer, objective="mlm", plan_params={"mask_ratio": 0.15})
     with pytest.raises(UntrainedDecodingError, match="infill"):
         group_generate(masked, prompt, group_size=1, max_new_tokens=4)
+    single_stream = _model(LookAroundForPreTraining, tokenizer, objective=None, prediction_stream="content")
+    with pytest.raises(UntrainedDecodingError, match="query stream.*never trained"):
+        group_generate(single_stream, prompt, group_size=1, max_new_tokens=4)
 
 
 def test_group_decoding_errors(dar, tokenizer):

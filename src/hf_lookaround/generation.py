@@ -114,7 +114,11 @@ def check_group_size(config, group_size, allow_untrained: bool = False) -> None:
         raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     sizes = trained_group_sizes(config)
     objective = getattr(config, "objective", None)
-    if sizes is None:
+    if getattr(config, "prediction_stream", None) == "content":
+        _refuse_or_warn("this checkpoint was trained single-stream (config.prediction_stream='content'): its query "
+                        "stream, which group decoding reads, was never trained; use generate() without group_size",
+                        allow_untrained)
+    elif sizes is None:
         logger.warning("the config records no pretraining objective: cannot check that group_size=%d was trained",
                        group_size)
     elif objective in MASKED_OBJECTIVES:

@@ -235,7 +235,7 @@ def test_t1_sampling_draws_what_token_by_token_sampling_draws(dar, tokenizer):
     assert torch.equal(draws[0], draws[1])
 
 
-def test_generate_and_text_generation_pipeline(dar, tokenizer):
+def test_generate_and_text_generation_pipeline(dar, tokenizer, caplog):
     causal = _causal(dar)
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.padding_side = "left"
@@ -249,6 +249,10 @@ def test_generate_and_text_generation_pipeline(dar, tokenizer):
     result = pipe(prompt_text, group_size=2, max_new_tokens=7, do_sample=False, eos_token_id=None,
                   return_full_text=False, add_special_tokens=False)
     assert result[0]["generated_text"] == tokenizer.decode(expected[0, enc["input_ids"].shape[1]:])
+    # the pipeline's default encoding (<s> ... </s>) ends the prompt with EOS: a warning says how to fix it
+    with caplog.at_level(logging.WARNING, logger="hf_lookaround.generation"):
+        pipe("The committee met on", group_size=2, max_new_tokens=2)
+    assert "ends with the EOS token" in caplog.text
     # several sequences per prompt, sampled
     out = causal.generate(**enc, group_size=2, max_new_tokens=5, do_sample=True, num_return_sequences=3)
     assert out.shape == (3, enc["input_ids"].shape[1] + 5)

@@ -386,6 +386,10 @@ def _group_decode(
     _check_length(prompt_len, config, "the prompt")
     _check_length(prompt_len + max_new_tokens, config, f"the prompt ({prompt_len} tokens) + max_new_tokens")
 
+    if config.eos_token_id is not None and bool((input_ids[:, -1] == config.eos_token_id).any()):
+        # the package's tokenizers wrap text as <s> ... </s>; a continuation of a finished text is rarely meant
+        logger.warning("a prompt ends with the EOS token: encode it with add_special_tokens=False (and BOS in front) "
+                       "to continue the text rather than start after its end")
     total = prompt_len + max_new_tokens
     first_real = input_ids.gather(1, (attention_mask == 0).sum(-1, keepdim=True)).squeeze(1)
     bos = config.bos_token_id

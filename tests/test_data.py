@@ -102,6 +102,11 @@ def test_blocks_are_the_bos_prefixed_token_stream_and_only_its_tail_is_dropped(t
         assert len(block) == 16 and block[0] == tokenizer.bos_token_id
         assert block[1:] == stream[15 * k : 15 * (k + 1)]  # nothing lost or reordered between blocks
     assert "tokens dropped at the end of the stream" in stats.describe()
+    # one document per map batch, blocks longer than several documents: most batches start no block
+    long_blocks, long_stats = build_blocks(ds, tokenizer, block_size=200, num_proc=num_proc, batch_size=1)
+    assert rows(long_blocks) == [[tokenizer.bos_token_id] + stream[199 * k : 199 * (k + 1)]
+                                 for k in range(len(stream) // 199)]
+    assert long_stats.dropped_tokens == len(stream) % 199
 
 
 def test_second_build_loads_the_cache_without_tokenizing(tmp_path, tokenizer):

@@ -388,7 +388,9 @@ class _PackGlobal:
 
         lo, hi = self.document_starts[indices[0]], self.document_starts[indices[-1] + 1]
         first, last = -(-lo // self.body), min(-(-hi // self.body), self.num_blocks)  # blocks with start in [lo, hi)
-        count = max(0, last - first)
+        count = max(0, last - first)  # 0: the batch lies inside one block, or in the dropped tail
+        if count == 0:
+            return pa.table({"input_ids": pa.array([], type=pa.list_(pa.int32()))})
         bodies = self.stream.read(first * self.body, (first + count) * self.body).reshape(count, self.body)
         blocks = np.concatenate([np.full((count, 1), self.bos, dtype=np.int32), bodies.astype(np.int32)], axis=1)
         offsets = pa.array(np.arange(count + 1, dtype=np.int32) * (self.body + 1))

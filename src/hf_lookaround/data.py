@@ -293,8 +293,9 @@ class _Tokenize:
         texts = [t for t in batch[self.text_column] if t and not t.isspace()]
         if not texts:
             return {"input_ids": []}
+        # verbose=False: documents longer than model_max_length are expected here (packing cuts them)
         ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False,
-                             return_token_type_ids=False)["input_ids"]
+                             return_token_type_ids=False, verbose=False)["input_ids"]
         tail = [] if self.eos is None else [self.eos]
         # int32 arrays, not lists of Python ints (~9x smaller) while the writer buffers the batch
         return {"input_ids": [np.asarray(x + tail, dtype=np.int32) for x in ids]}

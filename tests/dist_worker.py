@@ -48,6 +48,7 @@ def pretrain(argv):
                     "step": self.state.global_step,
                     "world_size": dist.get_world_size() if dist.is_initialized() else 1,
                     "collator_rank": self.data_collator._rank(),
+                    "find_unused_parameters": getattr(model, "find_unused_parameters", None),
                     "epoch": self.data_collator.epoch,
                     "input_ids": inputs["input_ids"].tolist(),
                     "group_ids": inputs["group_ids"].tolist(),

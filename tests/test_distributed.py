@@ -90,6 +90,8 @@ def test_two_process_pretraining_finishes_and_saves_once(reference_run):
     out, record = reference_run
     rows = {r: read_jsonl(record / f"rank{r}.jsonl") for r in (0, 1)}
     assert all(row["world_size"] == 2 for r in rows for row in rows[r])
+    # Trainer wrapped the model in DDP with the fast setting (pretrain's default)
+    assert all(row["find_unused_parameters"] is False for r in rows for row in rows[r])
     assert [row["step"] for row in rows[0]] == [row["step"] for row in rows[1]] == list(range(STEPS))
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
     # only rank 0 writes the model (checkpoints and the final save), each once; one TensorBoard log

@@ -189,6 +189,13 @@ class LookAroundTrainingArguments(TrainingArguments):
         metadata={"help": "examples per optimizer step over all processes; sets gradient_accumulation_steps = "
                           "global / (per_device_train_batch_size x processes), which must divide exactly"},
     )
+    # Trainer's default (None) means find_unused_parameters=True for a PreTrainedModel: a slower DDP that
+    # searches the graph every step. Every LookAround head uses all its trainable parameters (the
+    # single-stream heads freeze the query stream's), so the fast setting, accelerate's default, is safe.
+    ddp_find_unused_parameters: bool | None = field(
+        default=False,
+        metadata={"help": "DDP's find_unused_parameters (default False: every trainable parameter gets a gradient)"},
+    )
 
 
 def apply_global_batch_size(training_args: TrainingArguments) -> None:

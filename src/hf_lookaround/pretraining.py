@@ -519,6 +519,8 @@ def parse_args(argv: list[str] | None = None):
 def run(model_args: ModelArguments, data_args: DataArguments, objective_args: ObjectiveArguments,
         training_args: TrainingArguments) -> dict:
     """Pretrain; return the final metrics."""
+    if not (training_args.do_train or training_args.do_eval):
+        raise ValueError("nothing to do: pass --do_train and/or --do_eval (with neither, no stage would run)")
     set_seed(training_args.seed)
     apply_global_batch_size(training_args)
     # only the loss is needed from evaluation: gathering (B, M, V) logits would waste memory

@@ -247,6 +247,22 @@ def test_clear_errors_for_batch_sizes_and_foreign_checkpoints(corpus, tmp_path):
         run(*parse_args([*foreign, "--config_overrides", TINY.replace("hidden_size=32", "hidden_size=64")]))
 
 
+
+def test_resuming_with_another_world_size_warns(tmp_path, caplog):
+    from hf_lookaround import LookAroundConfig
+
+    config = LookAroundConfig.from_preset("tiny", vocab_size=100, objective="ar")
+    folder = tmp_path / "checkpoint-4"
+    folder.mkdir()
+    config.save_pretrained(folder)
+    checkpointing.mark_complete(folder, 4, world_size=2)
+    with caplog.at_level("WARNING", logger="hf_lookaround.checkpointing"):
+        checkpointing.check_resume_compatible(folder, config, world_size=2)
+        assert not caplog.records
+        checkpointing.check_resume_compatible(folder, config, world_size=4)
+    assert "saved by 2 process(es), with 4" in caplog.text
+
+
 # ------------------------------------------------------------------------------------------------
 # launch recipes
 # ------------------------------------------------------------------------------------------------

@@ -173,8 +173,18 @@ def resolve_resume_checkpoint(resume_from_checkpoint, output_dir) -> str | None:
     return str(path)
 
 
-def check_resume_compatible(checkpoint, config) -> None:
-    """Raise if ``checkpoint``'s config.json has another objective, plan or model size than ``config``."""
+def check_resume_compatible(checkpoint, config, world_size: int | None = None) -> None:
+    """Raise if ``checkpoint``'s config.json has another objective, plan or model size than ``config``;
+    warn if it was saved by another number of processes (the run goes on, but not exactly as it would have)."""
+    marker = Path(checkpoint) / COMPLETE_MARKER
+    if world_size is not None and marker.is_file():
+        saved_world = json.loads(marker.read_text()).get("world_size")
+        if saved_world is not None and saved_world != world_size:
+            logger.warning(
+                "resuming from %s, saved by %d process(es), with %d: the data order and the per-rank plans "
+                "differ from those of the interrupted run, so the resumed run is not an exact continuation",
+                checkpoint, saved_world, world_size,
+            )
     path = Path(checkpoint) / "config.json"
     if not path.is_file():
         raise ValueError(f"--resume_from_checkpoint {checkpoint}: the checkpoint has no config.json")

@@ -566,7 +566,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
                 training_args.resume_from_checkpoint, training_args.output_dir
             )
         if checkpoint is not None:
-            checkpointing.check_resume_compatible(checkpoint, model.config)
+            checkpointing.check_resume_compatible(checkpoint, model.config, training_args.world_size)
         result = trainer.train(resume_from_checkpoint=checkpoint)
         trainer.save_model()
         metrics.update(result.metrics)

@@ -536,5 +536,12 @@ def chunk_into_blocks(texts: Iterable[str], tokenizer, block_size: int, batch_si
     ds = datasets.Dataset.from_dict({"text": list(texts)})
     if len(ds) == 0:
         raise ValueError("no text to chunk into blocks: the input is empty")
-    blocks, _ = build_blocks(ds, tokenizer, block_size, what="text")
+    # in-memory text is small: no progress bars (the demo's --quiet stays quiet)
+    were_disabled = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        blocks, _ = build_blocks(ds, tokenizer, block_size, what="text")
+    finally:
+        if not were_disabled:
+            datasets.enable_progress_bars()
     return blocks

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="hf-lookaround train-tokenizer",
-        description="Train a byte-level BPE tokenizer on local text files/folders (.txt, .jsonl, .jsonl.gz) "
+        description="Train a byte-level BPE tokenizer on local text files/folders (.txt, .jsonl, .json, .gz, .parquet) "
         "or a `datasets` name, and save it for AutoTokenizer.from_pretrained.",
     )
     parser.add_argument("inputs", nargs="+", help="files, folders or a datasets name (e.g. wikitext:wikitext-2-raw-v1)")

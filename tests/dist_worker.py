@@ -185,7 +185,7 @@ def heads(out):
                 loss.backward()
                 optimizer.step()
                 optimizer.zero_grad()
-                losses.append(float(loss))
+                losses.append(float(loss.detach()))
             # DDP keeps the replicas identical: every trained parameter moved, and agrees across ranks
             moved = sum(not torch.equal(before[n], p) for n, p in model.named_parameters() if p.requires_grad)
             flat = torch.cat([p.detach().flatten() for p in model.parameters()])

@@ -448,6 +448,13 @@ def build_training_data(data_args: DataArguments, training_args: TrainingArgumen
     if data_args.streaming:
         if data_args.max_train_samples:
             train_blocks = train_blocks.take(data_args.max_train_samples)
+        # this rank's first block, read before the shuffle buffer would fill: an empty part is an error now
+        own = split_for_rank(train_blocks, training_args.process_index, training_args.world_size)
+        if next(iter(own), None) is None:
+            raise ValueError(
+                f"--streaming: process {training_args.process_index} of {training_args.world_size} got no block of "
+                f"{block_size} tokens from the training data: give more text, a smaller --block_size or fewer processes"
+            )
         # an endless stream (pass after pass): every rank has a batch at every one of the max_steps steps,
         # even when the ranks' parts differ in length (a rank that ran out would hang the others), and a
         # resumed run can skip to any step, not only within the first pass
@@ -458,11 +465,6 @@ def build_training_data(data_args: DataArguments, training_args: TrainingArgumen
             eval_blocks = eval_blocks.take(data_args.max_eval_samples)
         # each rank reads its own part; evaluation streams are split by accelerate
         train_blocks = split_for_rank(train_blocks, training_args.process_index, training_args.world_size)
-        if next(iter(train_blocks), None) is None:
-            raise ValueError(
-                f"--streaming: process {training_args.process_index} of {training_args.world_size} got no block of "
-                f"{block_size} tokens from the training data: give more text, a smaller --block_size or fewer processes"
-            )
         return train_blocks, eval_blocks
     if data_args.max_train_samples:
         train_blocks = train_blocks.select(range(min(data_args.max_train_samples, len(train_blocks))))

@@ -202,6 +202,10 @@ def test_clear_errors(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="no text found"):
         run(*parse_args(command(tmp_path, tok_dir, "--do_train", "--max_steps", "1", "--validation_split_percentage",
                                 "0") + ["--train_files", str(tmp_path / "blank.jsonl")]))
+    write_jsonl(tmp_path / "tiny.jsonl", ["a few words"])  # fewer tokens than one block
+    with pytest.raises(ValueError, match="got no block of 16 tokens"):
+        run(*parse_args(command(tmp_path, tok_dir, "--streaming", "--do_train", "--max_steps", "1")
+                        + ["--train_files", str(tmp_path / "tiny.jsonl")]))
     # a tokenizer with neither BOS nor CLS
     no_bos = tmp_path / "nobos"
     bare = train_tokenizer(documents(20, seed=9), vocab_size=300)

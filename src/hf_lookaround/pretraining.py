@@ -7,13 +7,15 @@ and so does ``accelerate launch``. A single ``.json`` argument is read as a file
 
 The pipeline:
 
-1. read text (local files/folders or a ``datasets`` name) and hold out validation documents;
+1. load the text with ``datasets`` (local files/folders or a Hub name; an ``IterableDataset`` with
+   ``--streaming``) and hold out validation documents;
 2. load a tokenizer (directory or hub name) or train one on the training text;
 3. build the model: two-stream objectives train ``LookAroundForPreTraining``; the single-stream
    masked form trains ``LookAroundForMaskedLM``. The objective and the plan's parameters are stored
    in ``config.objective`` / ``config.plan_params`` (the keyword arguments of ``plans.make_plan``),
    and ``config.default_attention`` is ``causal`` for ar/dar and ``bidirectional`` otherwise;
-4. chunk text into BOS-prefixed blocks and train with the objective's collator. Evaluation reports
+4. tokenize and pack the text into BOS-prefixed blocks (cached ``.map`` calls, :mod:`hf_lookaround.data`)
+   and train with the objective's collator. Evaluation reports
    ``eval_loss`` and ``eval_objective_perplexity = exp(eval_loss)`` (the perplexity *of the
    objective*, which differs between objectives); at the end, if ``do_eval``, the protocol of
    :mod:`hf_lookaround.evaluation.perplexity` gives ``p(x_k | x_<k)`` on validation documents,

@@ -1,78 +1,70 @@
 """hf_lookaround: autoregressive, masked and group-rank objectives on one two-stream transformer.
 
-Importing the package registers the LookAround classes with transformers' Auto classes.
+The package is lazy, as transformers is: ``import hf_lookaround`` imports neither torch nor
+transformers, and each name below is imported on first use (module ``__getattr__``). The Auto
+classes still know the LookAround configs and models: :mod:`.auto_registration` registers them as
+soon as transformers' Auto machinery (or a LookAround module) is imported, so
+``import hf_lookaround; AutoModel.from_pretrained(checkpoint)`` works.
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoModelForImageClassification,
-    AutoModelForMaskedLM,
-    AutoModelForPreTraining,
-    AutoModelForSequenceClassification,
-)
+import importlib
+from typing import TYPE_CHECKING
 
-from .configuration_lookaround import PRESETS, LookAroundConfig
-from .configuration_lookaround_vit import LookAroundViTConfig
-from .modeling_lookaround import (
-    LookAroundForCausalLM,
-    LookAroundForMaskedLM,
-    LookAroundForPreTraining,
-    LookAroundForSequenceClassification,
-    LookAroundModel,
-    LookAroundPreTrainedModel,
-)
-from .modeling_lookaround_vit import (
-    LookAroundViTForImageClassification,
-    LookAroundViTForPreTraining,
-    LookAroundViTModel,
-    LookAroundViTPreTrainedModel,
-)
-from .plans import PLAN_NAMES, Plan, make_plan
+from . import auto_registration
 
 __version__ = "0.1.0"
 
-# (config, {Auto class name: (Auto class, model class)}) for each model family
-FAMILIES = [
-    (LookAroundConfig, {
-        "AutoModel": (AutoModel, LookAroundModel),
-        "AutoModelForPreTraining": (AutoModelForPreTraining, LookAroundForPreTraining),
-        "AutoModelForMaskedLM": (AutoModelForMaskedLM, LookAroundForMaskedLM),
-        "AutoModelForCausalLM": (AutoModelForCausalLM, LookAroundForCausalLM),
-        "AutoModelForSequenceClassification": (AutoModelForSequenceClassification, LookAroundForSequenceClassification),
-    }),
-    (LookAroundViTConfig, {
-        "AutoModel": (AutoModel, LookAroundViTModel),
-        "AutoModelForPreTraining": (AutoModelForPreTraining, LookAroundViTForPreTraining),
-        "AutoModelForImageClassification": (AutoModelForImageClassification, LookAroundViTForImageClassification),
-    }),
-]
+# public name -> submodule that defines it
+_EXPORTS = {
+    "LookAroundConfig": "configuration_lookaround",
+    "PRESETS": "configuration_lookaround",
+    "LookAroundViTConfig": "configuration_lookaround_vit",
+    "LookAroundPreTrainedModel": "modeling_lookaround",
+    "LookAroundModel": "modeling_lookaround",
+    "LookAroundForPreTraining": "modeling_lookaround",
+    "LookAroundForMaskedLM": "modeling_lookaround",
+    "LookAroundForCausalLM": "modeling_lookaround",
+    "LookAroundForSequenceClassification": "modeling_lookaround",
+    "LookAroundViTPreTrainedModel": "modeling_lookaround_vit",
+    "LookAroundViTModel": "modeling_lookaround_vit",
+    "LookAroundViTForPreTraining": "modeling_lookaround_vit",
+    "LookAroundViTForImageClassification": "modeling_lookaround_vit",
+    "Plan": "plans",
+    "PLAN_NAMES": "plans",
+    "make_plan": "plans",
+}
+__all__ = list(_EXPORTS)
 
-for _config, _heads in FAMILIES:
-    AutoConfig.register(_config.model_type, _config, exist_ok=True)
-    # save_pretrained copies the modeling code next to the weights and writes `auto_map`, so a process
-    # that never imported this package loads any head with trust_remote_code=True.
-    _config.register_for_auto_class()
-    for _name, (_auto, _model) in _heads.items():
-        _auto.register(_config, _model, exist_ok=True)
-        _model.register_for_auto_class(_name)
+if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
+    from .configuration_lookaround import PRESETS, LookAroundConfig
+    from .configuration_lookaround_vit import LookAroundViTConfig
+    from .modeling_lookaround import (
+        LookAroundForCausalLM,
+        LookAroundForMaskedLM,
+        LookAroundForPreTraining,
+        LookAroundForSequenceClassification,
+        LookAroundModel,
+        LookAroundPreTrainedModel,
+    )
+    from .modeling_lookaround_vit import (
+        LookAroundViTForImageClassification,
+        LookAroundViTForPreTraining,
+        LookAroundViTModel,
+        LookAroundViTPreTrainedModel,
+    )
+    from .plans import PLAN_NAMES, Plan, make_plan
 
-__all__ = [
-    "LookAroundConfig",
-    "PRESETS",
-    "LookAroundPreTrainedModel",
-    "LookAroundModel",
-    "LookAroundForPreTraining",
-    "LookAroundForMaskedLM",
-    "LookAroundForCausalLM",
-    "LookAroundForSequenceClassification",
-    "LookAroundViTConfig",
-    "LookAroundViTPreTrainedModel",
-    "LookAroundViTModel",
-    "LookAroundViTForPreTraining",
-    "LookAroundViTForImageClassification",
-    "Plan",
-    "PLAN_NAMES",
-    "make_plan",
-]
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+auto_registration.install()

@@ -1,0 +1,99 @@
+"""The command line: a lazy package, fast help pages, one-line errors, Auto classes after a lazy import."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hf_lookaround import cli
+
+ENV_CODE = "import os; os.environ.setdefault('HF_HUB_OFFLINE', '1')\n"
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", ENV_CODE + code], capture_output=True, text=True, timeout=300)
+
+
+def test_import_and_help_load_neither_torch_nor_transformers():
+    code = (
+        "import sys, io, contextlib\n"
+        "import hf_lookaround\n"
+        "from hf_lookaround.cli import main, COMMANDS\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    assert main(['--help']) == 0\n"
+        "    for command in COMMANDS:\n"
+        "        assert main([command, '--help']) == 0, command\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules)\n"
+        "print(len(out.getvalue()), heavy)\n"
+    )
+    result = _python(code)
+    assert result.returncode == 0, result.stderr
+    size, heavy = result.stdout.split(" ", 1)
+    assert int(size) > 10_000 and heavy.strip() == "[]", result.stdout
+
+
+def test_saved_help_pages_equal_what_the_parsers_print():
+    saved = json.loads(cli.HELP_FILE.read_text())
+    assert saved["versions"] == cli._versions(), "refresh with `python -m hf_lookaround.cli --write-help`"
+    for command in cli.COMMANDS:
+        page = cli.parser_help(command)
+        assert page.startswith(f"usage: hf-lookaround {command} "), page[:80]
+        assert saved["commands"][command] == page, (
+            f"{command}: the saved help page is stale; `python -m hf_lookaround.cli --write-help`")
+
+
+def test_names_are_imported_on_first_use_and_auto_classes_still_work(tmp_path):
+    import hf_lookaround
+
+    model = hf_lookaround.LookAroundForPreTraining(hf_lookaround.LookAroundConfig.from_preset("tiny", vocab_size=64))
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "modeling_lookaround.py").exists(), "registration must still write the remote code"
+    for imports in ("import hf_lookaround\nfrom transformers import AutoModel, AutoConfig",
+                    "from transformers import AutoModel, AutoConfig\nimport hf_lookaround",
+                    "import hf_lookaround.pretraining\nfrom transformers import AutoModel, AutoConfig"):
+        code = (
+            f"import sys\n{imports}\n"
+            f"config = AutoConfig.from_pretrained({str(tmp_path)!r})\n"
+            f"model = AutoModel.from_pretrained({str(tmp_path)!r})\n"
+            "print(type(config).__name__, type(model).__name__)\n"
+        )
+        result = _python(code)
+        assert result.returncode == 0, (imports, result.stderr[-2000:])
+        assert result.stdout.split() == ["LookAroundConfig", "LookAroundModel"], imports
+    with pytest.raises(AttributeError, match="no attribute 'NotAName'"):
+        hf_lookaround.NotAName  # noqa: B018
+
+
+def test_user_errors_are_one_line_with_exit_status_2(capsys, tmp_path):
+    # a command left with nothing to do says so
+    assert cli.main(["pretrain", "--train_files", str(tmp_path), "--output_dir", str(tmp_path / "o"),
+                     "--do_eval", "false"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-lookaround pretrain: error: nothing to do") and "\n" not in err
+    assert "Traceback" not in err
+    # an invalid mask-ratio range
+    assert cli.main(["pretrain", "--train_files", str(tmp_path), "--output_dir", str(tmp_path / "o"),
+                     "--objective", "vmlm", "--mask_ratio_range", "0.4", "0.2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-lookaround pretrain: error:") and "mask_ratio_range" in err and "\n" not in err
+    # --debug shows the traceback: the exception propagates
+    with pytest.raises(ValueError, match="nothing to do"):
+        cli.main(["pretrain", "--train_files", str(tmp_path), "--output_dir", str(tmp_path / "o"),
+                  "--do_eval", "false", "--debug"])
+
+
+def test_unknown_command_is_exit_2(capsys):
+    assert cli.main(["pretrian"]) == 2
+    assert "unknown command 'pretrian'" in capsys.readouterr().err
+    assert cli.main([]) == 0 and "commands:" in capsys.readouterr().out
+
+
+def test_console_script_answers_a_user_error_without_traceback(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    result = subprocess.run([sys.executable, "-m", "hf_lookaround.cli", "train-tokenizer", str(empty),
+                             "--output_dir", str(tmp_path / "tok")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("hf-lookaround train-tokenizer: error:")
+    assert "Traceback" not in result.stderr

@@ -21,9 +21,8 @@ from hf_lookaround.evaluation.glue import (
 )
 from hf_lookaround.tokenization import train_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "classification"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="shared data not available")
+FIXTURES = Path(__file__).resolve().parent / "fixtures"  # reviews (binary, label names), review_scores (regression)
+BBC_TOPICS = ["business", "entertainment", "politics", "sports", "tech"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,10 +94,11 @@ def test_lora_targets_are_found_by_name():
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(tmp_path_factory, bbc_topics_dir):
     """A tiny pretrained-style checkpoint (LookAroundForPreTraining, no classification head) and its tokenizer."""
     path = tmp_path_factory.mktemp("ckpt")
-    lines = [json.loads(l)["sentence"] for l in open(DATA / "rotten_tomatoes" / "train.jsonl")][:500] if DATA.is_dir() else ["a film"] * 10
+    lines = [json.loads(l)["sentence"] for folder in (FIXTURES / "reviews", bbc_topics_dir)
+             for l in open(folder / "train.jsonl")]
     tok = train_tokenizer(lines, vocab_size=400, min_frequency=1)
     torch.manual_seed(0)
     config = LookAroundConfig.from_preset(
@@ -111,11 +111,11 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-def _argv(checkpoint, out, task="rotten_tomatoes", *extra):
+def _argv(checkpoint, out, data=FIXTURES / "reviews", *extra):
     return [
         "--model_name_or_path", str(checkpoint),
-        "--train_file", str(DATA / task / "train.jsonl"),
-        "--validation_file", str(DATA / task / "validation.jsonl"),
+        "--train_file", str(data / "train.jsonl"),
+        "--validation_file", str(data / "validation.jsonl"),
         "--max_train_samples", "64", "--max_eval_samples", "32", "--max_seq_length", "64",
         "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32", "--max_steps", "4",
         "--learning_rate", "1e-3", "--do_train", "--do_eval", "--report_to", "none", "--save_strategy", "no",
@@ -123,52 +123,65 @@ def _argv(checkpoint, out, task="rotten_tomatoes", *extra):
     ]
 
 
-@needs_data
-@pytest.mark.parametrize("task,key", [("rotten_tomatoes", "eval_accuracy"), ("vader_movie", "eval_pearson")])
+def _pipeline_labels(output_dir, texts):
+    """What a user gets: the text-classification pipeline on the output folder, nothing else."""
+    from transformers import pipeline
+
+    classify = pipeline("text-classification", model=str(output_dir), device="cpu")
+    return classify(texts), classify.model
+
+
+@pytest.mark.parametrize("task,key", [("reviews", "eval_accuracy"), ("review_scores", "eval_pearson")])
 def test_full_fine_tuning_writes_all_results(checkpoint, tmp_path, task, key):
-    assert main(_argv(checkpoint, tmp_path, task)) == 0
+    assert main(_argv(checkpoint, tmp_path, FIXTURES / task)) == 0
     results = json.loads((tmp_path / "all_results.json").read_text())
     assert {"train_loss", "train_runtime", "eval_loss", key, "eval_samples"} <= set(results)
     assert results["eval_samples"] == 32 and np.isfinite(results["train_loss"])
     config = json.loads((tmp_path / "config.json").read_text())
-    if task == "rotten_tomatoes":
-        assert 0.0 <= results[key] <= 1.0 and config["id2label"] == {"0": "0", "1": "1"}
+    if task == "reviews":
+        # the data's label_name column names the labels
+        assert 0.0 <= results[key] <= 1.0 and config["id2label"] == {"0": "negative", "1": "positive"}
+        predictions, model = _pipeline_labels(tmp_path, ["A superb film.", "The plot was dull."])
+        assert model.config.num_labels == 2 and {p["label"] for p in predictions} <= {"negative", "positive"}
     else:
         assert -1.0 <= results[key] <= 1.0 and len(config["id2label"]) == 1 and config["problem_type"] == "regression"
 
 
-@needs_data
-def test_lora_adapter_reloads_with_same_logits(checkpoint, tmp_path):
+def test_lora_output_loads_with_the_pipeline_and_the_adapter_reloads(checkpoint, tmp_path, bbc_topics_dir):
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-    assert main(_argv(checkpoint, tmp_path, "trec", "--use_lora", "--lora_r", "4", "--lora_alpha", "8",
+    assert main(_argv(checkpoint, tmp_path, bbc_topics_dir, "--use_lora", "--lora_r", "4", "--lora_alpha", "8",
                       "--learning_rate", "5e-2")) == 0
-    saved = json.loads((tmp_path / "adapter_config.json").read_text())
+    adapter = tmp_path / "adapter"
+    saved = json.loads((adapter / "adapter_config.json").read_text())
     assert set(saved["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert "score" in saved["modules_to_save"]
-    assert not (tmp_path / "model.safetensors").exists()  # only the adapter (and the head) is saved
+    assert not (tmp_path / "adapter_config.json").exists()  # the root holds the merged model, not an adapter
 
+    texts = ["Shares fall as profits slump", "Minister faces vote on new bill"]
     tok = AutoTokenizer.from_pretrained(tmp_path)
-    batch = tok(["What is the capital of France ?", "Who wrote Hamlet ?"], padding=True, return_tensors="pt")
-    config = AutoConfig.from_pretrained(checkpoint, num_labels=6)
+    batch = tok(texts, padding=True, return_tensors="pt")
+    # 1. what users do: the pipeline and the Auto class on the output folder, 5 named labels, no new weights
+    predictions, piped = _pipeline_labels(tmp_path, texts)
+    assert piped.config.num_labels == 5 and list(piped.config.id2label.values()) == BBC_TOPICS
+    assert {p["label"] for p in predictions} <= set(BBC_TOPICS)
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    assert loaded.config.id2label == piped.config.id2label
+    # 2. the adapter reloads on the pretrained base, and equals the merged model that was saved
+    config = AutoConfig.from_pretrained(checkpoint, num_labels=5)
     base = AutoModelForSequenceClassification.from_pretrained(checkpoint, config=config)
     with torch.no_grad():
         before = base(**batch).logits.clone()
-        reloaded = PeftModel.from_pretrained(base, tmp_path).eval()
+        reloaded = PeftModel.from_pretrained(base, adapter).eval()
         after = reloaded(**batch).logits
-        # the adapter and the trained head changed the model ...
-        assert not torch.allclose(before, after)
-        # ... and the reloaded one equals the model merged from the trained weights
-        merged = PeftModel.from_pretrained(
-            AutoModelForSequenceClassification.from_pretrained(checkpoint, config=config), tmp_path
-        ).merge_and_unload()
-        torch.testing.assert_close(merged(**batch).logits, after, rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(before, after)  # the adapter and the trained head changed the model
+        torch.testing.assert_close(loaded(**batch).logits, after, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(piped(**batch).logits, after, rtol=1e-4, atol=1e-5)
     results = json.loads((tmp_path / "all_results.json").read_text())
     assert "eval_accuracy" in results
 
 
-@needs_data
 def test_lora_reload_matches_the_trained_model(checkpoint, tmp_path):
     """Logits of the in-memory trained PeftModel equal those of the saved, reloaded adapter."""
     from peft import PeftModel
@@ -192,17 +205,16 @@ def test_lora_reload_matches_the_trained_model(checkpoint, tmp_path):
         torch.testing.assert_close(reloaded(**batch).logits, model(**batch).logits)
 
 
-@needs_data
-def test_local_data_columns_and_label_names():
+def test_local_data_columns_and_label_names(bbc_topics_dir):
     from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info, load_labeled_splits
 
-    raw = load_labeled_splits(dataset=str(DATA / "trec"))
-    assert set(raw) == {"train", "validation", "test"} and len(raw["train"]) == 4365
+    raw = load_labeled_splits(dataset=str(bbc_topics_dir))
+    assert set(raw) == {"train", "validation", "test"} and len(raw["train"]) == 200
     assert detect_sentence_columns(raw["train"]) == ("sentence", None)  # label_name is not an input
     info = label_info(raw)
-    assert not info.is_regression and info.values == list(range(6))
-    assert info.names == ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
-    assert label_info(load_labeled_splits(dataset=str(DATA / "vader_movie"))).is_regression
+    assert not info.is_regression and info.values == list(range(5))
+    assert info.names == BBC_TOPICS
+    assert label_info(load_labeled_splits(dataset=str(FIXTURES / "review_scores"))).is_regression
 
 
 def test_sentence_pair_columns_are_detected(tmp_path):
@@ -238,7 +250,6 @@ def test_missing_label_column_is_an_error(checkpoint, tmp_path):
         main(argv)
 
 
-@needs_data
 def test_label_count_must_match_the_checkpoint_head(checkpoint, tmp_path):
     three = tmp_path / "three_labels"
     LookAroundForSequenceClassification.from_pretrained(checkpoint, num_labels=3).save_pretrained(three)
@@ -246,6 +257,6 @@ def test_label_count_must_match_the_checkpoint_head(checkpoint, tmp_path):
         (three / f).write_bytes((checkpoint / f).read_bytes())
     with pytest.raises(ValueError, match="head has 3 labels but the data has 2.*--ignore_mismatched_sizes"):
         main(_argv(three, tmp_path / "a"))
-    argv = _argv(three, tmp_path / "b", "rotten_tomatoes", "--ignore_mismatched_sizes", "--max_steps", "1")
+    argv = _argv(three, tmp_path / "b", FIXTURES / "reviews", "--ignore_mismatched_sizes", "--max_steps", "1")
     assert main(argv) == 0
     assert len(json.loads((tmp_path / "b" / "config.json").read_text())["id2label"]) == 2

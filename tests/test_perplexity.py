@@ -20,7 +20,6 @@ from hf_lookaround.evaluation.perplexity import (
 )
 from hf_lookaround.tokenization import train_tokenizer
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TEXTS = [
     "The committee met on Tuesday and agreed that the budget would be revised before spring.",
     "A café served crêpes — the owner, Zoë, said prices would rise.",
@@ -182,12 +181,11 @@ def test_command_writes_perplexity_json(tokenizer, tmp_path):
         assert report["dataset"] == str(data) and (out / "perplexity_by_prefix.png").stat().st_size > 0
 
 
-@pytest.mark.skipif(not (DATA / "text" / "brown").is_dir(), reason="shared data not available")
-def test_real_text_directory(tokenizer):
+def test_real_text_directory(tokenizer, bbc_text_dir):
     from hf_lookaround.evaluation.tasks import load_texts
 
-    texts = load_texts(str(DATA / "text" / "brown"), split="validation")
-    assert len(texts) == 50 and all(isinstance(t, str) and t for t in texts)
+    texts = load_texts(str(bbc_text_dir), split="validation")
+    assert len(texts) == 10 and all(isinstance(t, str) and t for t in texts)
     model = LookAroundForCausalLM(_config(tokenizer)).eval()
     result = ar_perplexity(model, tokenizer, [texts[0][:2000]], max_length=64, stride=32, batch_size=8)
     assert result.num_tokens > 100 and np.isfinite(result.perplexity)

@@ -31,8 +31,6 @@ from hf_lookaround.theory import (  # noqa: E402
     toy_dataset,
 )
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SOTU = DATA / "text" / "sotu" / "validation.jsonl.gz"
 OBJECTIVES = [("ar", {}), ("dar", {"t": 2}), ("dar", {"t": [1, 3]}), ("mlm", {"mask_ratio": 0.4}),
               ("vmlm", {"mask_ratio_range": (0.15, 0.6)})]
 
@@ -193,11 +191,10 @@ def test_tails_shrink_with_mask_ratio_and_dar_lies_between_at_r_plus_one():
 # ---------------------------------------------------------------------------------------------
 # real text
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.skipif(not SOTU.exists(), reason="shared data not found")
-def test_real_text_spectra_and_bucketing():
+def test_real_text_spectra_and_bucketing(bbc_text_dir):
     from hf_lookaround.theory.text import build_tokenizer, load_texts, sampled_cooccurrence, token_windows
 
-    texts = load_texts(SOTU, max_documents=3)
+    texts = load_texts(bbc_text_dir / "train.jsonl.gz", max_documents=3)
     windows = token_windows(texts, build_tokenizer("words", texts, 300), 16, 400, seed=0)
     assert windows.shape == (400, 16)
     ar = sampled_cooccurrence(windows, "ar")

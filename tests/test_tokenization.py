@@ -10,15 +10,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from hf_lookaround.data import chunk_into_blocks, iter_texts, load_texts
 from hf_lookaround.tokenization import main, train_tokenizer
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SOTU = DATA / "text" / "sotu" / "validation.jsonl.gz"
-needs_data = pytest.mark.skipif(not SOTU.exists(), reason="shared data not found")
 
-
-@needs_data
-def test_cli_trains_a_tokenizer_that_autotokenizer_loads(tmp_path):
+def test_cli_trains_a_tokenizer_that_autotokenizer_loads(tmp_path, bbc_text_dir):
     out = tmp_path / "tok"
-    assert main([str(SOTU), "--output_dir", str(out), "--vocab_size", "1000"]) == 0
+    assert main([str(bbc_text_dir / "train.jsonl.gz"), "--output_dir", str(out), "--vocab_size", "1000"]) == 0
     tok = AutoTokenizer.from_pretrained(out)
     assert isinstance(tok, PreTrainedTokenizerFast) and len(tok) == 1000
     assert (tok.pad_token, tok.bos_token, tok.eos_token, tok.mask_token) == ("[PAD]", "<s>", "</s>", "[MASK]")

@@ -30,7 +30,6 @@ from hf_lookaround.vision import (
     reconstruction_l2,
 )
 
-FASHION = Path(__file__).resolve().parents[2] / "shared" / "data" / "images" / "fashion-mnist"
 PATCH, SIDE = 7, 28  # 16 patches
 HEADS = {
     "AutoModel": (AutoModel, LookAroundViTModel),
@@ -280,9 +279,9 @@ def test_reconstruction_l2_per_group_and_modes():
     assert reconstruction_l2(Oracle(), x, objective="gvp", plan_params={"num_groups": 4})["l2"] == 0.0
 
 
-@pytest.mark.skipif(not FASHION.exists(), reason="Fashion-MNIST is not at ../shared/data/images/fashion-mnist")
-def test_a_few_steps_on_fashion_mnist_lower_the_masked_patch_mse():
-    x, y = load_fashion_mnist(FASHION, "train", limit=512)
+def test_a_few_steps_on_idx_images_lower_the_masked_patch_mse(digits_idx_dir):
+    # scikit-learn's digits in the Fashion-MNIST file layout (tests/conftest.py)
+    x, y = load_fashion_mnist(digits_idx_dir, "train", limit=512)
     assert x.shape == (512, 1, 28, 28) and 0.0 <= float(x.min()) and float(x.max()) <= 1.0
     assert set(y.tolist()) == set(range(10))
     model = make(LookAroundViTForPreTraining, "sdpa").train()
@@ -336,13 +335,12 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     torch.testing.assert_close(grads[0], grads[1])
 
 
-@pytest.mark.skipif(not FASHION.exists(), reason="Fashion-MNIST is not at ../shared/data/images/fashion-mnist")
-def test_the_vision_command_end_to_end(tmp_path):
+def test_the_vision_command_end_to_end(tmp_path, digits_idx_dir):
     import json
 
     from hf_lookaround.vision import main
 
-    argv = ["--data", str(FASHION), "--output_dir", str(tmp_path), "--objective", "gvp", "--num_groups", "4",
+    argv = ["--data", str(digits_idx_dir), "--output_dir", str(tmp_path), "--objective", "gvp", "--num_groups", "4",
             "--patch_size", "7", "--hidden_size", "32", "--num_hidden_layers", "1", "--num_attention_heads", "2",
             "--intermediate_size", "64", "--num_train", "64", "--max_steps", "2", "--batch_size", "16",
             "--num_probe_train", "100", "--num_test", "50", "--finetune_steps", "2"]

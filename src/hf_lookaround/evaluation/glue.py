@@ -12,13 +12,19 @@ In the manner of transformers' ``run_glue.py``: ``HfArgumentParser`` over :class
   different number of labels is an error unless ``--ignore_mismatched_sizes``.
 - LoRA (``--use_lora``): adapters on the attention / MLP ``Linear`` layers of the backbone, found by
   name (:func:`find_lora_target_modules`); the classification head is trained fully and saved with the
-  adapter (``modules_to_save``). ``PeftModel.from_pretrained(base, output_dir)`` reloads it.
+  adapter (``modules_to_save``) in ``output_dir/adapter`` (``PeftModel.from_pretrained(base,
+  output_dir/"adapter")`` reloads it), and the merged model is saved in ``output_dir`` itself.
+- The output folder loads the way users load a fine-tuned model, full or LoRA:
+  ``pipeline("text-classification", model=output_dir)`` or
+  ``AutoModelForSequenceClassification.from_pretrained(output_dir)``, with the data's number of labels
+  and their names (a ``label_name`` column becomes ``config.id2label``).
 - Metrics: the package's ``evaluate`` module (:func:`glue_metric_path`), which loads offline.
 - Results: ``train_results.json``, ``eval_results.json`` and ``all_results.json`` as transformers writes them.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
@@ -306,7 +312,7 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
     metrics = {}
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-        trainer.save_model()  # a LoRA run saves the adapter (and the head) only
+        save_loadable_model(trainer, tokenizer, training_args.output_dir, model_args.use_lora)
         train_metrics = dict(result.metrics, train_samples=len(processed["train"]))
         trainer.log_metrics("train", train_metrics)
         trainer.save_metrics("train", train_metrics)
@@ -335,6 +341,25 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
                 for i, p in enumerate(preds):
                     f.write(f"{i}\t{p:.3f}\n" if labels.is_regression else f"{i}\t{labels.names[int(p)]}\n")
     return metrics
+
+
+def save_loadable_model(trainer, tokenizer, output_dir: str, use_lora: bool) -> None:
+    """Save so that ``pipeline("text-classification", model=output_dir)`` works, full or LoRA.
+
+    A LoRA adapter alone would not do: loading it rebuilds the base from the *pretraining* checkpoint's
+    config, with a 2-label head initialised at random and no label names. So a LoRA run saves the adapter
+    (and the trained head) in ``output_dir/adapter`` and the merged model, whose config carries
+    ``num_labels`` and ``id2label``, in ``output_dir``.
+    """
+    if not use_lora:
+        trainer.save_model(output_dir)
+        return
+    trainer.save_model(os.path.join(output_dir, "adapter"))
+    if trainer.is_world_process_zero():
+        merged = copy.deepcopy(trainer.model).merge_and_unload()  # the trained model keeps its adapter
+        merged.save_pretrained(output_dir)
+        tokenizer.save_pretrained(output_dir)
+        logger.info("saved the LoRA adapter in %s/adapter and the merged model in %s", output_dir, output_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,7 +88,8 @@ def worker(args) -> None:
                 fully_shard(module, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         autocast = torch.autocast(device.type, enabled=False)  # FSDP2 casts the parameters itself
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
+    # torch's default AdamW implementation (foreach on CUDA) in every setting, DTensor parameters included
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     # each rank its own blocks; the package's collator draws each rank's plans
     collator = make_collator("dar", _Tokenizer(args.vocab_size), seed=0, group_size=2, pad_targets_to=args.seq_len)
@@ -156,7 +157,7 @@ def driver(args) -> dict:
                  "--steps", str(args.steps), "--warmup", str(args.warmup), "--vocab-size", str(args.vocab_size),
                  "--distinct-batches", str(args.distinct_batches)] + (["--smoke"] if args.smoke else [])
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1" if args.smoke else "4")}
-    results = []
+    results, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for mode, nproc in SETTINGS:
             if mode not in args.modes:
@@ -166,7 +167,12 @@ def driver(args) -> dict:
                    __file__, "--worker", "--mode", mode, "--result", str(out), *forwarded]
             print(f"[{mode}] {' '.join(cmd)}", flush=True)
             begin = time.perf_counter()
-            subprocess.run(cmd, env=env, check=True)
+            proc = subprocess.run(cmd, env=env)
+            if proc.returncode != 0 or not out.exists():
+                # report the settings that ran; say which did not
+                failed.append(mode)
+                print(f"[{mode}] FAILED (exit code {proc.returncode}); see its output above", flush=True)
+                continue
             result = json.loads(out.read_text())
             result["wall_seconds"] = time.perf_counter() - begin
             results.append(result)
@@ -174,11 +180,13 @@ def driver(args) -> dict:
     for r in results:
         r["speedup_vs_1gpu"] = r["tokens_per_s"] / base["tokens_per_s"] if base else None
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "smoke": args.smoke,
-              "torch": torch.__version__, "results": results}
+              "torch": torch.__version__, "results": results, "failed": failed}
     print(markdown_table(results))
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=1))
         print(f"wrote {args.output}")
+    if failed:
+        raise SystemExit(f"settings that failed: {failed}")
     return report
 
 

@@ -32,6 +32,9 @@ def torchrun(*args, env=None, check=True, timeout=240):
                "HF_DATASETS_OFFLINE": "1", **(env or {})}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER), *args]
     proc = subprocess.run(cmd, env=environ, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0 and "address already in use" in (proc.stdout + proc.stderr).lower():
+        # the free port torchrun picked was taken by another process meanwhile: launch again, once
+        proc = subprocess.run(cmd, env=environ, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc

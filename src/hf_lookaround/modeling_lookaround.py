@@ -383,12 +383,33 @@ class LookAroundPreTrainedModel(PreTrainedModel):
             model.freeze_unused_parameters()
         return loading_info
 
+    def save_pretrained(self, *args, **kwargs):
+        # FSDP2's fully_shard swaps the class for a subclass `FSDP<Name>` defined in torch: the remote code and
+        # `auto_map` must name our class and our files, not torch's
+        sharded_class = type(self)
+        own_class = unsharded_class(sharded_class)
+        if own_class is sharded_class:
+            return super().save_pretrained(*args, **kwargs)
+        self.__class__ = own_class
+        try:
+            return super().save_pretrained(*args, **kwargs)
+        finally:
+            self.__class__ = sharded_class
+
     def _init_weights(self, module):
         super()._init_weights(module)
         if isinstance(module, LookAroundModel):
             init.normal_(module.query_embedding, mean=0.0, std=self.config.initializer_range)
         elif isinstance(module, LookAroundRotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
+
+
+def unsharded_class(cls: type) -> type:
+    """The model class under FSDP2's dynamic `FSDP<Name>` subclass (the class itself when not sharded)."""
+    if not cls.__name__.startswith("FSDP"):
+        return cls
+    name = cls.__name__.removeprefix("FSDP")
+    return next((base for base in cls.__mro__[1:] if base.__name__ == name), cls)
 
 
 class LookAroundModel(LookAroundPreTrainedModel):

@@ -218,7 +218,8 @@ def _windows_of(docs, max_length, stride, has_bos):
 
 def is_two_stream(model) -> bool:
     """A LookAround pretraining head: predictions come from the query stream of a plan."""
-    return type(model).__name__ == "LookAroundForPreTraining"
+    # by name, so that remote-code classes and FSDP2's `FSDPLookAroundForPreTraining` subclass count too
+    return any(cls.__name__ == "LookAroundForPreTraining" for cls in type(model).__mro__)
 
 
 @torch.inference_mode()

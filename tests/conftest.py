@@ -72,8 +72,9 @@ def bbc_topics_dir(tmp_path_factory) -> Path:
     sizes = {"train": 40, "validation": 12, "test": 12}  # per topic
     start = 0
     for split, n in sizes.items():
-        rows = [{"sentence": text.split("\n", 1)[0].strip(), "label": i, "label_name": topic}
-                for i, topic in enumerate(BBC_TOPICS) for text in by_topic[topic][start : start + n]]
+        # topics interleaved, so that the first rows of a split (--max_train_samples) hold every topic
+        rows = [{"sentence": by_topic[topic][start + j].split("\n", 1)[0].strip(), "label": i, "label_name": topic}
+                for j in range(n) for i, topic in enumerate(BBC_TOPICS)]
         (out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         start += n
     return out

@@ -87,6 +87,11 @@ def test_linear_probe_classification_picks_C_on_validation():
     reference = make_pipeline(StandardScaler(), LogisticRegression(C=result["C"], max_iter=2000)).fit(xtr, ytr)
     assert result["test_accuracy"] == pytest.approx((reference.predict(xte) == yte).mean())
     assert result["test_accuracy"] > 0.9
+    acc = result["test_accuracy"]
+    assert result["test_accuracy_se"] == pytest.approx(np.sqrt(acc * (1 - acc) / 100))
+    assert "test_predictions" not in result
+    again = linear_probe(xtr, ytr, xva, yva, xte, yte, Cs=[1e-4, 1e-2, 1.0], return_predictions=True)
+    assert np.mean(np.asarray(again["test_predictions"]) == yte) == pytest.approx(acc)
 
 
 def test_linear_probe_regression_reports_correlations():

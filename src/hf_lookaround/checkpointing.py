@@ -11,7 +11,7 @@ is renamed into place (a rename is atomic on POSIX file systems). Readers (``las
 - :func:`last_complete_checkpoint` is the newest complete ``checkpoint-N`` of a folder;
 - :func:`rotate_complete_checkpoints` deletes the oldest complete checkpoints beyond the limit, and
   runs only after the new checkpoint is complete, so a kill never leaves fewer complete ones;
-- :func:`remove_incomplete_checkpoints` deletes the debris of a killed save (main process, at start);
+- :func:`remove_incomplete_checkpoints` moves the debris of a killed save aside (main process, at start);
 - :func:`resolve_resume_checkpoint` turns ``--resume_from_checkpoint last|DIR`` into a folder, with a
   clear error for an incomplete one;
 - :func:`check_resume_compatible` refuses a checkpoint of another objective or model size.
@@ -133,14 +133,24 @@ def rotate_complete_checkpoints(output_dir, save_total_limit: int | None, keep=(
 
 
 def remove_incomplete_checkpoints(output_dir) -> list[Path]:
-    """Delete ``checkpoint-N`` folders without the marker: what a kill during a save leaves behind."""
-    removed = []
+    """Move ``checkpoint-N`` folders without the marker aside, to ``incomplete-checkpoint-N``.
+
+    They are what a kill during a save leaves behind, or checkpoints written without the marker (by plain
+    ``Trainer``): nothing is deleted, but no reader (resume, rotation, a new save of step N) sees them again.
+    Returns the new paths."""
+    moved = []
     for path in list_checkpoints(output_dir):
         if not is_complete(path):
-            logger.warning("removing incomplete checkpoint %s (a save that did not finish)", path)
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
+            target = path.with_name(f"incomplete-{path.name}")
+            suffix = 1
+            while target.exists():
+                target = path.with_name(f"incomplete-{path.name}-{suffix}")
+                suffix += 1
+            logger.warning("%s is incomplete (a save that did not finish, or no %s): moved aside to %s",
+                           path, COMPLETE_MARKER, target)
+            os.replace(path, target)
+            moved.append(target)
+    return moved
 
 
 def resolve_resume_checkpoint(resume_from_checkpoint, output_dir) -> str | None:

@@ -562,7 +562,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
 
     metrics: dict = {}
     if training_args.do_train:
-        # the main process removes what a killed save left; then every process finds the same checkpoint
+        # the main process moves aside what a killed save left; then every process finds the same checkpoint
         with training_args.main_process_first(desc="checking checkpoints"):
             if training_args.should_save:
                 checkpointing.remove_incomplete_checkpoints(training_args.output_dir)

@@ -589,6 +589,11 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
     dataset = data_args.dataset_name or [str(f) for f in data_args.train_files]
     if training_args.do_train and trainer.is_world_process_zero():
         write_card(training_args.output_dir, objective_args, dataset)
+        from .hub import ensure_remote_code
+
+        # save_model maps only the trained head in auto_map: map every head, so that the output loads as a
+        # causal or masked LM with trust_remote_code too
+        ensure_remote_code(training_args.output_dir)
     if training_args.push_to_hub:
         from .hub import push_trainer_output
 

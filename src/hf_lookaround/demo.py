@@ -52,7 +52,7 @@ DEFAULT_OBJECTIVES = ("ar", "dar-t2", "mlm-0.15", "mlm-0.3", "vmlm-0.15-0.3")
 # pretraining (and probe training) / validation / test, per topic. A large test split keeps the probe's
 # standard error small enough (about 0.015) to tell the objectives from the untrained model
 SPLITS = (0.6, 0.1, 0.3)
-PROBE_CS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+PROBE_CS = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
 PREFIX_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 

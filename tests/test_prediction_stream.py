@@ -8,21 +8,9 @@ import hf_lookaround as H
 from hf_lookaround.evaluation.perplexity import ar_perplexity
 from hf_lookaround.plans import autoregressive_plan
 
-VOCAB = 61
+from test_modeling import VOCAB, make, tiny_config  # one tiny model for the modeling tests
+
 WORDS = ["[PAD]", "<s>", "</s>", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 4)]
-
-
-def tiny_config(**overrides):
-    base = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                intermediate_size=64, max_position_embeddings=64)
-    return H.LookAroundConfig(**{**base, **overrides})
-
-
-def make(cls, impl="eager", seed=0, **overrides):
-    torch.manual_seed(seed)
-    model = cls(tiny_config(**overrides)).eval()
-    model.set_attn_implementation(impl)
-    return model
 
 
 @pytest.fixture(scope="module")

@@ -754,14 +754,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``hf-lookaround generate``; bad input raises ValueError, which the CLI prints as one line (exit 2)."""
     args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except ValueError as err:  # bad input: say what to fix, without a traceback
-        raise SystemExit(f"hf-lookaround generate: error: {err}") from err
 
-
-def _run(args) -> int:
     from transformers import AutoModelForPreTraining, AutoTokenizer  # the package's import registered our classes
 
     if args.infill is None and args.num_tokens is None and args.prompt is None:

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from hf_lookaround import checkpointing
 from hf_lookaround.collators import make_collator
-from hf_lookaround.pretraining import parse_args, run
+from hf_lookaround.pretraining import gradient_accumulation_for, parse_args, run
 
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
 TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,hidden_dropout_prob=0.1"
@@ -236,9 +236,9 @@ def test_last_and_rotation_see_complete_checkpoints_only(tmp_path):
 
 
 def test_clear_errors_for_batch_sizes_and_foreign_checkpoints(corpus, tmp_path):
-    assert checkpointing.gradient_accumulation_for(64, 4, 2) == 8
+    assert gradient_accumulation_for(64, 4, 2) == 8
     with pytest.raises(ValueError, match="not a multiple of --per_device_train_batch_size 4 x 2 process"):
-        checkpointing.gradient_accumulation_for(36, 4, 2)
+        gradient_accumulation_for(36, 4, 2)
     base = pretrain_args(corpus, tmp_path / "a", "--do_train", "--report_to", "none")[1:]
     with pytest.raises(ValueError, match="--global_batch_size 3 is not a multiple"):
         run(*parse_args([*base, "--global_batch_size", "3"]))

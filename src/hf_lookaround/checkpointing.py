@@ -41,7 +41,6 @@ __all__ = [
     "remove_incomplete_checkpoints",
     "resolve_resume_checkpoint",
     "check_resume_compatible",
-    "gradient_accumulation_for",
     "allow_indexed_cpu_map_location",
 ]
 
@@ -222,23 +221,6 @@ def _normalise(value):
     if isinstance(value, dict):
         return {k: _normalise(v) for k, v in value.items()}
     return value
-
-
-def gradient_accumulation_for(global_batch_size: int, per_device_batch_size: int, world_size: int) -> int:
-    """Accumulation steps so that ``per_device x world_size x steps == global_batch_size``; else an error."""
-    if global_batch_size <= 0 or per_device_batch_size <= 0:
-        raise ValueError(
-            f"--global_batch_size ({global_batch_size}) and --per_device_train_batch_size "
-            f"({per_device_batch_size}) must be positive"
-        )
-    per_step = per_device_batch_size * world_size
-    if global_batch_size % per_step:
-        raise ValueError(
-            f"--global_batch_size {global_batch_size} is not a multiple of --per_device_train_batch_size "
-            f"{per_device_batch_size} x {world_size} process(es) = {per_step}: choose a global batch that is, "
-            f"or a per-device batch / number of processes that divides it"
-        )
-    return global_batch_size // per_step
 
 
 _CPU_INDEX_REGISTERED = False

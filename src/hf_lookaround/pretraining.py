@@ -58,6 +58,7 @@ __all__ = [
     "DataArguments",
     "ObjectiveArguments",
     "LookAroundTrainingArguments",
+    "gradient_accumulation_for",
     "LookAroundTrainer",
     "CollatorEpochCallback",
     "parse_args",
@@ -200,12 +201,29 @@ class LookAroundTrainingArguments(TrainingArguments):
     )
 
 
+def gradient_accumulation_for(global_batch_size: int, per_device_batch_size: int, world_size: int) -> int:
+    """Accumulation steps so that ``per_device x world_size x steps == global_batch_size``; else an error."""
+    if global_batch_size <= 0 or per_device_batch_size <= 0:
+        raise ValueError(
+            f"--global_batch_size ({global_batch_size}) and --per_device_train_batch_size "
+            f"({per_device_batch_size}) must be positive"
+        )
+    per_step = per_device_batch_size * world_size
+    if global_batch_size % per_step:
+        raise ValueError(
+            f"--global_batch_size {global_batch_size} is not a multiple of --per_device_train_batch_size "
+            f"{per_device_batch_size} x {world_size} process(es) = {per_step}: choose a global batch that is, "
+            f"or a per-device batch / number of processes that divides it"
+        )
+    return global_batch_size // per_step
+
+
 def apply_global_batch_size(training_args: TrainingArguments) -> None:
     """Derive ``gradient_accumulation_steps`` from ``--global_batch_size`` for this world size."""
     global_batch = getattr(training_args, "global_batch_size", None)
     if global_batch is None:
         return
-    steps = checkpointing.gradient_accumulation_for(
+    steps = gradient_accumulation_for(
         global_batch, training_args.per_device_train_batch_size, training_args.world_size
     )
     if training_args.gradient_accumulation_steps not in (1, steps):

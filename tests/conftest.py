@@ -49,18 +49,23 @@ def _bbc_articles() -> dict[str, list[str]]:
     return by_topic
 
 
+def _consecutive_splits(sizes: dict[str, int]):
+    """``(split, start, count)`` for splits that take consecutive, disjoint runs of each topic's articles."""
+    start = 0
+    for split, count in sizes.items():
+        yield split, start, count
+        start += count
+
+
 @pytest.fixture(scope="session")
 def bbc_text_dir(tmp_path_factory) -> Path:
     """``{train,validation,test}.jsonl.gz`` with a ``text`` field: 50 / 10 / 10 BBC articles (all topics)."""
     out = tmp_path_factory.mktemp("bbc_text")
     by_topic = _bbc_articles()
-    sizes = {"train": 10, "validation": 2, "test": 2}  # per topic
-    start = 0
-    for split, n in sizes.items():
+    for split, start, n in _consecutive_splits({"train": 10, "validation": 2, "test": 2}):  # per topic
         rows = [{"text": text} for topic in BBC_TOPICS for text in by_topic[topic][start : start + n]]
         with gzip.open(out / f"{split}.jsonl.gz", "wt", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
-        start += n
     return out
 
 
@@ -69,14 +74,11 @@ def bbc_topics_dir(tmp_path_factory) -> Path:
     """A 5-class sentence task: the headline (first line) of BBC articles, ``label`` 0-4 and ``label_name``."""
     out = tmp_path_factory.mktemp("bbc_topics")
     by_topic = _bbc_articles()
-    sizes = {"train": 40, "validation": 12, "test": 12}  # per topic
-    start = 0
-    for split, n in sizes.items():
+    for split, start, n in _consecutive_splits({"train": 40, "validation": 12, "test": 12}):  # per topic
         # topics interleaved, so that the first rows of a split (--max_train_samples) hold every topic
         rows = [{"sentence": by_topic[topic][start + j].split("\n", 1)[0].strip(), "label": i, "label_name": topic}
                 for j in range(n) for i, topic in enumerate(BBC_TOPICS)]
         (out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-        start += n
     return out
 
 

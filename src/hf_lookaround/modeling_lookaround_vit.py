@@ -1,16 +1,25 @@
 """The LookAround vision model: a two-stream ViT on the text backbone.
 
-An image is cut into non-overlapping patches (a strided convolution, as ViT), a learned CLS token is
-put in front, and the sequence ``[CLS, patch_0, ..., patch_{N-1}]`` (patches in raster order) goes
-through :class:`~hf_lookaround.modeling_lookaround.LookAroundModel` as ``inputs_embeds``. Plans,
-masks, both streams and every attention backend are the backbone's: nothing about who sees whom is
-re-implemented here. A plan over images is drawn for ``N + 1`` positions with
-``num_condition_tokens=1`` (the CLS token has rank 0 and is never a target).
+An image is cut into non-overlapping patches (a strided convolution, as ViT), a learned CLS token and
+``config.num_condition_tokens`` condition tokens are put in front, and the sequence
+``[CLS, cond_1..cond_C, patch_0, ..., patch_{N-1}]`` (patches in raster order) goes through
+:class:`~hf_lookaround.modeling_lookaround.LookAroundModel` as ``inputs_embeds``. Plans, masks, both
+streams and every attention backend are the backbone's: nothing about who sees whom is re-implemented
+here. A plan over images is drawn for ``config.sequence_length`` positions with
+``num_condition_tokens=config.num_prefix_tokens`` (the prefix has rank 0: every group sees it, and it is
+never a target).
+
+Target modes (``config.target_mode``, paper (b)): ``p2p`` reads pixels and regresses pixels; ``p2d``
+reads pixels and predicts visual tokens; ``d2d`` reads and predicts visual tokens. A visual token is the
+id of the nearest centroid of a k-means codebook over per-patch normalised patches
+(:mod:`hf_lookaround.visual_tokenizer` fits it); the codebook is a buffer of the model, saved with the
+weights. Encoding and decoding live here so that remote code needs nothing else.
 
 - :class:`LookAroundViTModel`: features; single-stream bidirectional without a plan, two-stream with one.
-- :class:`LookAroundViTForPreTraining`: a linear pixel head on the query stream regresses the pixels of
-  each target patch (MSE over target patches only). Masked/variable-masked plans give MAE-style
-  pretraining, GVP plans predict groups of patches in a random order (paper (b)).
+- :class:`LookAroundViTForPreTraining`: a linear head on the query stream predicts each target patch:
+  its pixels (p2p, MSE over target patches only) or its visual token (p2d/d2d, cross-entropy over the
+  codebook). Masked/variable-masked plans give MAE-style pretraining, GVP plans predict groups of patches
+  in a random order (paper (b)).
 - :class:`LookAroundViTForImageClassification`: pooled features (`cls` or `mean`) and a linear classifier.
 """
 
@@ -51,13 +60,36 @@ def normalise_patches(patches: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return (patches - mean) / (var + eps).sqrt()
 
 
+def encode_patches(patches_normalised: torch.Tensor, codebook: torch.Tensor) -> torch.LongTensor:
+    """(..., P) normalised patches -> (...) ids of their nearest centroid in ``codebook`` (K, P), squared
+    Euclidean distance; ties go to the lower id."""
+    if patches_normalised.shape[-1] != codebook.shape[-1]:
+        raise ValueError(f"patches have {patches_normalised.shape[-1]} values but the codebook's centroids have "
+                         f"{codebook.shape[-1]}: the codebook was fitted for another patch size or channel count")
+    x = patches_normalised.float().reshape(-1, codebook.shape[-1])
+    c = codebook.float()
+    # ||x - c||^2 = ||x||^2 - 2 x.c + ||c||^2; ||x||^2 is the same for every centroid
+    distance = c.square().sum(-1) - 2 * x @ c.T
+    return distance.argmin(-1).reshape(patches_normalised.shape[:-1])
+
+
+def decode_ids(ids: torch.LongTensor, codebook: torch.Tensor) -> torch.Tensor:
+    """(...) ids -> (..., P): the centroid (or any per-id table of the codebook's shape) of each id."""
+    if not torch.compiler.is_compiling() and ids.numel() and (ids.min() < 0 or ids.max() >= codebook.shape[0]):
+        raise ValueError(f"visual-token ids must lie in [0, {codebook.shape[0]}) (the codebook size), got ids from "
+                         f"{int(ids.min())} to {int(ids.max())}")
+    return codebook[ids]
+
+
 @dataclass
 class LookAroundViTModelOutput(ModelOutput):
     """
-    last_hidden_state (`(B, N+1, D)`): the content stream, CLS first.
+    last_hidden_state (`(B, T, D)`): the content stream over ``[CLS, conditions, patches]``
+        (``T = config.sequence_length``).
     pooler_output (`(B, D)`): the image feature (`config.classifier_pooling`: CLS or mean of the patches).
     query_hidden_state (`(B, M, D)`, two-stream only): the query stream at `target_positions`.
-    target_positions (`(B, M)`, two-stream only): positions in ``[CLS, patches]`` (>= 1), -1 for padding.
+    target_positions (`(B, M)`, two-stream only): positions in ``[CLS, conditions, patches]``
+        (>= `config.num_prefix_tokens`), -1 for padding.
     hidden_states, attentions: per layer, if asked for.
     """
 
@@ -72,11 +104,16 @@ class LookAroundViTModelOutput(ModelOutput):
 @dataclass
 class LookAroundViTForPreTrainingOutput(LookAroundForPreTrainingOutput):
     """
-    loss: mean squared error over the pixels of the target patches (normalised per patch with
-        `config.norm_pix_loss`).
-    logits (`(B, M, p*p*C)`): the predicted pixels of each target patch (in the loss's space).
-    target_positions (`(B, M)`): positions in ``[CLS, patches]`` predicted (patch = position - 1), -1 padding.
+    loss: p2p: mean squared error over the pixels of the target patches (normalised per patch with
+        `config.norm_pix_loss`); p2d/d2d: mean cross-entropy of the target patches' visual-token ids.
+    logits (`(B, M, p*p*C)` or `(B, M, K)`): p2p: the predicted pixels of each target patch (in the loss's
+        space); p2d/d2d: scores over the K visual tokens.
+    target_positions (`(B, M)`): positions in ``[CLS, conditions, patches]`` predicted
+        (patch = position - `config.num_prefix_tokens`), -1 padding.
+    target_ids (`(B, M)`, p2d/d2d): the visual-token id of each target patch (-100 at padding slots).
     """
+
+    target_ids: torch.LongTensor | None = None
 
 
 class LookAroundViTPreTrainedModel(LookAroundPreTrainedModel):
@@ -99,29 +136,112 @@ class LookAroundViTPreTrainedModel(LookAroundPreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, LookAroundViTEmbeddings):
             init.normal_(module.cls_token, mean=0.0, std=self.config.initializer_range)
+            if module.condition_tokens is not None:
+                init.normal_(module.condition_tokens, mean=0.0, std=self.config.initializer_range)
+        elif isinstance(module, LookAroundViTModel) and module.config.uses_codebook:
+            # all zeros = no codebook set yet (a fitted codebook has K >= 2 distinct centroids)
+            init.zeros_(module.visual_codebook)
+            init.zeros_(module.visual_codebook_pixels)
+
+    def _base_vit(self) -> "LookAroundViTModel":
+        return self if isinstance(self, LookAroundViTModel) else self.vit
+
+    def set_visual_codebook(self, codebook: torch.Tensor, pixel_decoder: torch.Tensor | None = None) -> None:
+        """Store the visual tokenizer (p2d/d2d) in the model: it is saved and loaded with the weights.
+
+        codebook (`(K, C*p*p)`): centroids of per-patch normalised patches
+            (:func:`hf_lookaround.visual_tokenizer.fit_codebook`); a patch's visual token is its nearest centroid.
+        pixel_decoder (`(K, C*p*p)`, optional): the pixels each id decodes to when images are generated
+            (:func:`hf_lookaround.visual_tokenizer.fit_pixel_decoder`: the mean raw patch of each centroid's
+            members). Without it the model trains and predicts ids, but cannot turn sampled ids into pixels.
+        """
+        self._base_vit()._set_visual_codebook(codebook, pixel_decoder)
+
+    @property
+    def has_visual_codebook(self) -> bool:
+        vit = self._base_vit()
+        return vit.config.uses_codebook and bool(vit.visual_codebook.any())
+
+
+def check_pixel_values(pixel_values: torch.Tensor, config: LookAroundViTConfig) -> None:
+    c, s = config.num_channels, config.image_size
+    if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != (c, s, s):
+        raise ValueError(
+            f"pixel_values must have shape (batch, {c}, {s}, {s}) (num_channels, image_size, image_size of the "
+            f"config), got {tuple(pixel_values.shape)}; resize the images or build a config for their size"
+        )
 
 
 class LookAroundViTEmbeddings(nn.Module):
-    """Patch embedding (a convolution with stride = kernel = patch size) and a learned CLS token in front."""
+    """The input sequence ``[CLS, cond_1..cond_C, patch_0..patch_{N-1}]``.
+
+    Patches: a convolution with stride = kernel = patch size (p2p, p2d) or an embedding of visual-token ids
+    (d2d). Condition tokens: a learned vector per slot, plus the class embedding of `class_labels`
+    (class -1: none), or embeddings given as `condition_embeds`."""
 
     def __init__(self, config: LookAroundViTConfig):
         super().__init__()
         self.config = config
-        self.patch_embeddings = nn.Conv2d(
-            config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
-        )
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        c, s = self.config.num_channels, self.config.image_size
-        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != (c, s, s):
-            raise ValueError(
-                f"pixel_values must have shape (batch, {c}, {s}, {s}) (num_channels, image_size, image_size of the "
-                f"config), got {tuple(pixel_values.shape)}; resize the images or build a config for their size"
+        if config.target_mode == "d2d":
+            self.visual_token_embeddings = nn.Embedding(config.codebook_size, config.hidden_size)
+        else:
+            self.patch_embeddings = nn.Conv2d(
+                config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
             )
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
+        n_cond = config.num_condition_tokens
+        self.condition_tokens = nn.Parameter(torch.zeros(1, n_cond, config.hidden_size)) if n_cond else None
+        self.class_embeddings = (nn.Embedding(config.num_condition_classes, config.hidden_size)
+                                 if config.num_condition_classes else None)
+
+    def forward(self, patch_embeds: torch.Tensor, class_labels: torch.Tensor | None = None,
+                condition_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """patch_embeds (`(B, N, D)`) -> the whole sequence `(B, T, D)`."""
+        batch = patch_embeds.shape[0]
+        parts = [self.cls_token.to(patch_embeds.dtype).expand(batch, -1, -1)]
+        condition = self.condition_sequence(batch, class_labels, condition_embeds)
+        if condition is not None:
+            parts.append(condition.to(patch_embeds.dtype))
+        return torch.cat(parts + [patch_embeds], dim=1)
+
+    def embed_pixels(self, pixel_values: torch.Tensor) -> torch.Tensor:
         dtype = self.patch_embeddings.weight.dtype
-        patches = self.patch_embeddings(pixel_values.to(dtype)).flatten(2).transpose(1, 2)  # (B, N, D)
-        return torch.cat([self.cls_token.expand(patches.shape[0], -1, -1), patches], dim=1)
+        return self.patch_embeddings(pixel_values.to(dtype)).flatten(2).transpose(1, 2)  # (B, N, D)
+
+    def condition_sequence(self, batch: int, class_labels, condition_embeds) -> torch.Tensor | None:
+        n_cond, hidden = self.config.num_condition_tokens, self.config.hidden_size
+        if not n_cond:
+            if class_labels is not None or condition_embeds is not None:
+                raise ValueError("class_labels / condition_embeds need condition tokens: this model has "
+                                 "num_condition_tokens=0 (set it, and num_condition_classes, in the config)")
+            return None
+        if class_labels is not None and condition_embeds is not None:
+            raise ValueError("pass either class_labels or condition_embeds for the condition tokens, not both")
+        if condition_embeds is not None:
+            if condition_embeds.dim() != 3 or tuple(condition_embeds.shape) != (batch, n_cond, hidden):
+                raise ValueError(f"condition_embeds must have shape ({batch}, {n_cond}, {hidden}) (batch, "
+                                 f"num_condition_tokens, hidden_size), got {tuple(condition_embeds.shape)}")
+            return condition_embeds
+        if class_labels is None:
+            raise ValueError(
+                f"this model has {n_cond} condition token(s): pass class_labels (batch,) (-1 for no class) or "
+                f"condition_embeds ({batch}, {n_cond}, {hidden})"
+            )
+        if self.class_embeddings is None:
+            raise ValueError("class_labels need a class-embedding table: this model has num_condition_classes=0; "
+                             "pass condition_embeds instead, or build the config with num_condition_classes")
+        class_labels = torch.as_tensor(class_labels, device=self.condition_tokens.device)
+        if class_labels.dim() != 1 or class_labels.shape[0] != batch or class_labels.is_floating_point():
+            raise ValueError(f"class_labels must be integer class ids of shape ({batch},), got "
+                             f"{class_labels.dtype} {tuple(class_labels.shape)}")
+        num_classes = self.config.num_condition_classes
+        if not torch.compiler.is_compiling() and class_labels.numel() and (
+                class_labels.min() < -1 or class_labels.max() >= num_classes):
+            raise ValueError(f"class_labels must lie in [0, {num_classes}) (num_condition_classes), or be -1 for no "
+                             f"class; got {class_labels.unique().tolist()}")
+        has_class = (class_labels >= 0)[:, None, None]
+        classes = self.class_embeddings(class_labels.clamp(min=0))[:, None, :]  # the same class in every slot
+        return self.condition_tokens + torch.where(has_class, classes, torch.zeros_like(classes))
 
 
 class LookAroundViTModel(LookAroundViTPreTrainedModel):
@@ -131,10 +251,101 @@ class LookAroundViTModel(LookAroundViTPreTrainedModel):
         super().__init__(config)
         self.embeddings = LookAroundViTEmbeddings(config)
         self.encoder = LookAroundModel(config)  # the text backbone: masks, streams, backends
+        if config.uses_codebook:
+            # the visual tokenizer: centroids of normalised patches (encoding) and the pixels of each id
+            # (decoding generated ids); persistent, so saved with the weights. All zeros = not set yet.
+            self.register_buffer("visual_codebook", torch.zeros(config.codebook_size, config.patch_dim))
+            self.register_buffer("visual_codebook_pixels", torch.zeros(config.codebook_size, config.patch_dim))
         self.post_init()
 
     def get_input_embeddings(self):
+        if self.config.target_mode == "d2d":
+            return self.embeddings.visual_token_embeddings
         return self.embeddings.patch_embeddings
+
+    # ------------------------------------------------------------------ the visual tokenizer
+    def _set_visual_codebook(self, codebook, pixel_decoder=None) -> None:
+        config = self.config
+        if not config.uses_codebook:
+            raise ValueError(f"target_mode {config.target_mode!r} regresses pixels and has no codebook; build the "
+                             f"model with target_mode 'p2d' or 'd2d' to use visual tokens")
+        want = (config.codebook_size, config.patch_dim)
+        for name, table in (("codebook", codebook), ("pixel_decoder", pixel_decoder)):
+            if table is None:
+                continue
+            table = torch.as_tensor(table)
+            if tuple(table.shape) != want:
+                raise ValueError(
+                    f"{name} has shape {tuple(table.shape)} but this model takes ({config.codebook_size}, "
+                    f"{config.patch_dim}) (config.codebook_size, num_channels * patch_size**2): fit the codebook with "
+                    f"codebook_size={config.codebook_size} and patch_size={config.patch_size}, or build the config "
+                    f"with codebook_size={table.shape[0]}"
+                )
+            if not torch.isfinite(table).all():
+                raise ValueError(f"{name} holds non-finite values")
+        codebook = torch.as_tensor(codebook)
+        if torch.unique(codebook, dim=0).shape[0] < 2:
+            raise ValueError("the codebook needs at least 2 distinct centroids")
+        with torch.no_grad():
+            self.visual_codebook.copy_(codebook)
+            # a new codebook invalidates the old decoder: zeros = no decoder
+            self.visual_codebook_pixels.copy_(torch.as_tensor(pixel_decoder) if pixel_decoder is not None else 0)
+
+    def _require_codebook(self) -> None:
+        if torch.compiler.is_compiling():
+            return  # needs a host sync: checked by the first eager call
+        if not self.visual_codebook.any():
+            raise ValueError(
+                f"target_mode {self.config.target_mode!r} needs a visual codebook and none is set: fit one with "
+                f"hf_lookaround.visual_tokenizer.fit_codebook(images, patch_size={self.config.patch_size}, "
+                f"codebook_size={self.config.codebook_size}) and call model.set_visual_codebook(codebook)"
+            )
+
+    def visual_token_ids(self, pixel_values: torch.Tensor) -> torch.LongTensor:
+        """(B, C, H, W) -> (B, N): the visual token of every patch (nearest centroid of the normalised patch)."""
+        self._require_codebook()
+        check_pixel_values(pixel_values, self.config)
+        patches = normalise_patches(patchify(pixel_values.float(), self.config.patch_size))
+        return encode_patches(patches, self.visual_codebook)
+
+    def decode_visual_tokens(self, ids: torch.LongTensor) -> torch.Tensor:
+        """(B, N) ids -> (B, N, C*p*p) pixels of each patch, through the pixel decoder."""
+        self._require_codebook()
+        if not self.visual_codebook_pixels.any():
+            raise ValueError(
+                "this model has a codebook but no pixel decoder, so visual tokens cannot become pixels: call "
+                "model.set_visual_codebook(codebook, pixel_decoder=hf_lookaround.visual_tokenizer.fit_pixel_decoder("
+                "images, codebook, patch_size))"
+            )
+        return decode_ids(ids, self.visual_codebook_pixels)
+
+    def _check_visual_token_ids(self, input_ids: torch.Tensor) -> None:
+        n, k = self.config.num_patches, self.config.codebook_size
+        if input_ids.dim() != 2 or input_ids.shape[1] != n or input_ids.is_floating_point():
+            raise ValueError(f"input_ids (visual tokens) must be integer ids of shape (batch, {n}) (one per patch), "
+                             f"got {input_ids.dtype} {tuple(input_ids.shape)}")
+        if not torch.compiler.is_compiling() and input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= k):
+            raise ValueError(f"input_ids (visual tokens) must lie in [0, {k}) (codebook_size), got ids from "
+                             f"{int(input_ids.min())} to {int(input_ids.max())}")
+
+    def patch_embeddings_of(self, pixel_values=None, input_ids=None) -> torch.Tensor:
+        """(B, N, D): the embedding of every patch, from pixels (p2p, p2d; d2d tokenises them first) or from
+        visual-token ids (d2d)."""
+        mode = self.config.target_mode
+        if mode != "d2d":
+            if input_ids is not None:
+                raise ValueError(f"target_mode {mode!r} reads pixels: pass pixel_values, not input_ids")
+            if pixel_values is None:
+                raise ValueError("LookAroundViTModel needs pixel_values of shape (batch, channels, height, width)")
+            check_pixel_values(pixel_values, self.config)
+            return self.embeddings.embed_pixels(pixel_values)
+        if (pixel_values is None) == (input_ids is None):
+            raise ValueError("target_mode 'd2d' reads visual tokens: pass exactly one of input_ids (batch, "
+                             "num_patches) or pixel_values (tokenised with the model's codebook)")
+        if input_ids is None:
+            input_ids = self.visual_token_ids(pixel_values)
+        self._check_visual_token_ids(input_ids)
+        return self.embeddings.visual_token_embeddings(input_ids)
 
     @can_return_tuple
     def forward(
@@ -144,19 +355,26 @@ class LookAroundViTModel(LookAroundViTPreTrainedModel):
         target_positions: torch.LongTensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
+        input_ids: torch.LongTensor | None = None,
+        class_labels: torch.LongTensor | None = None,
+        condition_embeds: torch.FloatTensor | None = None,
         **kwargs,
     ) -> LookAroundViTModelOutput:
         r"""
         pixel_values (`(B, C, H, W)`): the images.
-        group_ids (`(B, N+1)` long, optional): the plan's rank of ``[CLS, patch_0, ...]``; CLS must have the
-            lowest rank (draw plans with ``num_condition_tokens=1``). Given, both streams run.
-        target_positions (`(B, M)` long, optional): positions (>= 1) where the query stream runs, -1 pads.
+        input_ids (`(B, N)` long, d2d only): visual-token ids of the patches, instead of `pixel_values`.
+        class_labels (`(B,)` long, optional): the class carried by the condition tokens (-1: no class).
+        condition_embeds (`(B, num_condition_tokens, D)`, optional): the condition tokens, given directly.
+        group_ids (`(B, T)` long, optional): the plan's rank of ``[CLS, conditions, patch_0, ...]``
+            (``T = config.sequence_length``); the prefix must have the lowest rank (draw plans with
+            ``num_condition_tokens=config.num_prefix_tokens``). Given, both streams run.
+        target_positions (`(B, M)` long, optional): positions (>= `config.num_prefix_tokens`) where the query
+            stream runs, -1 pads.
         """
-        if pixel_values is None:
-            raise ValueError("LookAroundViTModel needs pixel_values of shape (batch, channels, height, width)")
-        embeds = self.embeddings(pixel_values)
+        patch_embeds = self.patch_embeddings_of(pixel_values, input_ids)
+        embeds = self.embeddings(patch_embeds, class_labels, condition_embeds)
         if group_ids is not None:
-            self._check_plan(group_ids, target_positions, embeds.shape[:2])
+            self._check_plan(group_ids, target_positions, embeds.shape[:2], self.config.num_prefix_tokens)
         outputs = self.encoder(
             inputs_embeds=embeds,
             group_ids=group_ids,
@@ -166,7 +384,8 @@ class LookAroundViTModel(LookAroundViTPreTrainedModel):
             output_attentions=output_attentions,
         )
         hidden = outputs.last_hidden_state
-        pooled = hidden[:, 0] if self.config.classifier_pooling == "cls" else hidden[:, 1:].mean(1)
+        prefix = self.config.num_prefix_tokens
+        pooled = hidden[:, 0] if self.config.classifier_pooling == "cls" else hidden[:, prefix:].mean(1)
         return LookAroundViTModelOutput(
             last_hidden_state=hidden,
             pooler_output=pooled,
@@ -177,27 +396,41 @@ class LookAroundViTModel(LookAroundViTPreTrainedModel):
         )
 
     @staticmethod
-    def _check_plan(group_ids, target_positions, shape) -> None:
+    def _check_plan(group_ids, target_positions, shape, prefix: int = 1) -> None:
         if tuple(group_ids.shape) != tuple(shape):
             raise ValueError(
-                f"group_ids must cover [CLS, patches]: shape {tuple(shape)}, got {tuple(group_ids.shape)}; "
-                f"draw the plan for num_patches + 1 positions with num_condition_tokens=1"
+                f"group_ids must cover [CLS, condition tokens, patches]: shape {tuple(shape)}, got "
+                f"{tuple(group_ids.shape)}; draw the plan for config.sequence_length = {shape[1]} positions with "
+                f"num_condition_tokens=config.num_prefix_tokens = {prefix}"
             )
         if torch.compiler.is_compiling():
             return  # value checks need a host sync
-        if (group_ids[:, :1] > group_ids[:, 1:]).any():
-            raise ValueError("the CLS token (position 0) must have the lowest rank of its row (a condition token)")
-        if target_positions is not None and (target_positions == 0).any():
-            raise ValueError("position 0 is the CLS token and has no pixels: it cannot be a target")
+        if (group_ids[:, :prefix].amax(-1) > group_ids[:, prefix:].amin(-1)).any():
+            raise ValueError(f"the CLS token and the condition tokens (positions 0..{prefix - 1}) must have the lowest "
+                             f"rank of their row (rank 0 of a plan drawn with num_condition_tokens={prefix})")
+        if target_positions is not None:
+            if ((target_positions >= 0) & (target_positions < prefix)).any():
+                raise ValueError(f"positions 0..{prefix - 1} are the CLS token and the condition tokens, which have no "
+                                 f"pixels: a prefix position cannot be a target (patches start at position {prefix})")
+            slots = target_positions.clamp(min=0).to(group_ids.device)
+            target_rank = group_ids.gather(1, slots)
+            unseen = (target_positions.to(group_ids.device) >= 0) & (
+                target_rank <= group_ids[:, :prefix].amax(-1, keepdim=True))
+            if unseen.any():
+                raise ValueError("every target must have a higher rank than the CLS and condition tokens, so that it "
+                                 "sees them (a plan's targets have rank >= 1, its prefix rank 0)")
 
 
 class LookAroundViTForPreTraining(LookAroundViTPreTrainedModel):
-    """Pixel regression from the query stream at the targets of a plan (masked, variable-masked or GVP)."""
+    """Prediction of the target patches of a plan (masked, variable-masked or GVP) from the query stream:
+    their pixels (p2p) or their visual tokens (p2d, d2d)."""
 
     def __init__(self, config: LookAroundViTConfig):
         super().__init__(config)
         self.vit = LookAroundViTModel(config)
-        self.decoder = nn.Linear(config.hidden_size, config.patch_dim)  # hidden -> the pixels of one patch
+        # hidden -> the pixels of one patch (p2p) or scores over the visual tokens (p2d, d2d)
+        width = config.codebook_size if config.uses_codebook else config.patch_dim
+        self.decoder = nn.Linear(config.hidden_size, width)
         self.post_init()
 
     def get_input_embeddings(self):
@@ -216,12 +449,18 @@ class LookAroundViTForPreTraining(LookAroundViTPreTrainedModel):
         target_positions: torch.LongTensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
+        input_ids: torch.LongTensor | None = None,
+        class_labels: torch.LongTensor | None = None,
+        condition_embeds: torch.FloatTensor | None = None,
         **kwargs,
     ) -> LookAroundViTForPreTrainingOutput:
         r"""
-        group_ids (`(B, N+1)`): the plan (required). target_positions (`(B, M)`): the patches to predict, as
-        positions in ``[CLS, patches]`` (patch ``p`` is position ``p + 1``), -1 for padding (required: the
-        collators in `hf_lookaround.vision` emit both). The loss is the MSE over target patches only.
+        group_ids (`(B, T)`): the plan (required). target_positions (`(B, M)`): the patches to predict, as
+        positions in ``[CLS, conditions, patches]`` (patch ``p`` is position ``p + config.num_prefix_tokens``),
+        -1 for padding (required: the collators in `hf_lookaround.vision` emit both). The loss is the MSE
+        (p2p) or the cross-entropy of the visual tokens (p2d, d2d) over target patches only.
+        input_ids (`(B, N)`, d2d only): visual-token ids instead of pixel_values (they are also the targets).
+        class_labels (`(B,)`) or condition_embeds (`(B, C, D)`): what the condition tokens carry.
         """
         if group_ids is None or target_positions is None:
             raise ValueError(
@@ -231,20 +470,34 @@ class LookAroundViTForPreTraining(LookAroundViTPreTrainedModel):
         outputs = self.vit(
             pixel_values, group_ids=group_ids, target_positions=target_positions,
             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+            input_ids=input_ids, class_labels=class_labels, condition_embeds=condition_embeds,
         )
         logits = self.decoder(outputs.query_hidden_state)
         slots = outputs.target_positions
-        valid = (slots >= 1).to(logits.dtype)[..., None]
-        target = self.target_patches(pixel_values).gather(
-            1, (slots - 1).clamp(min=0)[..., None].expand(-1, -1, logits.shape[-1])
-        )
-        # mean over the pixels of real target slots; padded slots weigh nothing
-        squared = (logits.float() - target) ** 2 * valid
-        loss = squared.sum() / (valid.sum() * logits.shape[-1]).clamp(min=1)
+        is_slot = slots >= 0
+        patch_index = (slots - self.config.num_prefix_tokens).clamp(min=0)
+        target_ids = None
+        if self.config.uses_codebook:
+            # the targets are data: ids of the true patches (from the codebook, or given in d2d)
+            ids = input_ids if input_ids is not None else self.vit.visual_token_ids(pixel_values)
+            target_ids = torch.where(is_slot, ids.gather(1, patch_index), -100)
+            # mean over real target slots; padded slots (-100) weigh nothing
+            loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), target_ids.flatten(), ignore_index=-100)
+            if not is_slot.any():  # cross_entropy of no target is nan: a batch without targets costs nothing
+                loss = logits.sum() * 0.0
+        else:
+            valid = is_slot.to(logits.dtype)[..., None]
+            target = self.target_patches(pixel_values).gather(
+                1, patch_index[..., None].expand(-1, -1, logits.shape[-1])
+            )
+            # mean over the pixels of real target slots; padded slots weigh nothing
+            squared = (logits.float() - target) ** 2 * valid
+            loss = squared.sum() / (valid.sum() * logits.shape[-1]).clamp(min=1)
         return LookAroundViTForPreTrainingOutput(
             loss=loss,
             logits=logits,
             target_positions=slots,
+            target_ids=target_ids,
             last_hidden_state=outputs.last_hidden_state,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
@@ -273,11 +526,17 @@ class LookAroundViTForImageClassification(LookAroundViTPreTrainedModel):
         labels: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
+        input_ids: torch.LongTensor | None = None,
+        class_labels: torch.LongTensor | None = None,
+        condition_embeds: torch.FloatTensor | None = None,
         **kwargs,
     ) -> ImageClassifierOutput:
-        r"""labels (`(B,)`): class ids in ``[0, num_labels)``, or floats for regression / multi-label."""
+        r"""labels (`(B,)`): class ids in ``[0, num_labels)``, or floats for regression / multi-label.
+        input_ids (d2d), class_labels, condition_embeds: as in [`LookAroundViTModel`] (a model with condition
+        tokens needs one of the last two; `class_labels` of -1 carry no class)."""
         outputs = self.vit(pixel_values, output_hidden_states=output_hidden_states,
-                           output_attentions=output_attentions)
+                           output_attentions=output_attentions, input_ids=input_ids, class_labels=class_labels,
+                           condition_embeds=condition_embeds)
         logits = self.classifier(self.dropout(outputs.pooler_output))
         loss = None
         if labels is not None:
@@ -302,4 +561,6 @@ __all__ = [
     "patchify",
     "unpatchify",
     "normalise_patches",
+    "encode_patches",
+    "decode_ids",
 ]

@@ -36,6 +36,8 @@ FAMILIES = {
         "AutoModelForImageClassification": ("modeling_lookaround_vit", "LookAroundViTForImageClassification"),
     }),
 }
+# family -> (module, class) of its image processor
+IMAGE_PROCESSORS = {"vit": ("image_processing_lookaround_vit", "LookAroundViTImageProcessor")}
 _PACKAGE = __name__.rpartition(".")[0]
 _requested: set[str] = set()  # "config" and family names asked for
 _done: set[str] = set()  # ... and registered
@@ -88,6 +90,13 @@ def _register_models(family: str) -> None:
         getattr(transformers, auto_name).register(config, model, exist_ok=True)
         # a process that never imported this package loads any head with trust_remote_code=True
         model.register_for_auto_class(auto_name)
+    if family in IMAGE_PROCESSORS:  # AutoImageProcessor and the image pipelines find the family's processor
+        from transformers.models.auto.image_processing_auto import AutoImageProcessor
+
+        processor = getattr(importlib.import_module(f"{_PACKAGE}.{IMAGE_PROCESSORS[family][0]}"),
+                            IMAGE_PROCESSORS[family][1])
+        AutoImageProcessor.register(config, image_processor_classes={"pil": processor}, exist_ok=True)
+        processor.register_for_auto_class()
 
 
 def register_configs() -> None:
@@ -111,6 +120,7 @@ def register_all() -> None:
 TRIGGERS = {
     "transformers.models.auto.configuration_auto": {"config"},
     "transformers.models.auto.modeling_auto": {"config", *FAMILIES},
+    "transformers.models.auto.image_processing_auto": {"config", *IMAGE_PROCESSORS},
     **{f"{_PACKAGE}.{config_module}": {"config"} for config_module, _, _ in FAMILIES.values()},
     **{f"{_PACKAGE}.{module}": {"config", family}
        for family, (_, _, heads) in FAMILIES.items() for module, _ in heads.values()},

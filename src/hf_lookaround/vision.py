@@ -166,6 +166,9 @@ def _load_datasets_object(dataset: str):
 
     path = Path(dataset)
     if path.is_dir():
+        if (path / "state.json").exists() and not json.loads((path / "state.json").read_text()).get("_data_files"):
+            # a saved dataset of no rows has no data file (and datasets 5.2 cannot load it)
+            raise ValueError(f"the saved dataset {path} is empty: there are no images to train on")
         if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
             return datasets.load_from_disk(str(path))
         return datasets.load_dataset("imagefolder", data_dir=str(path))

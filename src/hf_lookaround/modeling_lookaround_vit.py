@@ -60,6 +60,9 @@ def normalise_patches(patches: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return (patches - mean) / (var + eps).sqrt()
 
 
+_ENCODE_CHUNK = 65536
+
+
 def encode_patches(patches_normalised: torch.Tensor, codebook: torch.Tensor) -> torch.LongTensor:
     """(..., P) normalised patches -> (...) ids of their nearest centroid in ``codebook`` (K, P), squared
     Euclidean distance; ties go to the lower id."""
@@ -68,9 +71,11 @@ def encode_patches(patches_normalised: torch.Tensor, codebook: torch.Tensor) -> 
                          f"{codebook.shape[-1]}: the codebook was fitted for another patch size or channel count")
     x = patches_normalised.float().reshape(-1, codebook.shape[-1])
     c = codebook.float()
-    # ||x - c||^2 = ||x||^2 - 2 x.c + ||c||^2; ||x||^2 is the same for every centroid
-    distance = c.square().sum(-1) - 2 * x @ c.T
-    return distance.argmin(-1).reshape(patches_normalised.shape[:-1])
+    c_norm = c.square().sum(-1)
+    # ||x - c||^2 = ||x||^2 - 2 x.c + ||c||^2 (||x||^2 is the same for every centroid); in chunks of rows so
+    # that a whole data set never needs a (patches x K) matrix at once
+    ids = [(c_norm - 2 * chunk @ c.T).argmin(-1) for chunk in x.split(_ENCODE_CHUNK)]
+    return (torch.cat(ids) if len(ids) != 1 else ids[0]).reshape(patches_normalised.shape[:-1])
 
 
 def decode_ids(ids: torch.LongTensor, codebook: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,10 @@ and the objective's own ranks start at 1 after it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -51,15 +53,20 @@ class Plan:
 
 
 def target_positions_from_mask(is_target: torch.Tensor, pad_to: int | None = None) -> torch.Tensor:
-    """(B, T) bool -> (B, M) target indices in order, padded with -1; ``M`` = the largest count or ``pad_to``."""
-    from .modeling_lookaround import positions_of  # the model derives target slots from labels the same way
+    """(B, T) bool -> (B, M) target indices in order, padded with -1; ``M`` = the largest count or ``pad_to``.
 
-    positions = positions_of(is_target)
+    The same indices as ``modeling_lookaround.positions_of`` (which the model uses on labels), without a sort:
+    each target goes to the slot given by the number of targets before it."""
+    batch, seq_len = is_target.shape
+    width = int(is_target.sum(-1).max()) if is_target.numel() else 0
     if pad_to is not None:
-        if pad_to < positions.shape[1]:
-            raise ValueError(f"pad_to={pad_to} is smaller than the largest target count {positions.shape[1]} in the batch")
-        positions = torch.nn.functional.pad(positions, (0, pad_to - positions.shape[1]), value=-1)
-    return positions
+        if pad_to < width:
+            raise ValueError(f"pad_to={pad_to} is smaller than the largest target count {width} in the batch")
+        width = pad_to
+    slot = torch.where(is_target, is_target.cumsum(-1) - 1, width)  # non-targets go to a spare column
+    positions = torch.full((batch, width + 1), -1, dtype=torch.long)
+    positions.scatter_(1, slot, torch.arange(seq_len).expand(batch, seq_len))
+    return positions[:, :width]
 
 
 def _check_lengths(lengths, seq_len: int, num_condition_tokens: int) -> torch.Tensor:
@@ -78,27 +85,51 @@ def _empty(lengths: torch.Tensor, seq_len: int) -> Plan:
     return Plan(torch.zeros(batch, seq_len, dtype=torch.long), torch.zeros(batch, seq_len, dtype=torch.bool))
 
 
+def _inside(lengths: torch.Tensor, seq_len: int, num_condition_tokens: int) -> torch.Tensor:
+    """(B, T) bool: the positions a plan ranks, ``num_condition_tokens <= i < length``."""
+    position = torch.arange(seq_len)
+    return (position >= num_condition_tokens) & (position < lengths[:, None])
+
+
+# Every plan is drawn for the whole batch at once: one call per random quantity, no loop over rows.
+# torch has no batched permutation and its CPU sort is slow, so the random orders come from numpy's
+# ``Generator.permuted`` (one Fisher-Yates shuffle per row, in C), seeded from the torch generator:
+# the same torch generator state gives the same plan.
+def _numpy_rng(generator) -> np.random.Generator:
+    seed = torch.randint(0, 2**63 - 1, (2,), generator=generator)
+    return np.random.Generator(np.random.PCG64(seed.tolist()))
+
+
+def _random_orders(rng: np.random.Generator, batch: int, width: int, start: int = 0) -> torch.Tensor:
+    """(batch, width): every row an independent uniform permutation of ``start .. start + width - 1``."""
+    rows = np.tile(np.arange(start, start + width, dtype=np.int64), (batch, 1))
+    rng.permuted(rows, axis=1, out=rows)
+    return torch.from_numpy(rows)
+
+
+def _first_in_random_order(eligible: torch.Tensor, count: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    """(B, W) bool: a uniform random subset of ``count[b]`` of the eligible positions of each row
+    (the first ``count[b]`` eligible ones in a uniform random order; ``count[b]`` <= the eligible count)."""
+    order = _random_orders(rng, *eligible.shape)
+    eligible_in_order = eligible.gather(1, order)
+    taken = eligible_in_order & (eligible_in_order.cumsum(1) <= count[:, None])
+    return torch.zeros_like(eligible).scatter_(1, order, taken)
+
+
 def autoregressive_plan(lengths, seq_len: int, num_condition_tokens: int = 0, generator=None) -> Plan:
     """GPT: ``g[i] = i``; every position with rank >= 1 is a target (so ``i >= 1`` with no prefix)."""
     lengths = _check_lengths(lengths, seq_len, num_condition_tokens)
-    plan = _empty(lengths, seq_len)
     c = num_condition_tokens
-    for b, n in enumerate(lengths.tolist()):
-        if n <= c:
-            continue
-        ranks = torch.arange(n - c) + (1 if c else 0)
-        plan.group_ids[b, c:n] = ranks
-        plan.is_target[b, c:n] = ranks >= 1
-    return plan
+    inside = _inside(lengths, seq_len, c)
+    ranks = torch.arange(seq_len) - c + (1 if c else 0)
+    return Plan(torch.where(inside, ranks, 0), inside & (ranks >= 1))
 
 
-def _draw_group_size(t, generator) -> int:
+def _group_sizes(t) -> list[int]:
     sizes = [t] if isinstance(t, int) else list(t)
     if not sizes or any(int(s) < 1 for s in sizes):
         raise ValueError(f"group size t must be a positive int or a non-empty list of them, got {t!r}")
-    if len(sizes) == 1:
-        return int(sizes[0])
-    return int(sizes[int(torch.randint(len(sizes), (1,), generator=generator))])
+    return [int(s) for s in sizes]
 
 
 def semi_autoregressive_plan(lengths, seq_len: int, t=2, num_condition_tokens: int = 0, generator=None) -> Plan:
@@ -109,19 +140,24 @@ def semi_autoregressive_plan(lengths, seq_len: int, t=2, num_condition_tokens: i
     drawn uniformly from it for each sequence (a mixture of t values). ``t = 1`` is AR.
     """
     lengths = _check_lengths(lengths, seq_len, num_condition_tokens)
-    plan = _empty(lengths, seq_len)
-    c = num_condition_tokens
-    for b, n in enumerate(lengths.tolist()):
-        size = _draw_group_size(t, generator)
-        if n <= c:
-            continue
-        s1 = int(torch.randint(1, size + 1, (1,), generator=generator))
-        i = torch.arange(n - c)
-        ranks = torch.where(i < s1, 0, 1 + torch.div(i - s1, size, rounding_mode="floor"))
-        ranks = ranks + (1 if c else 0)
-        plan.group_ids[b, c:n] = ranks
-        plan.is_target[b, c:n] = ranks >= 1
-    return plan
+    sizes = _group_sizes(t)
+    batch, c = lengths.numel(), num_condition_tokens
+    if len(sizes) == 1:
+        size = torch.full((batch,), sizes[0], dtype=torch.long)
+    else:
+        size = torch.tensor(sizes)[torch.randint(len(sizes), (batch,), generator=generator)]
+    # s1 = 1 + (r mod t) with r uniform on [0, lcm of the sizes): exactly uniform on 1..t for every t
+    # of the mixture. Drawn for non-empty rows only, in row order (as the per-row loop drew it).
+    drawn = lengths > c
+    s1 = torch.ones(batch, dtype=torch.long)
+    if drawn.any():
+        r = torch.randint(math.lcm(*sizes), (int(drawn.sum()),), generator=generator)
+        s1[drawn] = 1 + r % size[drawn]
+    i = torch.arange(seq_len) - c
+    after_first = torch.div(i - s1[:, None], size[:, None], rounding_mode="floor")
+    ranks = torch.where(i < s1[:, None], 0, 1 + after_first) + (1 if c else 0)
+    inside = _inside(lengths, seq_len, c)
+    return Plan(torch.where(inside, ranks, 0), inside & (ranks >= 1))
 
 
 def _check_ratio(name: str, value: float) -> None:
@@ -135,7 +171,11 @@ def masked_plan(
     """BERT/MAE with a fixed ratio: ``round(ratio * n)`` (at least 1) positions drawn without
     replacement get rank 1 and are the targets; the rest have rank 0."""
     _check_ratio("mask_ratio", mask_ratio)
-    return _masked(lengths, seq_len, lambda: mask_ratio, num_condition_tokens, maskable, generator)
+
+    def ratios(batch: int) -> torch.Tensor:
+        return torch.full((batch,), float(mask_ratio), dtype=torch.float64)
+
+    return _masked(lengths, seq_len, ratios, num_condition_tokens, maskable, generator)
 
 
 def variable_masked_plan(
@@ -149,10 +189,10 @@ def variable_masked_plan(
     """Variable-length masking (paper (a) Eq. 5): the ratio is drawn per sequence from ``U[a, b]``."""
     a, b = check_mask_ratio_range(mask_ratio_range)
 
-    def draw() -> float:
-        return a + (b - a) * float(torch.rand((), generator=generator))
+    def ratios(batch: int) -> torch.Tensor:
+        return a + (b - a) * torch.rand(batch, generator=generator).double()
 
-    return _masked(lengths, seq_len, draw, num_condition_tokens, maskable, generator)
+    return _masked(lengths, seq_len, ratios, num_condition_tokens, maskable, generator)
 
 
 def check_mask_ratio_range(mask_ratio_range) -> tuple[float, float]:
@@ -165,28 +205,63 @@ def check_mask_ratio_range(mask_ratio_range) -> tuple[float, float]:
     return a, b
 
 
-def _masked(lengths, seq_len, draw_ratio, num_condition_tokens, maskable, generator) -> Plan:
+def _masked(lengths, seq_len, draw_ratios, num_condition_tokens, maskable, generator) -> Plan:
     lengths = _check_lengths(lengths, seq_len, num_condition_tokens)
-    plan = _empty(lengths, seq_len)
-    c = num_condition_tokens
+    batch, c = lengths.numel(), num_condition_tokens
+    inside = _inside(lengths, seq_len, c)
+    candidates = inside
     if maskable is not None:
         maskable = torch.as_tensor(maskable, dtype=torch.bool)
-        if maskable.shape != plan.group_ids.shape:
-            raise ValueError(f"maskable must have shape {tuple(plan.group_ids.shape)}, got {tuple(maskable.shape)}")
-    for b, n in enumerate(lengths.tolist()):
-        ratio = draw_ratio()
-        candidates = torch.arange(c, n)
-        if maskable is not None:
-            candidates = candidates[maskable[b, c:n]]
-        if candidates.numel() == 0:
-            continue
-        count = min(candidates.numel(), max(1, round(ratio * candidates.numel())))
-        chosen = candidates[torch.randperm(candidates.numel(), generator=generator)[:count]]
-        base = 1 if c else 0
-        plan.group_ids[b, c:n] = base
-        plan.group_ids[b, chosen] = base + 1
-        plan.is_target[b, chosen] = True
-    return plan
+        if maskable.shape != inside.shape:
+            raise ValueError(f"maskable must have shape {tuple(inside.shape)}, got {tuple(maskable.shape)}")
+        candidates = inside & maskable
+    ratio = draw_ratios(batch)
+    available = candidates.sum(1)
+    # expected_masked_count, row by row: round half to even (as Python's round) in float64
+    count = torch.minimum(available, torch.round(ratio * available).long().clamp(min=1))
+    chosen = torch.zeros_like(candidates)
+    width = int(lengths.max())  # nothing beyond the longest row is a candidate
+    if width > 0:
+        chosen[:, :width] = _first_in_random_order(candidates[:, :width], count, _numpy_rng(generator))
+    # a row with no candidate keeps rank 0 everywhere (nothing to predict, nothing to rank)
+    ranked = inside & (available > 0)[:, None]
+    group_ids = torch.where(ranked, 1 if c else 0, 0) + chosen.long()
+    return Plan(group_ids, chosen)
+
+
+def _check_gvp(num_groups: int, segmentation: str) -> None:
+    if segmentation not in SEGMENTATIONS:
+        raise ValueError(f"segmentation must be one of {SEGMENTATIONS}, got {segmentation!r}")
+    if num_groups < 1:
+        raise ValueError(f"num_groups (K) must be >= 1, got {num_groups}")
+
+
+def _too_short(n: int, k: int) -> ValueError:
+    return ValueError(f"GVP with K={k} needs sequences of at least K+1={k + 1} positions, got {n}")
+
+
+def _first_values(limit: torch.Tensor, count: int, rng: np.random.Generator) -> torch.Tensor:
+    """(B, count): ``count`` distinct values drawn uniformly from ``1 .. limit[b]`` for each row, sorted."""
+    if count == 0:
+        return torch.zeros(limit.numel(), 0, dtype=torch.long)
+    values = _random_orders(rng, limit.numel(), int(limit.max()), start=1)
+    allowed = values <= limit[:, None]
+    first = allowed & (allowed.cumsum(1) <= count)  # exactly `count` per row, since limit >= count
+    return values[first].view(-1, count).sort(1).values
+
+
+def _gvp_bounds(n: torch.Tensor, k: int, segmentation: str, generator, rng) -> torch.Tensor:
+    """(B, K+1) boundaries ``n0 < ... < nK = n`` for sequences of lengths ``n`` (each >= K+1)."""
+    n = n[:, None]
+    if segmentation == "fixed":
+        # round((i + 1) n / (K + 1)) in float64, half to even: what Python's round gives
+        inner = torch.round(torch.arange(1, k + 1) * n / float(k + 1)).long()
+        return torch.cat([inner, n], 1)
+    if segmentation == "random":
+        return torch.cat([_first_values(n[:, 0] - 1, k, rng), n], 1)
+    p = 0.5 + 0.1 * torch.randn(n.shape[0], 1, generator=generator).double()
+    last = torch.minimum(torch.round(p * n).long().clamp(min=k), n - 1)
+    return torch.cat([_first_values(last[:, 0] - 1, k - 1, rng), last, n], 1)
 
 
 def gvp_boundaries(n: int, num_groups: int = 20, segmentation: str = "mixed", generator=None) -> list[int]:
@@ -198,21 +273,11 @@ def gvp_boundaries(n: int, num_groups: int = 20, segmentation: str = "mixed", ge
       ``[1, n(K-1) - 1]``. ``n(K-1)`` is clipped to ``[K, n-1]`` so the draw is always possible.
     """
     k = num_groups
-    if segmentation not in SEGMENTATIONS:
-        raise ValueError(f"segmentation must be one of {SEGMENTATIONS}, got {segmentation!r}")
-    if k < 1:
-        raise ValueError(f"num_groups (K) must be >= 1, got {k}")
+    _check_gvp(k, segmentation)
     if n < k + 1:
-        raise ValueError(f"GVP with K={k} needs sequences of at least K+1={k + 1} positions, got {n}")
-    if segmentation == "fixed":
-        return [round((i + 1) * n / (k + 1)) for i in range(k)] + [n]
-    if segmentation == "random":
-        inner = (torch.randperm(n - 1, generator=generator)[:k] + 1).sort().values.tolist()
-        return inner + [n]
-    p = 0.5 + 0.1 * float(torch.randn((), generator=generator))
-    last = min(max(round(p * n), k), n - 1)
-    inner = (torch.randperm(last - 1, generator=generator)[: k - 1] + 1).sort().values.tolist()
-    return inner + [last, n]
+        raise _too_short(n, k)
+    rng = None if segmentation == "fixed" else _numpy_rng(generator)
+    return _gvp_bounds(torch.tensor([n]), k, segmentation, generator, rng)[0].tolist()
 
 
 def gvp_plan(
@@ -227,20 +292,33 @@ def gvp_plan(
     groups ``G0..GK``; ``g[z_t]`` is the index of the group holding ``t``. ``G0`` is the condition
     (not a target). Works on any sequence: tokens or image patches."""
     lengths = _check_lengths(lengths, seq_len, num_condition_tokens)
-    plan = _empty(lengths, seq_len)
-    c = num_condition_tokens
-    for b, n in enumerate(lengths.tolist()):
-        if n <= c:
-            continue
-        m = n - c
-        bounds = gvp_boundaries(m, num_groups, segmentation, generator)
-        order = torch.randperm(m, generator=generator)
-        group_of_step = torch.bucketize(torch.arange(m), torch.tensor(bounds), right=True)
-        ranks = torch.empty(m, dtype=torch.long)
-        ranks[order] = group_of_step
-        plan.group_ids[b, c:n] = ranks + (1 if c else 0)
-        plan.is_target[b, c:n] = ranks >= 1
-    return plan
+    k, c = num_groups, num_condition_tokens
+    _check_gvp(k, segmentation)
+    n = lengths - c
+    short = (n > 0) & (n < k + 1)
+    if short.any():
+        raise _too_short(int(n[short][0]), k)
+    inside = _inside(lengths, seq_len, c)
+    group_ids = torch.zeros(lengths.numel(), seq_len, dtype=torch.long)
+    width = int(lengths.max())
+    if width <= c:
+        return Plan(group_ids, torch.zeros_like(inside))
+    # rows with nothing to rank draw boundaries of a dummy length; their ranks are masked out
+    rng = _numpy_rng(generator)
+    bounds = _gvp_bounds(torch.where(n > 0, n, k + 1), k, segmentation, generator, rng)
+    # z: a random order of each row's positions; step t of z belongs to the group holding t
+    order = _random_orders(rng, lengths.numel(), width)
+    inside_in_order = inside[:, :width].gather(1, order)
+    step = (inside_in_order.cumsum(1) - 1).clamp(min=0)
+    # the group of step t is the number of boundaries n0..n(K-1) at or below t
+    at_boundary = torch.zeros_like(order).scatter_add_(1, bounds[:, :k], torch.ones_like(bounds[:, :k]))
+    group_in_order = at_boundary.cumsum(1).gather(1, step)
+    ranks = torch.zeros_like(order).scatter_(1, order, torch.where(inside_in_order, group_in_order, 0))
+    ranked = inside[:, :width]
+    group_ids[:, :width] = torch.where(ranked, ranks + (1 if c else 0), 0)
+    is_target = torch.zeros_like(inside)
+    is_target[:, :width] = ranked & (ranks >= 1)  # G0 is the condition
+    return Plan(group_ids, is_target)
 
 
 def make_plan(objective: str, lengths, seq_len: int, generator=None, **params) -> Plan:

@@ -92,28 +92,33 @@ def _inside(lengths: torch.Tensor, seq_len: int, num_condition_tokens: int) -> t
 
 
 # Every plan is drawn for the whole batch at once: one call per random quantity, no loop over rows.
-# torch has no batched permutation and its CPU sort is slow, so the random orders come from numpy's
-# ``Generator.permuted`` (one Fisher-Yates shuffle per row, in C), seeded from the torch generator:
-# the same torch generator state gives the same plan.
+# A random subset or order is a shuffle of labels: e.g. `count` ones and `n - count` zeros, shuffled,
+# mark a uniform random subset of `count` among `n`. torch has no batched shuffle and its CPU sort is
+# slow, so the shuffles are numpy's ``Generator.permuted`` (a Fisher-Yates shuffle of every row, in C),
+# seeded from the torch generator: the same torch generator state gives the same plan.
 def _numpy_rng(generator) -> np.random.Generator:
     seed = torch.randint(0, 2**63 - 1, (2,), generator=generator)
     return np.random.Generator(np.random.PCG64(seed.tolist()))
 
 
-def _random_orders(rng: np.random.Generator, batch: int, width: int, start: int = 0) -> torch.Tensor:
-    """(batch, width): every row an independent uniform permutation of ``start .. start + width - 1``."""
-    rows = np.tile(np.arange(start, start + width, dtype=np.int64), (batch, 1))
-    rng.permuted(rows, axis=1, out=rows)
-    return torch.from_numpy(rows)
+def _shuffle_prefixes(rng: np.random.Generator, labels: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The first ``lengths[b]`` labels of every row (B, W), each row in a uniformly random order; the rows
+    concatenated (1-D, ``lengths.sum()`` entries). Labels must be >= 0."""
+    if (lengths == labels.shape[1]).all():
+        return rng.permuted(labels, axis=1, out=labels).reshape(-1)
+    # the entries past a row's length are set apart with -1 and shuffled along: the others keep
+    # a uniformly random relative order, and dropping the -1 entries gives it
+    labels[np.arange(labels.shape[1]) >= lengths[:, None]] = -1
+    rng.permuted(labels, axis=1, out=labels)
+    return labels[labels >= 0]
 
 
-def _first_in_random_order(eligible: torch.Tensor, count: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-    """(B, W) bool: a uniform random subset of ``count[b]`` of the eligible positions of each row
-    (the first ``count[b]`` eligible ones in a uniform random order; ``count[b]`` <= the eligible count)."""
-    order = _random_orders(rng, *eligible.shape)
-    eligible_in_order = eligible.gather(1, order)
-    taken = eligible_in_order & (eligible_in_order.cumsum(1) <= count[:, None])
-    return torch.zeros_like(eligible).scatter_(1, order, taken)
+def _random_subsets(rng: np.random.Generator, counts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """For each row, a uniform random subset of ``counts[b]`` among ``sizes[b]`` items, as 0/1 flags
+    (1-D, the rows concatenated, ``sizes.sum()`` entries)."""
+    width = int(sizes.max()) if sizes.size else 0
+    flags = (np.arange(width) < counts[:, None]).astype(np.int64)  # numpy shuffles 8-byte items fastest
+    return _shuffle_prefixes(rng, flags, sizes)
 
 
 def autoregressive_plan(lengths, seq_len: int, num_condition_tokens: int = 0, generator=None) -> Plan:
@@ -219,10 +224,11 @@ def _masked(lengths, seq_len, draw_ratios, num_condition_tokens, maskable, gener
     available = candidates.sum(1)
     # expected_masked_count, row by row: round half to even (as Python's round) in float64
     count = torch.minimum(available, torch.round(ratio * available).long().clamp(min=1))
-    chosen = torch.zeros_like(candidates)
-    width = int(lengths.max())  # nothing beyond the longest row is a candidate
-    if width > 0:
-        chosen[:, :width] = _first_in_random_order(candidates[:, :width], count, _numpy_rng(generator))
+    chosen = np.zeros(candidates.shape, dtype=bool)
+    if int(available.max()) > 0:
+        rng = _numpy_rng(generator)
+        chosen[candidates.numpy()] = _random_subsets(rng, count.numpy(), available.numpy()).astype(bool)
+    chosen = torch.from_numpy(chosen)
     # a row with no candidate keeps rank 0 everywhere (nothing to predict, nothing to rank)
     ranked = inside & (available > 0)[:, None]
     group_ids = torch.where(ranked, 1 if c else 0, 0) + chosen.long()
@@ -240,28 +246,28 @@ def _too_short(n: int, k: int) -> ValueError:
     return ValueError(f"GVP with K={k} needs sequences of at least K+1={k + 1} positions, got {n}")
 
 
-def _first_values(limit: torch.Tensor, count: int, rng: np.random.Generator) -> torch.Tensor:
-    """(B, count): ``count`` distinct values drawn uniformly from ``1 .. limit[b]`` for each row, sorted."""
-    if count == 0:
-        return torch.zeros(limit.numel(), 0, dtype=torch.long)
-    values = _random_orders(rng, limit.numel(), int(limit.max()), start=1)
-    allowed = values <= limit[:, None]
-    first = allowed & (allowed.cumsum(1) <= count)  # exactly `count` per row, since limit >= count
-    return values[first].view(-1, count).sort(1).values
-
-
-def _gvp_bounds(n: torch.Tensor, k: int, segmentation: str, generator, rng) -> torch.Tensor:
-    """(B, K+1) boundaries ``n0 < ... < nK = n`` for sequences of lengths ``n`` (each >= K+1)."""
-    n = n[:, None]
+def _boundary_marks(n: np.ndarray, k: int, segmentation: str, generator, rng) -> np.ndarray:
+    """(B, max n) int32: 1 at the steps ``n0 < ... < n(K-1)`` of each row (``nK = n`` is implied), else 0.
+    Every ``n[b]`` must be >= K+1."""
+    batch, width = n.size, int(n.max())
+    marks = np.zeros((batch, width), dtype=np.int32)
+    rows = np.arange(batch)[:, None]
     if segmentation == "fixed":
         # round((i + 1) n / (K + 1)) in float64, half to even: what Python's round gives
-        inner = torch.round(torch.arange(1, k + 1) * n / float(k + 1)).long()
-        return torch.cat([inner, n], 1)
+        bounds = np.round(np.arange(1, k + 1) * n[:, None] / float(k + 1)).astype(np.int64)
+        marks[rows, bounds] = 1
+        return marks
     if segmentation == "random":
-        return torch.cat([_first_values(n[:, 0] - 1, k, rng), n], 1)
-    p = 0.5 + 0.1 * torch.randn(n.shape[0], 1, generator=generator).double()
-    last = torch.minimum(torch.round(p * n).long().clamp(min=k), n - 1)
-    return torch.cat([_first_values(last[:, 0] - 1, k - 1, rng), last, n], 1)
+        last, inner = n, k  # n0..n(K-1): K distinct values in 1..n-1
+    else:
+        p = 0.5 + 0.1 * torch.randn(batch, generator=generator).double().numpy()
+        last = np.clip(np.round(p * n), k, n - 1).astype(np.int64)  # n(K-1); then K-1 values in 1..n(K-1)-1
+        marks[rows[:, 0], last] = 1
+        inner = k - 1
+    if inner:
+        values = np.arange(1, width)[None, :] < last[:, None]  # the candidate values 1..last-1 of each row
+        marks[:, 1:][values] = _random_subsets(rng, np.full(batch, inner), last - 1)
+    return marks
 
 
 def gvp_boundaries(n: int, num_groups: int = 20, segmentation: str = "mixed", generator=None) -> list[int]:
@@ -276,8 +282,8 @@ def gvp_boundaries(n: int, num_groups: int = 20, segmentation: str = "mixed", ge
     _check_gvp(k, segmentation)
     if n < k + 1:
         raise _too_short(n, k)
-    rng = None if segmentation == "fixed" else _numpy_rng(generator)
-    return _gvp_bounds(torch.tensor([n]), k, segmentation, generator, rng)[0].tolist()
+    marks = _boundary_marks(np.array([n]), k, segmentation, generator, _numpy_rng(generator))
+    return np.flatnonzero(marks[0]).tolist() + [n]
 
 
 def gvp_plan(
@@ -299,26 +305,17 @@ def gvp_plan(
     if short.any():
         raise _too_short(int(n[short][0]), k)
     inside = _inside(lengths, seq_len, c)
-    group_ids = torch.zeros(lengths.numel(), seq_len, dtype=torch.long)
-    width = int(lengths.max())
-    if width <= c:
-        return Plan(group_ids, torch.zeros_like(inside))
-    # rows with nothing to rank draw boundaries of a dummy length; their ranks are masked out
-    rng = _numpy_rng(generator)
-    bounds = _gvp_bounds(torch.where(n > 0, n, k + 1), k, segmentation, generator, rng)
-    # z: a random order of each row's positions; step t of z belongs to the group holding t
-    order = _random_orders(rng, lengths.numel(), width)
-    inside_in_order = inside[:, :width].gather(1, order)
-    step = (inside_in_order.cumsum(1) - 1).clamp(min=0)
-    # the group of step t is the number of boundaries n0..n(K-1) at or below t
-    at_boundary = torch.zeros_like(order).scatter_add_(1, bounds[:, :k], torch.ones_like(bounds[:, :k]))
-    group_in_order = at_boundary.cumsum(1).gather(1, step)
-    ranks = torch.zeros_like(order).scatter_(1, order, torch.where(inside_in_order, group_in_order, 0))
-    ranked = inside[:, :width]
-    group_ids[:, :width] = torch.where(ranked, ranks + (1 if c else 0), 0)
-    is_target = torch.zeros_like(inside)
-    is_target[:, :width] = ranked & (ranks >= 1)  # G0 is the condition
-    return Plan(group_ids, is_target)
+    group_ids = np.zeros(inside.shape, dtype=np.int64)
+    drawn = n > 0
+    if drawn.any():
+        rng = _numpy_rng(generator)
+        n = n[drawn].numpy()
+        # the group of step t of the order z: the number of boundaries n0..n(K-1) at or below t
+        group_of_step = np.cumsum(_boundary_marks(n, k, segmentation, generator, rng), axis=1)
+        # z uniformly random: the groups of the steps, shuffled over the row's positions c..length-1
+        group_ids[inside.numpy()] = _shuffle_prefixes(rng, group_of_step, n) + (1 if c else 0)
+    group_ids = torch.from_numpy(group_ids)
+    return Plan(group_ids, inside & (group_ids >= (2 if c else 1)))  # G0 is the condition
 
 
 def make_plan(objective: str, lengths, seq_len: int, generator=None, **params) -> Plan:

@@ -1,0 +1,187 @@
+"""Collator cost per batch, on one CPU thread: the vectorised plans against the per-row loop they replaced.
+
+Each objective's training collator is built exactly as ``hf-lookaround pretrain`` builds it (``build_collators``
+with the default objective parameters and static target widths, as under ``--torch_compile``) and called on
+blocks of ``T`` token ids given as lists of Python ints (what a ``datasets`` block dataset yields). The time
+of one call is the median of ``--repeats`` calls after a warm-up, with ``torch.set_num_threads(1)``.
+
+Columns:
+
+- ``collator``: the full call (padding, per-batch seed, plan, labels, target positions);
+- ``plan``: ``plans.make_plan`` alone;
+- ``plan, per-row loop``: the plans as drawn before (``reference_make_plan``, kept in
+  ``tests/test_plans_vectorised.py``), and ``collator, per-row loop``: the full call with those plans.
+
+Run: ``python benchmarks/collator_bench.py --out collator_bench.json`` (``--smoke``: T=64, B=2 and 4, few
+repeats). ``collator_times`` is the function ``benchmarks/gpu_bench.py`` imports to set collator time against
+the compiled GPU step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+from hf_lookaround import plans
+from hf_lookaround.pretraining import ObjectiveArguments, build_collators
+
+OBJECTIVES = ("ar", "dar", "mlm", "vmlm", "gvp")
+REFERENCE_FILE = Path(__file__).resolve().parent.parent / "tests" / "test_plans_vectorised.py"
+
+
+class BenchTokenizer:
+    """The attributes a collator reads from a tokenizer (a BPE vocabulary of 8,192 ids)."""
+
+    pad_token_id, bos_token_id, eos_token_id, mask_token_id = 0, 1, 2, 3
+    cls_token_id = sep_token_id = None
+
+    def __len__(self):
+        return 8192
+
+
+def blocks(batch_size: int, seq_len: int, seed: int = 0) -> list[dict]:
+    """``batch_size`` blocks ``<s> w ... w`` of ``seq_len`` ids, as lists of ints."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10, len(BenchTokenizer()), (batch_size, seq_len - 1), generator=g)
+    return [{"input_ids": [1] + row} for row in ids.tolist()]
+
+
+def training_collator(objective: str, seq_len: int):
+    collator, _ = build_collators(ObjectiveArguments(objective=objective), BenchTokenizer(), seed=0,
+                                  block_size=seq_len, static_shapes=True)
+    return collator
+
+
+def median_seconds(call, repeats: int, warmup: int = 3) -> tuple[float, float]:
+    """(median, minimum) seconds of ``call()`` over ``repeats`` calls."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), min(times)
+
+
+@contextlib.contextmanager
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def collator_times(batch_sizes=(16, 64), seq_len: int = 1024, objectives=OBJECTIVES, *, batch_size: int | None = None,
+                   repeats: int = 30, data_root=None) -> dict:
+    """Median seconds of one training-collator call per objective, on one CPU thread.
+
+    Returns ``{batch_size: {objective: seconds}}`` for ``batch_sizes``, or ``{objective: seconds}`` when a
+    single ``batch_size`` is given (how ``gpu_bench.py`` calls it). ``data_root`` is accepted for that caller and
+    not read: a collator's cost depends on the batch's shape, not on which token ids it holds.
+    """
+    del data_root
+    unknown = set(objectives) - set(OBJECTIVES)
+    if unknown:
+        raise ValueError(f"unknown objective(s) {sorted(unknown)}; choose from {OBJECTIVES}")
+    sizes = (batch_size,) if batch_size is not None else tuple(batch_sizes)
+    out: dict = {}
+    with one_thread():
+        for b in sizes:
+            features = blocks(b, seq_len)
+            out[b] = {}
+            for objective in objectives:
+                collator = training_collator(objective, seq_len)
+                out[b][objective] = median_seconds(lambda: collator(features), repeats)[0]
+    return out[batch_size] if batch_size is not None else out
+
+
+def load_reference():
+    """``reference_make_plan``: the per-row plans, from the test file that keeps them."""
+    spec = importlib.util.spec_from_file_location("plans_reference", REFERENCE_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.reference_make_plan
+
+
+def measure(batch_sizes, seq_len: int, objectives, repeats: int, reference: bool) -> list[dict]:
+    reference_make_plan = load_reference() if reference else None
+    rows = []
+    with one_thread():
+        for b in batch_sizes:
+            features = blocks(b, seq_len)
+            for objective in objectives:
+                collator = training_collator(objective, seq_len)
+                params = dict(ObjectiveArguments(objective=objective).plan_params(), num_condition_tokens=1)
+                lengths = torch.full((b,), seq_len)
+                generator = torch.Generator().manual_seed(0)
+                row = dict(objective=objective, batch_size=b, seq_len=seq_len, params=params)
+                row["collator_ms"], row["collator_min_ms"] = (1e3 * t for t in median_seconds(
+                    lambda: collator(features), repeats))
+                row["plan_ms"], row["plan_min_ms"] = (1e3 * t for t in median_seconds(
+                    lambda: plans.make_plan(objective, lengths, seq_len, generator=generator, **params), repeats))
+                if reference:
+                    row["reference_plan_ms"], _ = (1e3 * t for t in median_seconds(
+                        lambda: reference_make_plan(objective, lengths, seq_len, generator=generator, **params),
+                        repeats))
+                    with mock.patch.object(plans, "make_plan", reference_make_plan):
+                        row["reference_collator_ms"], _ = (1e3 * t for t in median_seconds(
+                            lambda: collator(features), repeats))
+                rows.append(row)
+                print(f"  {objective} B={b}: collator {row['collator_ms']:.3f} ms", flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    reference = "reference_plan_ms" in rows[0]
+    head = "| objective | B | T | collator ms | plan ms |"
+    rule = "| --- | ---: | ---: | ---: | ---: |"
+    if reference:
+        head += " plan ms, per-row loop | plan speed-up | collator ms, per-row loop plans |"
+        rule += " ---: | ---: | ---: |"
+    lines = [head, rule]
+    for r in rows:
+        line = f"| {r['objective']} | {r['batch_size']} | {r['seq_len']} | {r['collator_ms']:.3f} | {r['plan_ms']:.3f} |"
+        if reference:
+            line += (f" {r['reference_plan_ms']:.3f} | {r['reference_plan_ms'] / r['plan_ms']:.1f}x |"
+                     f" {r['reference_collator_ms']:.3f} |")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--seq_len", type=int, default=1024)
+    parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=OBJECTIVES)
+    parser.add_argument("--repeats", type=int, default=50, help="calls per measurement (the median is reported)")
+    parser.add_argument("--no_reference", action="store_true", help="skip the per-row reference loop")
+    parser.add_argument("--smoke", action="store_true", help="T=64, B=2 and 4, 5 repeats: checks that it runs")
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.batch_sizes, args.seq_len, args.repeats = [2, 4], 64, 5
+    rows = measure(args.batch_sizes, args.seq_len, args.objectives, args.repeats, reference=not args.no_reference)
+    text = table(rows)
+    print(text)
+    if args.out:
+        meta = dict(torch=torch.__version__, python=platform.python_version(), processor=platform.processor(),
+                    machine=platform.machine(), threads=1, repeats=args.repeats, statistic="median")
+        Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows, table=text), indent=1))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

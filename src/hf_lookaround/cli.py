@@ -31,7 +31,7 @@ COMMANDS = {
     "probe": ("hf_lookaround.evaluation.probing", "main", "linear probe on frozen features"),
     "glue": ("hf_lookaround.evaluation.glue", "main", "GLUE-style fine-tuning, full or LoRA"),
     "theory": ("hf_lookaround.theory", "main", "co-occurrence matrices, spectra, Thm 3.1 / 4.2 checks"),
-    "vision": ("hf_lookaround.vision", "main", "two-stream ViT on Fashion-MNIST: pretrain, probe, reconstruction L2"),
+    "vision": ("hf_lookaround.vision", "main", "two-stream ViT on images (p2p/p2d/d2d): pretrain, probe, L2; sample"),
     "push": ("hf_lookaround.hub", "main", "push a checkpoint, its card and remote code to the Hub"),
 }
 HELP_FILE = Path(__file__).with_name("cli_help.json")

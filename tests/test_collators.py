@@ -234,3 +234,53 @@ def test_each_process_rank_draws_its_own_plans(objective, monkeypatch):
     streams = [make_collator(objective, ToyTokenizer(), seed=3, per_batch_seed=False, process_rank=r,
                              **params)(features)["group_ids"] for r in (0, 1)]
     assert not torch.equal(*streams)
+
+
+# ------------------------------------------------------------------------------------------ data loader workers
+def loader_batches(collator, features, workers, epochs=(0, 1), persistent=False):
+    """The batches of a DataLoader over ``features`` (fixed order), epoch by epoch, as Trainer drives it."""
+    loader = torch.utils.data.DataLoader(features, batch_size=4, collate_fn=collator, num_workers=workers,
+                                         persistent_workers=persistent)
+    out = []
+    for epoch in epochs:
+        collator.set_epoch(epoch)  # CollatorEpochCallback.on_epoch_begin: before the epoch's iterator
+        out.append([batch["group_ids"] for batch in loader])
+    return out
+
+
+@pytest.mark.parametrize("objective", ["vmlm", "gvp"])
+def test_plans_do_not_depend_on_the_number_of_workers(objective):
+    params = {"gvp": {"num_groups": 4}}.get(objective, {})
+    features = docs(16, 32, seed=4)
+    main = loader_batches(make_collator(objective, ToyTokenizer(), seed=5, **params), features, workers=0)
+    assert not torch.equal(main[0][0], main[1][0])  # a new epoch draws new plans
+    for workers, persistent in ((2, False), (2, True), (1, True)):
+        # persistent workers are created once, in epoch 0, and must still see epoch 1
+        other = loader_batches(make_collator(objective, ToyTokenizer(), seed=5, **params), features, workers,
+                               persistent=persistent)
+        for epoch in (0, 1):
+            assert all(torch.equal(a, b) for a, b in zip(main[epoch], other[epoch], strict=True)), (workers, epoch)
+
+
+def test_pretraining_collates_in_workers_on_a_gpu_only(monkeypatch, tmp_path):
+    from hf_lookaround import pretraining
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pretraining.default_dataloader_workers(use_cpu=False) == pretraining.GPU_DATALOADER_WORKERS == 2
+    assert pretraining.default_dataloader_workers(use_cpu=True) == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pretraining.default_dataloader_workers(use_cpu=False) == 0
+
+    base = ["--train_files", "x.txt", "--output_dir", str(tmp_path), "--do_train"]
+    parsed = lambda *extra: pretraining.parse_args(base + list(extra))  # noqa: E731
+    assert parsed()[3].dataloader_num_workers == 0 and parsed()[3].dataloader_workers_by_default
+    assert parsed("--dataloader_num_workers", "5")[3].dataloader_num_workers == 5
+    assert not parsed("--dataloader_num_workers", "5")[3].dataloader_workers_by_default
+    # a stream keeps the main process unless workers are asked for: its blocks depend on the number of workers
+    stream = ("--streaming", "--max_steps", "2")
+    for extra, by_default, expected in (((), True, 0), (("--dataloader_num_workers", "3"), False, 3)):
+        _, data_args, _, training_args = parsed(*stream, *extra)
+        if by_default:
+            training_args.dataloader_num_workers = 2  # what the default gives on a GPU
+        pretraining.check_data_args(data_args, training_args)
+        assert training_args.dataloader_num_workers == expected

@@ -27,7 +27,8 @@ long as the number of processes is the same. The process rank (``torch.distribut
 it is initialised, else ``$RANK``, else 0; or ``process_rank`` if given) makes every rank of a
 multi-process run draw its own plans: two ranks never repeat the same masks, even on identical
 content. ``set_epoch`` (called by :class:`hf_lookaround.pretraining.CollatorEpochCallback`) makes
-a repeated batch in a later epoch get a fresh plan. With ``per_batch_seed=False`` the generator is
+a repeated batch in a later epoch get a fresh plan; the epoch is held in shared memory, so that
+persistent DataLoader workers see it too. With ``per_batch_seed=False`` the generator is
 a plain stream seeded from ``(seed, rank, worker id)`` (reproducible for one uninterrupted run only).
 """
 
@@ -87,8 +88,8 @@ class PlanCollator:
     seed: int = 0
     per_batch_seed: bool = True
     process_rank: int | None = None
-    epoch: int = field(default=0, init=False)
     _generator: torch.Generator | None = field(default=None, init=False, repr=False)
+    _epoch: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     objective: ClassVar[str] = ""
 
@@ -101,8 +102,17 @@ class PlanCollator:
         return False
 
     # ----------------------------------------------------------------------------- randomness
+    @property
+    def epoch(self) -> int:
+        return 0 if self._epoch is None else int(self._epoch)
+
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        # The epoch lives in shared memory: DataLoader workers hold a copy of the collator, and persistent
+        # workers (created once, in the first epoch) must still see each new epoch. Trainer calls this
+        # before the epoch's first batch is requested, and workers collate only batches they are asked for.
+        if self._epoch is None:
+            self._epoch = torch.zeros((), dtype=torch.long).share_memory_()
+        self._epoch.fill_(int(epoch))
 
     def _worker_generator(self) -> torch.Generator:
         # Created lazily, in the process that collates: inside a DataLoader worker the seed is

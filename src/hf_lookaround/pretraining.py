@@ -183,6 +183,9 @@ class CollatorEpochCallback(TrainerCallback):
         self.collator.set_epoch(int(math.floor((state.epoch or 0.0) + 1e-6)))
 
 
+GPU_DATALOADER_WORKERS = 2
+
+
 @dataclass
 class LookAroundTrainingArguments(TrainingArguments):
     """transformers' ``TrainingArguments`` plus a fixed global batch."""
@@ -199,6 +202,30 @@ class LookAroundTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "DDP's find_unused_parameters (default False: every trainable parameter gets a gradient)"},
     )
+    # Trainer collates in the main process by default (0 workers), inside the GPU step. Worker processes
+    # collate the next batches while the GPU computes; plans do not depend on the number of workers
+    # (per-batch seeds, see collators.py), so the default changes no result.
+    dataloader_num_workers: int | None = field(
+        default=None,
+        metadata={"help": f"data loader worker processes; default: {GPU_DATALOADER_WORKERS} when training on a CUDA "
+                          "GPU from a map-style dataset (they collate while the GPU computes), else 0 (the main "
+                          "process collates). Plans are the same for any number of workers"},
+    )
+    dataloader_workers_by_default: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self):
+        if self.dataloader_num_workers is None:
+            self.dataloader_workers_by_default = True
+            self.dataloader_num_workers = default_dataloader_workers(self.use_cpu)
+        super().__post_init__()
+
+
+def default_dataloader_workers(use_cpu: bool) -> int:
+    """Data loader workers when none are asked for: some on a CUDA GPU, none on the CPU (workers there would
+    take cores from the model's own step)."""
+    import torch
+
+    return GPU_DATALOADER_WORKERS if torch.cuda.is_available() and not use_cpu else 0
 
 
 def gradient_accumulation_for(global_batch_size: int, per_device_batch_size: int, world_size: int) -> int:
@@ -400,6 +427,10 @@ def check_data_args(data_args: DataArguments, training_args: TrainingArguments) 
         raise ValueError(f"--block_size must be >= 2 (BOS + at least one token), got {data_args.block_size}")
     if not data_args.streaming:
         return
+    if getattr(training_args, "dataloader_workers_by_default", False):
+        # a stream's blocks depend on the number of workers (each packs its own files) and N workers need
+        # N files per rank: a stream is read in the main process unless --dataloader_num_workers says otherwise
+        training_args.dataloader_num_workers = 0
     if data_args.preprocessing_num_workers:
         raise ValueError(
             "--streaming tokenizes on the fly, in the data loader: --preprocessing_num_workers (map num_proc) does "

@@ -52,7 +52,8 @@ def vit_plan(config, objective: str, batch_size: int, generator=None, **params) 
 
 def inference_ranks(visible: torch.Tensor, num_groups: int, generator=None) -> torch.Tensor:
     """(B, N) bool visible patches -> (B, N) ranks: visible 1 (G0), the others in a random order split into
-    ``num_groups`` groups of sizes differing by at most one, ranks ``2 .. num_groups + 1``."""
+    ``num_groups`` groups of sizes differing by at most one, ranks ``2 .. num_groups + 1``. ``generator``: one
+    ``torch.Generator`` for all rows, a list of one per row, or None (torch's global generator)."""
     if not isinstance(num_groups, int) or num_groups < 1:
         raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
     hidden_counts = (~visible).sum(-1)
@@ -62,9 +63,12 @@ def inference_ranks(visible: torch.Tensor, num_groups: int, generator=None) -> t
             f"({int(hidden_counts.min())} in some image, of {visible.shape[1]} patches): use at most that many groups"
         )
     ranks = torch.ones(visible.shape, dtype=torch.long)
+    per_row = isinstance(generator, (list, tuple))
+    if per_row and len(generator) != visible.shape[0]:
+        raise ValueError(f"{len(generator)} generators for {visible.shape[0]} rows")
     for b in range(visible.shape[0]):
         hidden = (~visible[b]).nonzero().flatten().cpu()
-        order = hidden[torch.randperm(len(hidden), generator=generator)]
+        order = hidden[torch.randperm(len(hidden), generator=generator[b] if per_row else generator)]
         for k, group in enumerate(order.tensor_split(num_groups)):
             ranks[b, group] = 2 + k
     return ranks
@@ -141,12 +145,13 @@ def _write(canvas: torch.Tensor, slots: torch.Tensor, prefix: int, values: torch
     return spare.scatter(1, index, values.to(spare.dtype))[:, :n]
 
 
-def _sample_ids(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
+def _sample_ids(logits: torch.Tensor, temperature: float, generators) -> torch.Tensor:
+    """(B, M, K) -> (B, M) ids; row b draws from its own generator (so a sample does not depend on the batch)."""
     if temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
-    flat = torch.multinomial(probs.flatten(0, -2), 1, generator=generator).flatten()
-    return flat.reshape(logits.shape[:-1]).to(logits.device)
+    ids = torch.stack([torch.multinomial(row, 1, generator=g).flatten() for row, g in zip(probs, generators)])
+    return ids.to(logits.device)
 
 
 @torch.inference_mode()
@@ -163,8 +168,9 @@ def sample_images(model, num_images: int | None = None, class_labels=None, visib
         bool: given patches (raster order), kept exactly; the others are generated.
     num_groups: K, the number of generation steps (default: the K the model was pretrained with, at most the
         number of patches to generate); more groups than patches to generate is an error.
-    generator: a ``torch.Generator`` or an int seed (None: torch's global generator): the random order and the
-        sampled tokens. The same seed gives the same images.
+    generator: a ``torch.Generator`` or an int seed (None: torch's global generator). It draws one seed per
+        image, and each image draws its random order and its tokens from its own seed: the same seed gives the
+        same images, whatever ``batch_size``.
     temperature: p2d/d2d sampling temperature (0: most likely token); not used by p2p.
     """
     if not isinstance(model, LookAroundViTForPreTraining):
@@ -185,7 +191,9 @@ def sample_images(model, num_images: int | None = None, class_labels=None, visib
     to_generate = int((~visible).sum(-1).min())
     if num_groups is None:
         num_groups = _default_num_groups(config, max(1, to_generate))
-    ranks = inference_ranks(visible, num_groups, generator)  # checks num_groups against the patches
+    seeds = torch.randint(0, 2**62, (num_images,), generator=generator).tolist()
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    ranks = inference_ranks(visible, num_groups, generators)  # checks num_groups against the patches
     if config.uses_codebook:
         model.vit._require_codebook()
         model.vit.decode_visual_tokens(torch.zeros(1, 1, dtype=torch.long, device=model.vit.visual_codebook.device))
@@ -199,13 +207,13 @@ def sample_images(model, num_images: int | None = None, class_labels=None, visib
             cond = {k: v[rows].to(device) for k, v in condition.items()}
             given_rows = given[rows].to(device) if given is not None else None
             out.append(_generate_batch(model, ranks[rows].to(device), visible[rows].to(device), given_rows, cond,
-                                       num_groups, temperature, generator))
+                                       num_groups, temperature, generators[rows]))
         return torch.cat(out)
     finally:
         model.train(was_training)
 
 
-def _generate_batch(model, patch_rank, visible, given, condition, num_groups, temperature, generator):
+def _generate_batch(model, patch_rank, visible, given, condition, num_groups, temperature, generators):
     config = model.config
     p, c, s, prefix = config.patch_size, config.num_channels, config.image_size, config.num_prefix_tokens
     batch, n = patch_rank.shape
@@ -230,7 +238,7 @@ def _generate_batch(model, patch_rank, visible, given, condition, num_groups, te
         if config.target_mode == "p2p":
             values = logits.float()
         else:
-            ids = _sample_ids(logits, temperature, generator)
+            ids = _sample_ids(logits, temperature, generators)
             values = ids if config.target_mode == "d2d" else model.vit.decode_visual_tokens(ids)
         canvas = _write(canvas, slots, prefix, values)
     generated = model.vit.decode_visual_tokens(canvas) if config.target_mode == "d2d" else canvas

@@ -79,12 +79,15 @@ DEFAULTS = dict(
     max_train_docs=None, train_doc_chars=None,
 )
 SMOKE = dict(
-    presets=["tiny"], objectives=["ar", "mlm-0.15"], seeds=[0], parallel=2, device="cpu",
+    presets=["tiny"], objectives=["ar", "mlm-0.15"], seeds=[0], parallel=2, device="cpu", cell_minutes=2.0,
     block_size=64, vocab_size=1024, val_blocks=8, eval_batch_size=64, ppl_passages=4, ppl_passage_chars=400,
     probe_train=150, probe_eval=80, max_seq_length=64, ft_train=48, ft_eval=48, ft_batch_size=16,
     max_train_docs=20, train_doc_chars=8000,
 )
 SIZE_KEYS = tuple(DEFAULTS)
+# what a cell's JSON records of the shared data preparation (no machine paths)
+PREP_RECORDED = ("tokenizer_sha256", "vocab_size", "num_train_blocks", "num_val_blocks", "train_tokens",
+                 "train_corpora", "heldout_sizes", "seconds")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,6 +99,14 @@ def utc_now() -> str:
 
 def cell_key(preset: str, objective: str, seed: int) -> str:
     return f"{preset}__{objective}__seed{seed}"
+
+
+def sanitize(text: str) -> str:
+    """No machine paths in recorded JSON: the checkout becomes ".", the GPU machine's output folder "$OUT"."""
+    out = os.environ.get("OUT")
+    if out:
+        text = text.replace(out, "$OUT")
+    return text.replace(str(REPO) + "/", "").replace(str(REPO), ".")
 
 
 def _hash(obj) -> str:
@@ -514,7 +525,7 @@ def run_grid(args, argv) -> int:
     copy_to = Path(args.copy_to) if args.copy_to else None
     work_dir = Path(args.work_dir)
     label = args.run_label or "run-" + dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/study.py", *argv])
+    command = sanitize(" ".join(shlex.quote(a) for a in ["python", "benchmarks/study.py", *argv]))
     commit = args.git_commit or git_commit()
     deadline = t0 + args.max_minutes * 60
     done = find_done(results_dir)
@@ -563,9 +574,9 @@ def run_grid(args, argv) -> int:
                   "settings": job["settings"], "settings_id": _hash(job["settings"]), "run_label": label,
                   "command": command, "cell_command": job["cmd"], "git_commit": commit,
                   "started_utc": job["utc"], "finished_utc": utc_now(), "wall_seconds": wall,
-                  "prep": {k: v for k, v in preps[job["preset"]].items() if not k.endswith(("_dir", "_blocks", "heldout", "tokenizer"))},
+                  "prep": {k: preps[job["preset"]][k] for k in PREP_RECORDED},
                   "threads": args.threads_per_cell, "parallel": args.parallel}
-        log_tail = Path(job["log"]).read_text(errors="replace")[-4000:] if Path(job["log"]).is_file() else ""
+        log_tail = sanitize(Path(job["log"]).read_text(errors="replace")[-4000:]) if Path(job["log"]).is_file() else ""
         if status == "ok":
             record.update(json.loads(Path(job["result"]).read_text()), status="ok")
             write_json(results_dir / f"{key}.json", record, copy_to)
@@ -594,12 +605,13 @@ def run_grid(args, argv) -> int:
                     "cell_dir": str(cell_dir), "result_path": str(cell_dir / "result.json")}
             (cell_dir / "spec.json").write_text(json.dumps(spec, indent=1))
             cmd = [sys.executable, str(Path(__file__).resolve()), "--_cell", str(cell_dir / "spec.json")]
+            shown = ["python", "benchmarks/study.py", "--_cell", str(cell_dir / "spec.json")]
             log_path = cell_dir / "log.txt"
             job_env = dict(env, HF_DATASETS_CACHE=str(cell_dir / "hf_datasets_cache"))  # no two processes share a cache
             proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=job_env)
             running[key] = {"proc": proc, "t": time.perf_counter(), "utc": utc_now(), "preset": preset,
                             "objective": objective, "seed": seed, "settings": settings, "log": str(log_path),
-                            "result": spec["result_path"], "cmd": " ".join(shlex.quote(c) for c in cmd[1:])}
+                            "result": spec["result_path"], "cmd": sanitize(" ".join(shlex.quote(c) for c in shown))}
             print(f"[study] started {key}", flush=True)
         if not running and pending:  # nothing runs and nothing more may start: the time is up
             break
@@ -1030,6 +1042,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="cell JSON folder (the first is written; --report reads all)")
     p.add_argument("--copy_to", default=None, help="also write every JSON here (e.g. $OUT/study on the GPU machine)")
     p.add_argument("--output", default="docs/RESULTS.md", help="--report: the markdown file")
+    p.add_argument("--no_plots", action="store_true", help="--report: tables only, no PNG")
     p.add_argument("--plots_dir", default=None, help="--report: where the PNGs go (default: the first --results_dir)")
     p.add_argument("--work_dir", default="outputs/study_work", help="checkpoints, logs and prepared data (not kept)")
     p.add_argument("--data_root", default="../shared/data", help="folder with text/ and classification/")
@@ -1079,7 +1092,7 @@ def main(argv: list[str] | None = None) -> int:
             args.work_dir = "outputs/study_smoke/work"
         args.run_label = args.run_label or "smoke"
     if args.report:
-        build_report(args.results_dir, Path(args.output), args.plots_dir)
+        build_report(args.results_dir, Path(args.output), args.plots_dir, plots=not args.no_plots)
         print(f"wrote {args.output}")
         return 0
     import torch
@@ -1091,8 +1104,8 @@ def main(argv: list[str] | None = None) -> int:
         args.threads_per_cell = max(1, (os.cpu_count() or 1) // args.parallel)
     args.results_dir = args.results_dir[0] if isinstance(args.results_dir, list) else args.results_dir
     code = run_grid(args, argv)
-    if args.smoke:
-        build_report([args.results_dir], Path(args.output), args.plots_dir)
+    if args.smoke and any(Path(args.results_dir).glob("*__seed*.json")):
+        build_report([args.results_dir], Path(args.output), args.plots_dir, plots=not args.no_plots)
         print(f"wrote {args.output}")
     return code
 

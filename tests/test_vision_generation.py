@@ -1,6 +1,7 @@
 """Group-by-group image generation (GVP plan at inference), tested from the outside: given patches are kept,
 the hidden truth is never read, seeds reproduce, one group equals one forward of the plan, the sample command."""
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -141,6 +142,6 @@ def test_the_sample_command_writes_a_reproducible_png_grid(tmp_path):
     # the grid holds the images sample_images draws for the same seed (classes i mod 3), at 8 bits
     want = sample_images(LookAroundViTForPreTraining.from_pretrained(tmp_path / "ckpt"), num_images=5,
                          class_labels=torch.arange(5) % 3, num_groups=4, generator=torch.Generator().manual_seed(0))
-    pixels = torch.from_numpy(__import__("numpy").asarray(grid)).float() / 255
+    pixels = torch.from_numpy(np.array(grid)).float() / 255
     first = pixels[2: 2 + SIDE, 2: 2 + SIDE]
     assert (first - want[0, 0].clamp(0, 1)).abs().max() <= 1 / 255 + 1e-6

@@ -194,10 +194,13 @@ class LookAroundViTEmbeddings(nn.Module):
                 config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
             )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
-        n_cond = config.num_condition_tokens
-        self.condition_tokens = nn.Parameter(torch.zeros(1, n_cond, config.hidden_size)) if n_cond else None
+        # class-conditional: a learned vector per condition slot plus the class embedding (the slot vectors alone
+        # for class -1). Without a class table the condition tokens are always given (condition_embeds).
+        class_conditional = config.num_condition_tokens and config.num_condition_classes
+        self.condition_tokens = (nn.Parameter(torch.zeros(1, config.num_condition_tokens, config.hidden_size))
+                                 if class_conditional else None)
         self.class_embeddings = (nn.Embedding(config.num_condition_classes, config.hidden_size)
-                                 if config.num_condition_classes else None)
+                                 if class_conditional else None)
 
     def forward(self, patch_embeds: torch.Tensor, class_labels: torch.Tensor | None = None,
                 condition_embeds: torch.Tensor | None = None) -> torch.Tensor:

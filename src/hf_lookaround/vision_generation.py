@@ -265,7 +265,7 @@ def save_image_grid(images: torch.Tensor, path, ncol: int | None = None, pad: in
     array = (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(array[..., 0] if ch == 1 else array, mode="L" if ch == 1 else "RGB").save(path)
+    Image.fromarray(array[..., 0] if ch == 1 else array).save(path)  # uint8: grey (H, W) or RGB (H, W, 3)
     return path
 
 

@@ -8,7 +8,7 @@ from PIL import Image
 
 from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
 from hf_lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining, LookAroundViTModel, patchify
-from hf_lookaround.vision_generation import inference_ranks, sample_images, sample_main
+from hf_lookaround.vision_generation import inference_ranks, sample_images, sample_main, to_display_pixels
 from test_vit_modes import PATCH, SIDE, images, make, tokenizer  # one tiny model for the ViT-mode tests
 
 N_PATCHES = (SIDE // PATCH) ** 2
@@ -145,3 +145,21 @@ def test_the_sample_command_writes_a_reproducible_png_grid(tmp_path):
     pixels = torch.from_numpy(np.array(grid)).float() / 255
     first = pixels[2: 2 + SIDE, 2: 2 + SIDE]
     assert (first - want[0, 0].clamp(0, 1)).abs().max() <= 1 / 255 + 1e-6
+
+
+def test_the_sample_command_undoes_the_image_processors_normalisation(tmp_path):
+    from hf_lookaround.image_processing_lookaround_vit import LookAroundViTImageProcessor
+
+    model = make(impl="sdpa", target_mode="p2p")
+    model.save_pretrained(tmp_path / "ckpt")
+    generated = torch.randn(2, 1, SIDE, SIDE)
+    assert torch.equal(to_display_pixels(generated, tmp_path / "ckpt"), generated)  # no processor: as they are
+    LookAroundViTImageProcessor(num_channels=1, image_mean=[0.3], image_std=[0.4]).save_pretrained(tmp_path / "ckpt")
+    torch.testing.assert_close(to_display_pixels(generated, tmp_path / "ckpt"), generated * 0.4 + 0.3)
+    assert sample_main(["--model", str(tmp_path / "ckpt"), "--num_images", "1", "--num_groups", "2",
+                        "--out", str(tmp_path / "g.png")]) == 0
+    want = to_display_pixels(sample_images(LookAroundViTForPreTraining.from_pretrained(tmp_path / "ckpt"),
+                                           num_images=1, num_groups=2, generator=torch.Generator().manual_seed(0)),
+                             tmp_path / "ckpt")
+    pixels = torch.from_numpy(np.array(Image.open(tmp_path / "g.png"))).float() / 255
+    assert (pixels[2: 2 + SIDE, 2: 2 + SIDE] - want[0, 0].clamp(0, 1)).abs().max() <= 1 / 255 + 1e-6

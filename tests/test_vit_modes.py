@@ -221,6 +221,20 @@ def test_a_few_steps_lower_the_p2d_and_d2d_cross_entropy():
         assert float(model(**kw).loss.detach()) < 0.75 * before, mode
 
 
+def test_features_of_a_class_conditional_model_default_to_no_class():
+    """Probing, classification and the pipeline pass pixels only: the condition tokens carry no class (-1), so a
+    label is never read by accident. Pretraining with a plan needs an explicit choice."""
+    clf = make(LookAroundViTForImageClassification, target_mode="p2d", num_condition_tokens=1,
+               num_condition_classes=3, num_labels=3)
+    x = images()
+    torch.testing.assert_close(clf(pixel_values=x).logits, clf(pixel_values=x, class_labels=torch.tensor([-1, -1])).logits)
+    assert not torch.allclose(clf(pixel_values=x).logits, clf(pixel_values=x, class_labels=torch.tensor([0, 0])).logits)
+    model = make(target_mode="p2d", num_condition_tokens=1, num_condition_classes=3)
+    plan = vit_plan(model.config, "gvp", 2, generator=torch.Generator().manual_seed(0), num_groups=3)
+    with pytest.raises(ValueError, match="pass class_labels"):
+        model(pixel_values=x, group_ids=plan.group_ids, target_positions=plan.target_positions())
+
+
 def test_mean_pooling_averages_the_patches_only():
     model = make(LookAroundViTModel, target_mode="p2p", num_condition_tokens=2, num_condition_classes=2)
     out = model(pixel_values=images(), class_labels=torch.tensor([0, 1]))

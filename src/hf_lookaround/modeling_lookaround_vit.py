@@ -371,7 +371,9 @@ class LookAroundViTModel(LookAroundViTPreTrainedModel):
         r"""
         pixel_values (`(B, C, H, W)`): the images.
         input_ids (`(B, N)` long, d2d only): visual-token ids of the patches, instead of `pixel_values`.
-        class_labels (`(B,)` long, optional): the class carried by the condition tokens (-1: no class).
+        class_labels (`(B,)` long, optional): the class carried by the condition tokens (-1: no class). Features
+            without a plan (probing, classification, the pipeline) of a class-conditional model default to -1:
+            the true class is never read from a label by accident; a plan needs an explicit choice.
         condition_embeds (`(B, num_condition_tokens, D)`, optional): the condition tokens, given directly.
         group_ids (`(B, T)` long, optional): the plan's rank of ``[CLS, conditions, patch_0, ...]``
             (``T = config.sequence_length``); the prefix must have the lowest rank (draw plans with
@@ -380,6 +382,9 @@ class LookAroundViTModel(LookAroundViTPreTrainedModel):
             stream runs, -1 pads.
         """
         patch_embeds = self.patch_embeddings_of(pixel_values, input_ids)
+        if (group_ids is None and class_labels is None and condition_embeds is None
+                and self.embeddings.class_embeddings is not None):
+            class_labels = torch.full((patch_embeds.shape[0],), -1, dtype=torch.long, device=patch_embeds.device)
         embeds = self.embeddings(patch_embeds, class_labels, condition_embeds)
         if group_ids is not None:
             self._check_plan(group_ids, target_positions, embeds.shape[:2], self.config.num_prefix_tokens)
@@ -540,8 +545,9 @@ class LookAroundViTForImageClassification(LookAroundViTPreTrainedModel):
         **kwargs,
     ) -> ImageClassifierOutput:
         r"""labels (`(B,)`): class ids in ``[0, num_labels)``, or floats for regression / multi-label.
-        input_ids (d2d), class_labels, condition_embeds: as in [`LookAroundViTModel`] (a model with condition
-        tokens needs one of the last two; `class_labels` of -1 carry no class)."""
+        input_ids (d2d), class_labels, condition_embeds: as in [`LookAroundViTModel`] (a class-conditional model
+        classifies with no class, -1, unless told otherwise; a model without a class table needs
+        condition_embeds)."""
         outputs = self.vit(pixel_values, output_hidden_states=output_hidden_states,
                            output_attentions=output_attentions, input_ids=input_ids, class_labels=class_labels,
                            condition_embeds=condition_embeds)

@@ -39,7 +39,7 @@ import torch
 from . import plans
 from .modeling_lookaround_vit import LookAroundViTForPreTraining, patchify, unpatchify
 
-__all__ = ["sample_images", "inference_ranks", "vit_plan", "save_image_grid", "sample_main"]
+__all__ = ["sample_images", "inference_ranks", "vit_plan", "save_image_grid", "to_display_pixels", "sample_main"]
 
 
 def vit_plan(config, objective: str, batch_size: int, generator=None, **params) -> plans.Plan:
@@ -286,8 +286,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def to_display_pixels(images: torch.Tensor, model_path) -> torch.Tensor:
+    """The model's pixel units back to [0, 1]: a checkpoint saved with an image processor that normalises
+    (``preprocessor_config.json``, ``do_normalize``) was trained on ``(x - image_mean) / image_std``; without one,
+    the pixels are taken as they are."""
+    if not (Path(model_path) / "preprocessor_config.json").is_file():
+        return images
+    from .image_processing_lookaround_vit import LookAroundViTImageProcessor
+
+    processor = LookAroundViTImageProcessor.from_pretrained(model_path)
+    if not getattr(processor, "do_normalize", False):
+        return images
+    channels = images.shape[1]
+    mean = torch.as_tensor(processor.image_mean, dtype=images.dtype, device=images.device).flatten()
+    std = torch.as_tensor(processor.image_std, dtype=images.dtype, device=images.device).flatten()
+    if mean.numel() not in (1, channels) or std.numel() not in (1, channels):
+        raise ValueError(f"the image processor of {model_path} normalises {mean.numel()} channels; the model makes "
+                         f"{channels}")
+    shape = (1, -1, 1, 1)
+    return images * std.expand(channels).reshape(shape) + mean.expand(channels).reshape(shape)
+
+
 def sample_main(argv=None) -> int:
-    """``hf-lookaround vision sample``: load a checkpoint, generate ``--num_images`` and write a PNG grid."""
+    """``hf-lookaround vision sample``: load a checkpoint, generate ``--num_images`` and write a PNG grid (pixels
+    un-normalised with the checkpoint's image processor, if it has one)."""
     args = _parser().parse_args(argv)
     model = LookAroundViTForPreTraining.from_pretrained(args.model).eval()
     class_labels = args.class_label
@@ -296,6 +318,6 @@ def sample_main(argv=None) -> int:
     images = sample_images(model, num_images=args.num_images, class_labels=class_labels,
                            num_groups=args.num_groups, generator=torch.Generator().manual_seed(args.seed),
                            temperature=args.temperature)
-    path = save_image_grid(images, args.out)
+    path = save_image_grid(to_display_pixels(images, args.model), args.out)
     print(f"wrote {len(images)} images ({model.config.target_mode}, seed {args.seed}) to {path}")
     return 0

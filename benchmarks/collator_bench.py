@@ -5,9 +5,11 @@ with the default objective parameters and static target widths, as under ``--tor
 blocks of ``T`` token ids given as lists of Python ints (what a ``datasets`` block dataset yields). The time
 of one call is the median of ``--repeats`` calls after a warm-up, with ``torch.set_num_threads(1)``.
 
-Columns:
+Columns (medians unless marked ``min``; on a shared machine the minimum is the better estimate of the cost):
 
 - ``collator``: the full call (padding, per-batch seed, plan, labels, target positions);
+- ``collator, ids as arrays``: the same with each example's ids as a numpy array instead of a list: reading
+  Python ints is most of the call;
 - ``plan``: ``plans.make_plan`` alone;
 - ``plan, per-row loop``: the plans as drawn before (``reference_make_plan``, kept in
   ``tests/test_plans_vectorised.py``), and ``collator, per-row loop``: the full call with those plans.
@@ -48,11 +50,15 @@ class BenchTokenizer:
         return 8192
 
 
-def blocks(batch_size: int, seq_len: int, seed: int = 0) -> list[dict]:
-    """``batch_size`` blocks ``<s> w ... w`` of ``seq_len`` ids, as lists of ints."""
+def blocks(batch_size: int, seq_len: int, seed: int = 0, as_arrays: bool = False) -> list[dict]:
+    """``batch_size`` blocks ``<s> w ... w`` of ``seq_len`` ids, as lists of ints (what a block dataset with no
+    format yields) or, with ``as_arrays``, as int64 numpy arrays (``dataset.with_format("numpy")``)."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(10, len(BenchTokenizer()), (batch_size, seq_len - 1), generator=g)
-    return [{"input_ids": [1] + row} for row in ids.tolist()]
+    ids = torch.randint(10, len(BenchTokenizer()), (batch_size, seq_len), generator=g)
+    ids[:, 0] = BenchTokenizer.bos_token_id
+    if as_arrays:
+        return [{"input_ids": row} for row in ids.numpy()]
+    return [{"input_ids": row} for row in ids.tolist()]
 
 
 def training_collator(objective: str, seq_len: int):
@@ -120,7 +126,7 @@ def measure(batch_sizes, seq_len: int, objectives, repeats: int, reference: bool
     rows = []
     with one_thread():
         for b in batch_sizes:
-            features = blocks(b, seq_len)
+            features, arrays = blocks(b, seq_len), blocks(b, seq_len, as_arrays=True)
             for objective in objectives:
                 collator = training_collator(objective, seq_len)
                 params = dict(ObjectiveArguments(objective=objective).plan_params(), num_condition_tokens=1)
@@ -129,6 +135,7 @@ def measure(batch_sizes, seq_len: int, objectives, repeats: int, reference: bool
                 row = dict(objective=objective, batch_size=b, seq_len=seq_len, params=params)
                 row["collator_ms"], row["collator_min_ms"] = (1e3 * t for t in median_seconds(
                     lambda: collator(features), repeats))
+                row["collator_arrays_ms"], _ = (1e3 * t for t in median_seconds(lambda: collator(arrays), repeats))
                 row["plan_ms"], row["plan_min_ms"] = (1e3 * t for t in median_seconds(
                     lambda: plans.make_plan(objective, lengths, seq_len, generator=generator, **params), repeats))
                 if reference:
@@ -145,14 +152,15 @@ def measure(batch_sizes, seq_len: int, objectives, repeats: int, reference: bool
 
 def table(rows: list[dict]) -> str:
     reference = "reference_plan_ms" in rows[0]
-    head = "| objective | B | T | collator ms | plan ms |"
-    rule = "| --- | ---: | ---: | ---: | ---: |"
+    head = "| objective | B | T | collator ms | collator ms, min | collator ms, ids as arrays | plan ms | plan ms, min |"
+    rule = "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     if reference:
         head += " plan ms, per-row loop | plan speed-up | collator ms, per-row loop plans |"
         rule += " ---: | ---: | ---: |"
     lines = [head, rule]
     for r in rows:
-        line = f"| {r['objective']} | {r['batch_size']} | {r['seq_len']} | {r['collator_ms']:.3f} | {r['plan_ms']:.3f} |"
+        line = (f"| {r['objective']} | {r['batch_size']} | {r['seq_len']} | {r['collator_ms']:.3f} | "
+                f"{r['collator_min_ms']:.3f} | {r['collator_arrays_ms']:.3f} | {r['plan_ms']:.3f} | {r['plan_min_ms']:.3f} |")
         if reference:
             line += (f" {r['reference_plan_ms']:.3f} | {r['reference_plan_ms'] / r['plan_ms']:.1f}x |"
                      f" {r['reference_collator_ms']:.3f} |")

@@ -213,26 +213,24 @@ def check_mask_ratio_range(mask_ratio_range) -> tuple[float, float]:
 def _masked(lengths, seq_len, draw_ratios, num_condition_tokens, maskable, generator) -> Plan:
     lengths = _check_lengths(lengths, seq_len, num_condition_tokens)
     batch, c = lengths.numel(), num_condition_tokens
-    inside = _inside(lengths, seq_len, c)
+    # numpy from here: the same operations as torch's, with less overhead per call on small batches
+    inside = _inside(lengths, seq_len, c).numpy()
     candidates = inside
     if maskable is not None:
         maskable = torch.as_tensor(maskable, dtype=torch.bool)
         if maskable.shape != inside.shape:
             raise ValueError(f"maskable must have shape {tuple(inside.shape)}, got {tuple(maskable.shape)}")
-        candidates = inside & maskable
-    ratio = draw_ratios(batch)
+        candidates = inside & maskable.numpy()
+    ratio = draw_ratios(batch).numpy()
     available = candidates.sum(1)
     # expected_masked_count, row by row: round half to even (as Python's round) in float64
-    count = torch.minimum(available, torch.round(ratio * available).long().clamp(min=1))
+    count = np.minimum(available, np.maximum(np.round(ratio * available), 1).astype(np.int64))
     chosen = np.zeros(candidates.shape, dtype=bool)
-    if int(available.max()) > 0:
-        rng = _numpy_rng(generator)
-        chosen[candidates.numpy()] = _random_subsets(rng, count.numpy(), available.numpy()).astype(bool)
-    chosen = torch.from_numpy(chosen)
+    if available.max() > 0:
+        chosen[candidates] = _random_subsets(_numpy_rng(generator), count, available)
     # a row with no candidate keeps rank 0 everywhere (nothing to predict, nothing to rank)
-    ranked = inside & (available > 0)[:, None]
-    group_ids = torch.where(ranked, 1 if c else 0, 0) + chosen.long()
-    return Plan(group_ids, chosen)
+    group_ids = (inside & (available > 0)[:, None]) * (1 if c else 0) + chosen
+    return Plan(torch.from_numpy(group_ids.astype(np.int64)), torch.from_numpy(chosen))
 
 
 def _check_gvp(num_groups: int, segmentation: str) -> None:

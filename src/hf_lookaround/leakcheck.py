@@ -25,12 +25,24 @@ class LeakReport:
         return not self.leaks and not self.blind
 
 
-def audit_two_stream(model, input_ids, attention_mask, group_ids, is_target) -> LeakReport:
-    """Gradient audit of a `LookAroundForPreTraining` on one batch and plan."""
+def audit_two_stream(model, input_ids, attention_mask, group_ids, is_target, compiled: bool = False,
+                     compile_kwargs: dict | None = None) -> LeakReport:
+    """Gradient audit of a `LookAroundForPreTraining` on one batch and plan.
+
+    `compiled=True` audits the compiled training path: targets padded to the static width T, the masks built
+    outside the graph (`model.prepare_attention`) and the forward under `torch.compile(**compile_kwargs)`."""
     labels = torch.where(is_target, input_ids, -100)
     embeds = model.get_input_embeddings()(input_ids).detach().float().requires_grad_(True)
-    out = model(inputs_embeds=embeds.to(model.dtype), attention_mask=attention_mask, group_ids=group_ids,
-                labels=labels)
+    batch = dict(inputs_embeds=embeds.to(model.dtype), attention_mask=attention_mask, group_ids=group_ids,
+                 labels=labels)
+    forward = model
+    if compiled:
+        from .plans import target_positions_from_mask
+
+        batch["target_positions"] = target_positions_from_mask(is_target, pad_to=input_ids.shape[1])
+        batch["prepared_attention"] = model.prepare_attention(**batch)
+        forward = torch.compile(model, **(compile_kwargs or {}))
+    out = forward(**batch)
     if not torch.isfinite(out.logits).all():
         raise AssertionError("non-finite logits")
     report = LeakReport()

@@ -38,7 +38,7 @@ from transformers.modeling_outputs import (
     ModelOutput,
     SequenceClassifierOutput,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 from transformers.utils import can_return_tuple
 
 from .configuration_lookaround import GLU_ACTIVATIONS, LookAroundConfig
@@ -60,6 +60,22 @@ def may_attend(query_rank, key_rank, query_is_strict, key_valid):
     return key_valid & ((key_rank < query_rank) | ((key_rank == query_rank) & ~query_is_strict))
 
 
+# ``attn_implementation="lookaround_auto"``: SDPA with a boolean mask below this many keys, FlexAttention with a
+# block-sparse BlockMask from it on. A dense mask costs every (row, key) pair; a BlockMask skips the blocks the plan
+# leaves empty (about half of them for the AR family), which pays once attention dominates the step. The value
+# comes from benchmarks/gpu_bench.py (docs/benchmarks.md, "Choosing the attention kernel"); set it from your own
+# measurements if your card differs.
+AUTO_ATTENTION = "lookaround_auto"
+FLEX_ATTENTION_MIN_KEYS = 4096
+
+
+def resolve_attention_implementation(implementation: str, key_len: int) -> str:
+    """The kernel a forward over ``key_len`` keys uses: ``lookaround_auto`` picks SDPA or FlexAttention by length."""
+    if implementation == AUTO_ATTENTION:
+        return "flex_attention" if key_len >= FLEX_ATTENTION_MIN_KEYS else "sdpa"
+    return implementation
+
+
 @dataclass
 class AttentionPlan:
     """Who attends to whom in one forward: ranks of the rows (content then query stream) and of the keys."""
@@ -68,6 +84,10 @@ class AttentionPlan:
     query_is_strict: torch.Tensor  # (B, L) bool: True on query-stream rows
     key_rank: torch.Tensor  # (B, K) long
     key_valid: torch.Tensor  # (B, K) bool
+
+    def rows(self, start: int) -> "AttentionPlan":
+        """The same plan for rows ``start:`` only (e.g. the query stream, when the content stream's output is unread)."""
+        return AttentionPlan(self.query_rank[:, start:], self.query_is_strict[:, start:], self.key_rank, self.key_valid)
 
     def dense(self) -> torch.Tensor:
         """Boolean mask (B, 1, L, K), built on the device from the ranks."""
@@ -85,7 +105,14 @@ class AttentionPlan:
         return may_attend(self.query_rank, lowest, self.query_is_strict, self.key_valid.any(-1, keepdim=True))
 
     def block_mask(self):
-        """A FlexAttention ``BlockMask`` from the same rule."""
+        """A FlexAttention ``BlockMask`` from the same rule.
+
+        ``create_block_mask`` evaluates ``may_attend`` on every (row, key) pair and keeps a block only if some pair
+        in it may attend, so the BlockMask is exactly as sparse as the plan at block granularity: for the AR
+        family the content and the query-stream rows are both block-causal (query rows follow their targets'
+        order), and about half of the blocks are skipped. Build it once per batch, outside a compiled step
+        (``LookAroundModel.prepare_attention``); every layer reuses it.
+        """
         from torch.nn.attention.flex_attention import create_block_mask
 
         # int32 everywhere: inductor's CPU code generation fails on bool/int64 loads inside mask_mod
@@ -96,7 +123,10 @@ class AttentionPlan:
             return may_attend(q_rank[b, q_idx], k_rank[b, kv_idx], strict[b, q_idx] != 0, k_valid[b, kv_idx] != 0)
 
         batch, rows = q_rank.shape
-        return create_block_mask(mask_mod, batch, None, rows, k_rank.shape[1], device=q_rank.device)
+        # on the GPU a compiled builder evaluates the (rows x keys) grid without materialising it (long context)
+        compile_builder = q_rank.is_cuda and not torch.compiler.is_compiling()
+        return create_block_mask(mask_mod, batch, None, rows, k_rank.shape[1], device=q_rank.device,
+                                 _compile=compile_builder)
 
 
 def prepare_attention_mask(plan: AttentionPlan, implementation: str, dtype: torch.dtype):
@@ -108,6 +138,7 @@ def prepare_attention_mask(plan: AttentionPlan, implementation: str, dtype: torc
     """
     sees = plan.row_sees_something()
     row_factor = sees[:, :, None, None].to(dtype)
+    implementation = resolve_attention_implementation(implementation, plan.key_rank.shape[1])
     if implementation == "flex_attention":
         return plan.block_mask(), row_factor
     mask = plan.dense() | ~sees[:, None, :, None]
@@ -116,6 +147,56 @@ def prepare_attention_mask(plan: AttentionPlan, implementation: str, dtype: torc
     # eager (and any other kernel taking an additive mask)
     additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return additive.masked_fill(~mask, torch.finfo(dtype).min), row_factor
+
+
+@dataclass
+class PreparedAttention:
+    """The masks of one batch in the backend's form, built once and reused by every layer.
+
+    Build it with ``model.prepare_attention(**batch)`` before a compiled step and pass it as
+    ``model(**batch, prepared_attention=...)``: the BlockMask is then never built inside the compiled graph.
+    ``query_mask``/``query_row_factor`` cover the query-stream rows alone; the last layer uses them when nothing
+    reads the content stream's output (``LookAroundForPreTraining`` with labels).
+    """
+
+    mask: object  # (B, 1, L, K) bool (sdpa), additive float (eager) or a BlockMask (flex)
+    row_factor: torch.Tensor  # (B, L, 1, 1)
+    num_content: int  # T: rows [0, T) are the content stream, [T, L) the query stream
+    num_keys: int  # K
+    query_mask: object | None = None
+    query_row_factor: torch.Tensor | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.row_factor.shape[1]
+
+
+def build_prepared_attention(plan: AttentionPlan, implementation: str, dtype: torch.dtype, num_content: int,
+                             with_query_rows: bool) -> PreparedAttention:
+    mask, row_factor = prepare_attention_mask(plan, implementation, dtype)
+    prepared = PreparedAttention(mask, row_factor, num_content, plan.key_rank.shape[1])
+    if with_query_rows:
+        prepared.query_mask, prepared.query_row_factor = query_rows_of(prepared, plan, implementation, dtype)
+    return prepared
+
+
+def query_rows_of(prepared: PreparedAttention, plan: AttentionPlan, implementation: str, dtype: torch.dtype):
+    """The query-stream rows' mask: a slice of a dense mask, a BlockMask of its own (built from the same rule)."""
+    start = prepared.num_content
+    if torch.is_tensor(prepared.mask):
+        return prepared.mask[:, :, start:], prepared.row_factor[:, start:]
+    return prepare_attention_mask(plan.rows(start), implementation, dtype)
+
+
+def auto_attention_forward(module, query, key, value, attention_mask, **kwargs):
+    """``lookaround_auto``: the mask's form says the kernel (a BlockMask: FlexAttention; a tensor: SDPA)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    kernel = "flex_attention" if isinstance(attention_mask, BlockMask) else "sdpa"
+    return ALL_ATTENTION_FUNCTIONS[kernel](module, query, key, value, attention_mask, **kwargs)
+
+
+AttentionInterface.register(AUTO_ATTENTION, auto_attention_forward)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -216,23 +297,29 @@ class LookAroundAttention(nn.Module):
         row_factor: torch.Tensor | None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
         past_key_values: Cache | None = None,
+        rows_from: int = 0,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        batch, rows, _ = hidden_states.shape
-        query = self.q_proj(hidden_states).view(batch, rows, -1, self.head_dim).transpose(1, 2)
+        """Rows ``rows_from:`` attend (all of them by default); keys and values come from the first
+        ``num_content`` rows. The output has the attending rows only."""
+        batch = hidden_states.shape[0]
+        attending = hidden_states[:, rows_from:] if rows_from else hidden_states
+        rows = attending.shape[1]
+        query = self.q_proj(attending).view(batch, rows, -1, self.head_dim).transpose(1, 2)
         content = hidden_states[:, :num_content]  # keys and values come from the content stream only
         key = self.k_proj(content).view(batch, num_content, -1, self.head_dim).transpose(1, 2)
         value = self.v_proj(content).view(batch, num_content, -1, self.head_dim).transpose(1, 2)
         if position_embeddings is not None:
             cos, sin = position_embeddings
-            query = apply_rotary(query, cos, sin)
+            query = apply_rotary(query, cos[:, rows_from:], sin[:, rows_from:])
             key = apply_rotary(key, cos[:, :num_content], sin[:, :num_content])
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
 
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
+        implementation = self.config._attn_implementation
+        if implementation == AUTO_ATTENTION and attention_mask is None:  # no mask: SDPA's own causal kernel
+            implementation = "sdpa"
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         attn_output, attn_weights = attention_interface(
             self,
             query,
@@ -287,21 +374,25 @@ class LookAroundLayer(GradientCheckpointingLayer):
         row_factor: torch.Tensor | None = None,
         position_embeddings=None,
         past_key_values: Cache | None = None,
+        rows_from: int = 0,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns rows ``rows_from:`` (all by default; the last layer of a step whose content output nobody reads
+        passes ``num_content`` and runs the query stream alone, its content rows still giving keys and values)."""
+        residual = hidden_states[:, rows_from:] if rows_from else hidden_states
         if self.pre_norm:
             attn, weights = self.self_attn(
                 self.attention_norm(hidden_states), num_content, attention_mask, row_factor,
-                position_embeddings, past_key_values, **kwargs,
+                position_embeddings, past_key_values, rows_from=rows_from, **kwargs,
             )
-            hidden_states = hidden_states + self.dropout(attn)
+            hidden_states = residual + self.dropout(attn)
             hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
         else:
             attn, weights = self.self_attn(
                 hidden_states, num_content, attention_mask, row_factor, position_embeddings, past_key_values,
-                **kwargs,
+                rows_from=rows_from, **kwargs,
             )
-            hidden_states = self.attention_norm(hidden_states + self.dropout(attn))
+            hidden_states = self.attention_norm(residual + self.dropout(attn))
             hidden_states = self.mlp_norm(hidden_states + self.dropout(self.mlp(hidden_states)))
         return hidden_states, weights
 
@@ -412,6 +503,17 @@ def unsharded_class(cls: type) -> type:
     return next((base for base in cls.__mro__[1:] if base.__name__ == name), cls)
 
 
+@dataclass
+class _Rows:
+    plan: AttentionPlan
+    row_positions: torch.Tensor  # (B, L) position id of each row (a query row: its target's)
+    target_positions: torch.Tensor | None
+    two_stream: bool
+    num_query: int
+    pattern: str
+    key_len: int
+
+
 class LookAroundModel(LookAroundPreTrainedModel):
     """The shared backbone: two-stream with `group_ids`, single-stream (causal or bidirectional) without."""
 
@@ -452,6 +554,8 @@ class LookAroundModel(LookAroundPreTrainedModel):
         query_group_ids: torch.LongTensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
+        prepared_attention: PreparedAttention | None = None,
+        content_output: bool = True,
         **kwargs,
     ) -> LookAroundModelOutput:
         r"""
@@ -472,6 +576,10 @@ class LookAroundModel(LookAroundPreTrainedModel):
             defaults to `config.default_attention`.
         past_key_values (`Cache`, optional), use_cache: keys and values of the content stream of earlier tokens;
             those of the current tokens are appended. Query rows never enter the cache.
+        prepared_attention (`PreparedAttention`, optional): the masks built beforehand by `prepare_attention` from
+            the same batch (e.g. outside a compiled step, so that no BlockMask is built inside the graph).
+        content_output (`bool`, default True): False when nothing reads the content stream's output (a loss on the
+            query stream): the last layer then runs the query rows alone and `last_hidden_state` is None.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
@@ -484,7 +592,126 @@ class LookAroundModel(LookAroundPreTrainedModel):
                 f"got {tuple(inputs_embeds.shape)}"
             )
         batch, seq_len, _ = inputs_embeds.shape
-        device = inputs_embeds.device
+        use_cache = bool(use_cache) and not self.training
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        rows = self._rows(batch, seq_len, inputs_embeds.device, attention_mask, group_ids, target_positions,
+                          position_ids, attention_pattern, past_key_values, query_position_ids, query_group_ids)
+
+        hidden = inputs_embeds
+        if rows.two_stream:
+            query = self.query_embedding.to(inputs_embeds.dtype).expand(batch, rows.num_query, -1)
+            hidden = torch.cat([inputs_embeds, query], dim=1)
+        # nobody reads the content stream's output: the last layer runs the query rows alone
+        query_only_last_layer = (
+            not content_output and rows.two_stream and rows.num_query > 0 and not output_hidden_states
+            and not output_attentions
+        )
+
+        implementation = self.config._attn_implementation
+        causal_fast_path = (
+            prepared_attention is None and not rows.two_stream and rows.pattern == "causal" and attention_mask is None
+            and rows.key_len == seq_len and implementation in ("sdpa", AUTO_ATTENTION) and not output_attentions
+        )
+        last_mask = last_row_factor = None
+        if causal_fast_path:  # lets SDPA pick its flash kernel
+            mask, row_factor, extra = None, None, {"is_causal": True}
+        else:
+            if prepared_attention is None:
+                prepared_attention = build_prepared_attention(rows.plan, implementation, hidden.dtype, seq_len,
+                                                              with_query_rows=query_only_last_layer)
+            else:
+                self._check_prepared_attention(prepared_attention, rows.plan, seq_len)
+            mask, row_factor, extra = prepared_attention.mask, prepared_attention.row_factor, {}
+            if query_only_last_layer:
+                last_mask, last_row_factor = prepared_attention.query_mask, prepared_attention.query_row_factor
+                if last_mask is None:
+                    last_mask, last_row_factor = query_rows_of(prepared_attention, rows.plan, implementation,
+                                                               hidden.dtype)
+
+        position_embeddings = None
+        if self.config.position_embedding_type == "rope":
+            position_embeddings = self.rotary_emb(hidden, rows.row_positions)
+        else:  # each row, content or query, gets the embedding of its (target's) original position
+            hidden = hidden + self.embed_positions(rows.row_positions)
+        if self.config.norm_position == "post":
+            hidden = self.norm(hidden)
+        hidden = self.dropout(hidden)
+
+        all_hidden, all_attn = [], []
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            if output_hidden_states:
+                all_hidden.append(hidden[:, :seq_len])
+            if index == last and query_only_last_layer:
+                hidden, weights = layer(hidden, seq_len, last_mask, last_row_factor, position_embeddings,
+                                        past_key_values, rows_from=seq_len)
+            else:
+                hidden, weights = layer(hidden, seq_len, mask, row_factor, position_embeddings, past_key_values,
+                                        **extra)
+            if output_attentions:
+                all_attn.append(weights)
+        if self.config.norm_position == "pre":
+            hidden = self.norm(hidden)
+        if output_hidden_states:
+            all_hidden.append(hidden[:, :seq_len])
+        if query_only_last_layer:
+            content_state, query_state = None, hidden
+        else:
+            content_state, query_state = hidden[:, :seq_len], (hidden[:, seq_len:] if rows.two_stream else None)
+
+        return LookAroundModelOutput(
+            last_hidden_state=content_state,
+            query_hidden_state=query_state,
+            target_positions=rows.target_positions,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            attentions=tuple(all_attn) if output_attentions else None,
+        )
+
+    def prepare_attention(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        group_ids: torch.LongTensor | None = None,
+        target_positions: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        attention_pattern: str | None = None,
+        query_position_ids: torch.LongTensor | None = None,
+        query_group_ids: torch.LongTensor | None = None,
+        content_output: bool = True,
+        dtype: torch.dtype | None = None,
+        **unused,
+    ) -> PreparedAttention:
+        """The masks of a forward without a cache, built now (on the inputs' device) for `forward(...,
+        prepared_attention=...)`: call it outside a compiled step, once per batch. Takes the same batch as
+        `forward` (other keys, e.g. labels, are ignored). `content_output=False` also builds the query rows' own
+        mask for a forward that does not return the content stream. `dtype`: the hidden states' (default: the
+        embeddings'), which only the eager backend's additive mask depends on."""
+        inputs = input_ids if input_ids is not None else inputs_embeds
+        if inputs is None or inputs.dim() < 2:
+            raise ValueError("prepare_attention needs input_ids (B, T) or inputs_embeds (B, T, D)")
+        batch, seq_len = inputs.shape[:2]
+        rows = self._rows(batch, seq_len, inputs.device, attention_mask, group_ids, target_positions, position_ids,
+                          attention_pattern, None, query_position_ids, query_group_ids)
+        dtype = dtype or self.embed_tokens.weight.dtype
+        return build_prepared_attention(rows.plan, self.config._attn_implementation, dtype, seq_len,
+                                        with_query_rows=not content_output and rows.two_stream and rows.num_query > 0)
+
+    @staticmethod
+    def _check_prepared_attention(prepared: PreparedAttention, plan: AttentionPlan, seq_len: int) -> None:
+        want = (plan.query_rank.shape[1], plan.key_rank.shape[1], seq_len)
+        got = (prepared.num_rows, prepared.num_keys, prepared.num_content)
+        if got != want:
+            raise ValueError(
+                f"prepared_attention was built for (rows, keys, content rows) = {got}, but this forward has {want}: "
+                "build it with model.prepare_attention(**batch) from the same batch"
+            )
+
+    def _rows(self, batch, seq_len, device, attention_mask, group_ids, target_positions, position_ids,
+              attention_pattern, past_key_values, query_position_ids, query_group_ids) -> "_Rows":
+        """Ranks and positions of every row (content, then query stream) and key, and the attention plan."""
         explicit_rows = query_position_ids is not None or query_group_ids is not None
         if explicit_rows and (query_position_ids is None or query_group_ids is None):
             raise ValueError("pass query_position_ids and query_group_ids together: the position and rank of each query row")
@@ -494,14 +721,12 @@ class LookAroundModel(LookAroundPreTrainedModel):
             raise ValueError("target_positions select query-stream rows and need group_ids (a plan)")
         two_stream = group_ids is not None or explicit_rows
 
-        use_cache = bool(use_cache) and not self.training
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
         # past_len is an int, or a 0-d tensor for a static cache (so that a compiled step does not recompile)
         past_len, key_len = cache_lengths(past_key_values, seq_len)
         self._check_total_length(past_len, seq_len)
         key_valid = self._key_valid(attention_mask, batch, past_len, seq_len, key_len, device)
-        content_index = (past_len + torch.arange(seq_len, device=device)).expand(batch, seq_len)  # among the keys
+        # a materialised (B, T) index, not a stride-0 expand: it feeds gathers, cat and the position embedding
+        content_index = (past_len + torch.arange(seq_len, device=device)).repeat(batch, 1)  # among the keys
         if position_ids is None:
             position_ids = content_index
         elif position_ids.shape != (batch, seq_len):
@@ -521,70 +746,27 @@ class LookAroundModel(LookAroundPreTrainedModel):
             raise ValueError(f"attention_pattern must be 'causal' or 'bidirectional', got {pattern!r}")
         content_rank = key_rank.gather(1, content_index)
 
-        row_positions, row_rank, hidden = position_ids, content_rank, inputs_embeds
+        row_positions, row_rank, num_query = position_ids, content_rank, 0
         if two_stream:
             if not explicit_rows:
                 if target_positions is None:
-                    target_positions = torch.arange(seq_len, device=device).expand(batch, seq_len)
+                    target_positions = torch.arange(seq_len, device=device).repeat(batch, 1)
                 query_position_ids, query_group_ids = self._rows_at_targets(
                     target_positions, content_rank, position_ids, batch, seq_len
                 )
             else:
                 query_position_ids, query_group_ids = self._explicit_rows(query_position_ids, query_group_ids, batch, device)
-            query = self.query_embedding.to(inputs_embeds.dtype).expand(batch, query_group_ids.shape[1], -1)
-            hidden = torch.cat([inputs_embeds, query], dim=1)
+            num_query = query_group_ids.shape[1]
             row_positions = torch.cat([position_ids, query_position_ids], dim=1)
             row_rank = torch.cat([content_rank, query_group_ids], dim=1)
-        row_is_query = torch.arange(hidden.shape[1], device=device) >= seq_len
+        row_is_query = torch.arange(seq_len + num_query, device=device) >= seq_len
         plan = AttentionPlan(
             query_rank=row_rank,
-            query_is_strict=row_is_query.expand(batch, -1),
+            query_is_strict=row_is_query.repeat(batch, 1),
             key_rank=key_rank,
             key_valid=key_valid,
         )
-
-        implementation = self.config._attn_implementation
-        causal_fast_path = (
-            not two_stream and pattern == "causal" and attention_mask is None and key_len == seq_len
-            and implementation == "sdpa" and not output_attentions
-        )
-        if causal_fast_path:  # lets SDPA pick its flash kernel
-            mask, row_factor, extra = None, None, {"is_causal": True}
-        else:
-            mask, row_factor = prepare_attention_mask(plan, implementation, hidden.dtype)
-            extra = {}
-
-        position_embeddings = None
-        if self.config.position_embedding_type == "rope":
-            position_embeddings = self.rotary_emb(hidden, row_positions)
-        else:  # each row, content or query, gets the embedding of its (target's) original position
-            hidden = hidden + self.embed_positions(row_positions)
-        if self.config.norm_position == "post":
-            hidden = self.norm(hidden)
-        hidden = self.dropout(hidden)
-
-        all_hidden, all_attn = [], []
-        for layer in self.layers:
-            if output_hidden_states:
-                all_hidden.append(hidden[:, :seq_len])
-            hidden, weights = layer(
-                hidden, seq_len, mask, row_factor, position_embeddings, past_key_values, **extra
-            )
-            if output_attentions:
-                all_attn.append(weights)
-        if self.config.norm_position == "pre":
-            hidden = self.norm(hidden)
-        if output_hidden_states:
-            all_hidden.append(hidden[:, :seq_len])
-
-        return LookAroundModelOutput(
-            last_hidden_state=hidden[:, :seq_len],
-            query_hidden_state=hidden[:, seq_len:] if two_stream else None,
-            target_positions=target_positions,
-            past_key_values=past_key_values if use_cache else None,
-            hidden_states=tuple(all_hidden) if output_hidden_states else None,
-            attentions=tuple(all_attn) if output_attentions else None,
-        )
+        return _Rows(plan, row_positions, target_positions, two_stream, num_query, pattern, key_len)
 
     def _rows_at_targets(self, target_positions, content_rank, position_ids, batch, seq_len):
         """Query rows at current tokens: each takes its token's rank and position (-1 slots get NO_TARGET_RANK)."""
@@ -705,9 +887,12 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=No
     return total / num_items_in_batch
 
 
-def positions_of(is_target: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool -> (B, M) indices of the True entries of each row, in order, padded with -1."""
-    width = int(is_target.sum(-1).max()) if is_target.numel() else 0
+def positions_of(is_target: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """(B, T) bool -> (B, M) indices of the True entries of each row, in order, padded with -1.
+
+    M is the largest count in the batch (a host sync), or `width` if given (at least that count)."""
+    if width is None:
+        width = int(is_target.sum(-1).max()) if is_target.numel() else 0
     order = torch.argsort((~is_target).to(torch.int8), dim=-1, stable=True)[:, :width]
     return torch.where(is_target.gather(1, order), order, -1)
 
@@ -763,14 +948,21 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         query_group_ids: torch.LongTensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
+        prepared_attention: PreparedAttention | None = None,
+        return_last_hidden_state: bool | None = None,
         **kwargs,
     ) -> LookAroundForPreTrainingOutput:
         r"""
         group_ids (`(B, T)`, or `(B, past_len + T)` with a cache): the plan (required). labels (`(B, T)`): the token
         to predict at each position, -100 where there is no loss. target_positions (`(B, M)`): where to predict;
-        default: where labels are set, or every position without labels. query_position_ids / query_group_ids,
-        past_key_values / use_cache: explicit query rows and the content cache, as in `LookAroundModel.forward`
-        (the logits are then those of the explicit rows).
+        default: where labels are set, or every position without labels. For a compiled step pass them padded to a
+        fixed width (collators' `pad_targets_to`); without them a compiled graph uses width T. query_position_ids /
+        query_group_ids, past_key_values / use_cache: explicit query rows and the content cache, as in
+        `LookAroundModel.forward` (the logits are then those of the explicit rows).
+        prepared_attention: the masks from `model.prepare_attention(**batch)`, built outside a compiled step.
+        return_last_hidden_state (`bool`, optional): compute the content stream's final state. Default: only
+        without labels; with labels the loss reads the query stream alone, so the last layer skips the content rows
+        (the loss and its gradients are unchanged) and `last_hidden_state` is None.
         """
         if group_ids is None:
             raise ValueError("LookAroundForPreTraining needs group_ids (a plan); collators in hf_lookaround emit them")
@@ -783,13 +975,18 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
                 raise ValueError(f"labels must have shape {tuple(shape)}, got {tuple(labels.shape)}")
             check_labels(labels, self.config.vocab_size)
             if target_positions is None:
-                target_positions = positions_of(labels != -100)
+                # a compiled graph cannot size the slots by the data: it takes every position
+                width = shape[1] if torch.compiler.is_compiling() else None
+                target_positions = positions_of(labels != -100, width)
+        if return_last_hidden_state is None:
+            return_last_hidden_state = labels is None
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, group_ids=group_ids,
             target_positions=target_positions, position_ids=position_ids, inputs_embeds=inputs_embeds,
             past_key_values=past_key_values, use_cache=use_cache, query_position_ids=query_position_ids,
             query_group_ids=query_group_ids, output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
+            output_attentions=output_attentions, prepared_attention=prepared_attention,
+            content_output=return_last_hidden_state,
         )
         logits = self.lm_head(outputs.query_hidden_state)
         loss = None
@@ -806,6 +1003,18 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
             attentions=outputs.attentions,
             past_key_values=outputs.past_key_values,
         )
+
+
+    def prepare_attention(self, labels: torch.LongTensor | None = None, target_positions=None,
+                          return_last_hidden_state: bool | None = None, **batch) -> PreparedAttention:
+        """The masks of `forward(**batch)`, built now: call it outside a compiled step, once per batch, and pass the
+        result as `prepared_attention`. Takes the batch `forward` takes (a collator's output)."""
+        if target_positions is None and labels is not None:
+            target_positions = positions_of(labels != -100)
+        if return_last_hidden_state is None:
+            return_last_hidden_state = labels is None
+        return self.model.prepare_attention(target_positions=target_positions,
+                                            content_output=return_last_hidden_state, **batch)
 
 
 class LookAroundSingleOrTwoStreamLM(LookAroundLMHeadMixin, LookAroundPreTrainedModel):
@@ -1095,6 +1304,10 @@ __all__ = [
     "LookAroundModelOutput",
     "LookAroundForPreTrainingOutput",
     "AttentionPlan",
+    "PreparedAttention",
     "may_attend",
+    "resolve_attention_implementation",
+    "AUTO_ATTENTION",
+    "FLEX_ATTENTION_MIN_KEYS",
     "pool",
 ]

@@ -5,7 +5,8 @@ with the default objective parameters and static target widths, as under ``--tor
 blocks of ``T`` token ids given as lists of Python ints (what a ``datasets`` block dataset yields). The time
 of one call is the median of ``--repeats`` calls after a warm-up, with ``torch.set_num_threads(1)``.
 
-Columns (medians unless marked ``min``; on a shared machine the minimum is the better estimate of the cost):
+Columns (milliseconds per batch, minimum / median of the calls; on a shared machine the minimum is the better
+estimate of the cost):
 
 - ``collator``: the full call (padding, per-batch seed, plan, labels, target positions);
 - ``collator, ids as arrays``: the same with each example's ids as a numpy array instead of a list: reading
@@ -133,37 +134,38 @@ def measure(batch_sizes, seq_len: int, objectives, repeats: int, reference: bool
                 lengths = torch.full((b,), seq_len)
                 generator = torch.Generator().manual_seed(0)
                 row = dict(objective=objective, batch_size=b, seq_len=seq_len, params=params)
-                row["collator_ms"], row["collator_min_ms"] = (1e3 * t for t in median_seconds(
-                    lambda: collator(features), repeats))
-                row["collator_arrays_ms"], _ = (1e3 * t for t in median_seconds(lambda: collator(arrays), repeats))
-                row["plan_ms"], row["plan_min_ms"] = (1e3 * t for t in median_seconds(
-                    lambda: plans.make_plan(objective, lengths, seq_len, generator=generator, **params), repeats))
+                def timed(name, call):
+                    row[f"{name}_ms"], row[f"{name}_min_ms"] = (1e3 * t for t in median_seconds(call, repeats))
+
+                timed("collator", lambda: collator(features))
+                timed("collator_arrays", lambda: collator(arrays))
+                timed("plan", lambda: plans.make_plan(objective, lengths, seq_len, generator=generator, **params))
                 if reference:
-                    row["reference_plan_ms"], _ = (1e3 * t for t in median_seconds(
-                        lambda: reference_make_plan(objective, lengths, seq_len, generator=generator, **params),
-                        repeats))
+                    timed("reference_plan", lambda: reference_make_plan(objective, lengths, seq_len,
+                                                                        generator=generator, **params))
                     with mock.patch.object(plans, "make_plan", reference_make_plan):
-                        row["reference_collator_ms"], _ = (1e3 * t for t in median_seconds(
-                            lambda: collator(features), repeats))
+                        timed("reference_collator", lambda: collator(features))
                 rows.append(row)
                 print(f"  {objective} B={b}: collator {row['collator_ms']:.3f} ms", flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> str:
+    """Milliseconds per batch, minimum / median of the calls."""
     reference = "reference_plan_ms" in rows[0]
-    head = "| objective | B | T | collator ms | collator ms, min | collator ms, ids as arrays | plan ms | plan ms, min |"
-    rule = "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    cell = lambda r, name: f"{r[name + '_min_ms']:.2f} / {r[name + '_ms']:.2f}"  # noqa: E731
+    head = "| objective | B | T | collator | collator, ids as arrays | plan |"
+    rule = "| --- | ---: | ---: | ---: | ---: | ---: |"
     if reference:
-        head += " plan ms, per-row loop | plan speed-up | collator ms, per-row loop plans |"
+        head += " plan, per-row loop | plan speed-up (min) | collator with per-row plans |"
         rule += " ---: | ---: | ---: |"
     lines = [head, rule]
     for r in rows:
-        line = (f"| {r['objective']} | {r['batch_size']} | {r['seq_len']} | {r['collator_ms']:.3f} | "
-                f"{r['collator_min_ms']:.3f} | {r['collator_arrays_ms']:.3f} | {r['plan_ms']:.3f} | {r['plan_min_ms']:.3f} |")
+        line = (f"| {r['objective']} | {r['batch_size']} | {r['seq_len']} | {cell(r, 'collator')} | "
+                f"{cell(r, 'collator_arrays')} | {cell(r, 'plan')} |")
         if reference:
-            line += (f" {r['reference_plan_ms']:.3f} | {r['reference_plan_ms'] / r['plan_ms']:.1f}x |"
-                     f" {r['reference_collator_ms']:.3f} |")
+            line += (f" {cell(r, 'reference_plan')} | {r['reference_plan_min_ms'] / r['plan_min_ms']:.1f}x |"
+                     f" {cell(r, 'reference_collator')} |")
         lines.append(line)
     return "\n".join(lines)
 
@@ -182,10 +184,11 @@ def main(argv=None) -> int:
         args.batch_sizes, args.seq_len, args.repeats = [2, 4], 64, 5
     rows = measure(args.batch_sizes, args.seq_len, args.objectives, args.repeats, reference=not args.no_reference)
     text = table(rows)
+    print("milliseconds per batch, minimum / median of", args.repeats, "calls, one CPU thread")
     print(text)
     if args.out:
         meta = dict(torch=torch.__version__, python=platform.python_version(), processor=platform.processor(),
-                    machine=platform.machine(), threads=1, repeats=args.repeats, statistic="median")
+                    machine=platform.machine(), threads=1, repeats=args.repeats, statistic="minimum and median")
         Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows, table=text), indent=1))
         print(f"wrote {args.out}")
     return 0

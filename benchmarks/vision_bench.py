@@ -62,7 +62,7 @@ BASELINE = "MAE baseline (variable mask), p2p"
 SAMPLE_CONFIG = ("p2d, GVP mixed, class-conditional",
                  CONFIGS["p2d, GVP mixed"] + ["--class_conditional"])
 
-GPU = dict(preset="small", num_train=50000, num_probe_train=10000, num_test=10000, max_steps=1000, batch_size=256,
+GPU = dict(preset="small", num_train=50000, num_probe_train=10000, num_test=10000, max_steps=800, batch_size=256,
            learning_rate=1e-3, finetune_steps=300, codebook_size=512, codebook_images=5000, jobs=11, time_limit=570,
            extra=["--bf16", "--probe_backend", "torch", "--dataloader_num_workers", "1"])
 SMOKE = dict(preset="tiny", num_train=192, num_probe_train=160, num_test=160, max_steps=3, batch_size=32,
@@ -82,7 +82,9 @@ def shared_args(args, sizes: dict, data_dir: str | None) -> list[str]:
     out = ["--dataset", args.dataset]
     if data_dir:
         out += ["--data", data_dir]
-    out += ["--preset", sizes["preset"], "--patch_size", "4", "--num_groups", "20",
+    if args.patch_size:  # default: the data set's (fashion_mnist 28x28 in 4x4 patches, digits 16x16 in 2x2)
+        out += ["--patch_size", str(args.patch_size)]
+    out += ["--preset", sizes["preset"], "--num_groups", "20",
             "--num_train", str(sizes["num_train"]), "--num_probe_train", str(sizes["num_probe_train"]),
             "--num_test", str(sizes["num_test"]), "--max_steps", str(sizes["max_steps"]),
             "--batch_size", str(sizes["batch_size"]), "--learning_rate", str(sizes["learning_rate"]),
@@ -303,6 +305,7 @@ def main(argv=None) -> int:
                 "codebook_size", "codebook_images"):
         p.add_argument(f"--{key}", type=int, default=None, help="override the grid's default")
     p.add_argument("--preset", default=None)
+    p.add_argument("--patch_size", type=int, default=None)
     args = p.parse_args(argv)
     sizes = dict(SMOKE if args.smoke else GPU)
     for key in list(sizes):

@@ -335,6 +335,12 @@ def test_the_command_fits_a_codebook_for_visual_token_modes_on_digits(tmp_path, 
     loaded = AutoModelForPreTraining.from_pretrained(out)
     assert loaded.config.target_mode == mode and loaded.has_visual_codebook
     assert loaded.config.num_condition_classes == 10 and loaded.config.id2label[3] == "3"
+    # the fine-tuned classifier of a class-conditional pretraining works in the pipeline (no class given: -1)
+    from transformers import pipeline
+
+    top = pipeline("image-classification", model=str(out / "classifier"))(Image.fromarray(
+        np.kron(load_digits_images()[1].images[0, :, :, 0], np.ones((4, 4), np.uint8)), "L"), top_k=2)
+    assert len(top) == 2 and all(r["label"] in [str(d) for d in range(10)] for r in top)
     # `hf-lookaround vision sample` dispatches to vision_generation.sample_main
     from hf_lookaround.cli import main as cli_main
 

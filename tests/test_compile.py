@@ -286,3 +286,25 @@ def test_a_prepared_mask_of_another_batch_is_refused():
     prepared = model.prepare_attention(**batch_for("mlm"))
     with pytest.raises(ValueError, match="prepared_attention was built for"):
         model(**batch, prepared_attention=prepared)
+
+
+def test_trainer_under_torch_compile_builds_the_masks_outside_the_model(tmp_path):
+    from transformers import TrainingArguments
+
+    from hf_lookaround.pretraining import LookAroundTrainer
+
+    model = make().train()
+    batch = batch_for("dar")
+    seen = []
+    forward = model.forward
+
+    def spy(**kwargs):
+        seen.append(kwargs.get("prepared_attention"))
+        return forward(**kwargs)
+
+    model.forward = spy
+    args = TrainingArguments(output_dir=str(tmp_path), torch_compile=True, use_cpu=True, report_to=[])
+    trainer = LookAroundTrainer(model=model, args=args)
+    loss = trainer.compute_loss(model, dict(batch))
+    assert isinstance(seen[0], modeling.PreparedAttention)
+    torch.testing.assert_close(loss, forward(**batch).loss)

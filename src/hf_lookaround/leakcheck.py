@@ -26,11 +26,12 @@ class LeakReport:
 
 
 def audit_two_stream(model, input_ids, attention_mask, group_ids, is_target, compiled: bool = False,
-                     compile_kwargs: dict | None = None) -> LeakReport:
+                     compile_kwargs: dict | None = None, compiled_model=None) -> LeakReport:
     """Gradient audit of a `LookAroundForPreTraining` on one batch and plan.
 
     `compiled=True` audits the compiled training path: targets padded to the static width T, the masks built
-    outside the graph (`model.prepare_attention`) and the forward under `torch.compile(**compile_kwargs)`."""
+    outside the graph (`model.prepare_attention`) and the forward under `torch.compile(**compile_kwargs)`, or
+    through `compiled_model` (a compiled wrapper of `model`, to reuse its graphs across audits)."""
     labels = torch.where(is_target, input_ids, -100)
     embeds = model.get_input_embeddings()(input_ids).detach().float().requires_grad_(True)
     batch = dict(inputs_embeds=embeds.to(model.dtype), attention_mask=attention_mask, group_ids=group_ids,
@@ -41,7 +42,7 @@ def audit_two_stream(model, input_ids, attention_mask, group_ids, is_target, com
 
         batch["target_positions"] = target_positions_from_mask(is_target, pad_to=input_ids.shape[1])
         batch["prepared_attention"] = model.prepare_attention(**batch)
-        forward = torch.compile(model, **(compile_kwargs or {}))
+        forward = compiled_model if compiled_model is not None else torch.compile(model, **(compile_kwargs or {}))
     out = forward(**batch)
     if not torch.isfinite(out.logits).all():
         raise AssertionError("non-finite logits")

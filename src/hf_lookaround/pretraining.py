@@ -286,6 +286,15 @@ class LookAroundTrainer(Trainer):
             checkpointing.mark_complete(folder, self.state.global_step, self.args.world_size)
             checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
 
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        # under --torch_compile the attention masks (a FlexAttention BlockMask above all) are built here, once per
+        # batch and outside the compiled graph, which cannot build a BlockMask inside itself
+        if self.args.torch_compile and "group_ids" in inputs and "prepared_attention" not in inputs:
+            inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
+            if hasattr(inner, "prepare_attention"):
+                inputs = {**inputs, "prepared_attention": inner.prepare_attention(**inputs)}
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
     def get_train_dataloader(self):
         # a stream that split_dataset_by_node already split per rank must not be split again by accelerate
         if not is_split_by_node(self.train_dataset):
@@ -481,6 +490,16 @@ def read_splits(data_args: DataArguments):
     return train.select(range(len(train) - held)), train.select(range(len(train) - held, len(train)))
 
 
+def rows_as_numpy(blocks):
+    """Map-style blocks read as numpy rows (``with_format("numpy")``); streams and ``None`` pass through.
+
+    The data loader then fetches arrays from Arrow instead of Python lists, and the collator pads arrays:
+    both several times faster (``benchmarks/collator_bench.py``), with the same plans."""
+    import datasets
+
+    return blocks.with_format("numpy") if isinstance(blocks, datasets.Dataset) else blocks
+
+
 def build_training_data(data_args: DataArguments, training_args: TrainingArguments, tokenizer, train_raw, eval_raw):
     """Tokenized, packed blocks for training and evaluation.
 
@@ -591,6 +610,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
     model = build_model(config, model_args, objective_args)
 
     train_blocks, eval_blocks = build_training_data(data_args, training_args, tokenizer, train_raw, eval_raw)
+    train_blocks, eval_blocks = rows_as_numpy(train_blocks), rows_as_numpy(eval_blocks)
     # the documents scored with the p(x_k | x_<k) protocol at the end (a few, read one by one)
     eval_texts = [] if eval_raw is None or not training_args.do_eval else list(
         iter_dataset_texts(eval_raw, data_args.text_column, max_documents=data_args.perplexity_max_documents))

@@ -282,6 +282,9 @@ def test_the_codebook_is_saved_and_loaded_by_from_pretrained_and_the_auto_classe
         assert torch.equal(outputs_of(loaded, x, plan, cond), want)
     base = AutoModel.from_pretrained(tmp_path)
     assert isinstance(base, LookAroundViTModel) and torch.equal(base.visual_codebook, codebook)
+    half = AutoModelForPreTraining.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert half.decoder.weight.dtype == torch.bfloat16  # the weights are bf16, the tokenizer's tables are not
+    assert torch.equal(half.vit.visual_codebook, codebook) and torch.equal(half.vit.visual_codebook_pixels, decoder)
     clf = AutoModelForImageClassification.from_pretrained(tmp_path, num_labels=4)
     assert torch.equal(clf.vit.visual_codebook, codebook) and clf.has_visual_codebook
     assert clf(pixel_values=x, class_labels=torch.tensor([-1, -1])).logits.shape == (2, 4)

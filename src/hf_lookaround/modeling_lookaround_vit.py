@@ -128,6 +128,9 @@ class LookAroundViTPreTrainedModel(LookAroundPreTrainedModel):
     main_input_name = "pixel_values"
     input_modalities = ("image",)
     _can_compile_fullgraph = True
+    # the visual tokenizer's tables stay float32 when a checkpoint is loaded in half precision: rounding the
+    # centroids would move nearest-centroid ties, i.e. change which visual token a patch is
+    _keep_in_fp32_modules_strict = ["visual_codebook"]
 
     def unused_parameter_names(self) -> list[str]:
         # patches enter the text backbone as inputs_embeds: its token embedding is never used (frozen for DDP)

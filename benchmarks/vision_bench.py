@@ -340,12 +340,15 @@ def main(argv=None) -> int:
     if not args.no_sample:
         jobs.append((SAMPLE_CONFIG[0], SAMPLE_CONFIG[1] + ["--no_baselines"], args.seeds[0], shared))
     grid = Grid(args, sizes)
+    sample_record = grid.result_path(SAMPLE_CONFIG[0], args.seeds[0])
+    png = out_dir / "samples.png"
+    if not args.no_sample and sample_record.exists() and not png.exists() and not (
+            Path(json.loads(sample_record.read_text())["checkpoint"]) / "config.json").exists():
+        sample_record.unlink()  # its checkpoint is gone (a fresh machine got the JSON files only): train it again
     start = time.monotonic()
     print(f"{len(jobs)} runs, {sizes['jobs']} at a time, into {out_dir}", flush=True)
     messages = grid.run(jobs)
     failed = [m for m in messages if m.startswith("FAIL")]
-    sample_record = grid.result_path(SAMPLE_CONFIG[0], args.seeds[0])
-    png = out_dir / "samples.png"
     if not args.no_sample and sample_record.exists() and not png.exists() and not (
             grid.deadline and time.monotonic() > grid.deadline - 20):
         checkpoint = json.loads(sample_record.read_text())["checkpoint"]
@@ -366,6 +369,11 @@ def main(argv=None) -> int:
     (out_dir / "report.md").write_text(text + "\n")
     print(text)
     print(f"\nwall clock {time.monotonic() - start:.0f} s; report in {out_dir / 'report.md'}")
+    stopped = [m for m in messages if m.startswith("stop")]
+    if stopped:
+        print(f"{len(stopped)} of {len(jobs)} runs not finished (--time_limit): run the same command again to "
+              f"finish them (finished runs are skipped)", flush=True)
+        return 3
     if failed:
         print("\n".join(failed), file=sys.stderr)
         return 1

@@ -98,8 +98,25 @@ class Bench:
     def record(self, row: dict) -> dict:
         row.setdefault("elapsed_s", round(self.elapsed(), 1))
         self.rows.append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
+        self.save()  # after every row: a run cut short still leaves its rows
         return row
+
+    def summary(self) -> dict:
+        import transformers
+
+        args = self.args
+        return dict(device=self.device_name, torch=torch.__version__, transformers=transformers.__version__,
+                    sizes=dict(self.sizes), steps=2 if args.smoke else args.steps,
+                    warmup=1 if args.smoke else args.warmup, peak_tflops=self.peak_tflops, args=vars(args),
+                    compile={k: str(v) for k, v in self.compile_kwargs.items()}, total_s=self.elapsed(),
+                    rows=self.rows)
+
+    def save(self) -> dict:
+        data = self.summary()
+        with open(self.args.out, "w") as f:
+            json.dump(data, f, indent=1)
+        return data
 
     # ------------------------------------------------------------------ models
     def configs(self, seq_len: int):
@@ -544,7 +561,7 @@ def main(argv=None):
     parser.add_argument("--intermediate", type=int, default=3072)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--budget_s", type=float, default=480.0,
+    parser.add_argument("--budget_s", type=float, default=450.0,
                         help="rows that would start after this many seconds are recorded as not run")
     parser.add_argument("--peak_tflops", type=float, default=None, help="dense bf16 peak (default: by card name)")
     parser.add_argument("--data_root", default="../shared/data", help="real text for the collator section")
@@ -560,19 +577,11 @@ def main(argv=None):
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown section(s) {unknown}; choose from {SECTIONS}")
-    import transformers
-
     bench = Bench(args)
     if not bench.cuda and not args.smoke:
         parser.error("no GPU: run with --smoke for the CPU check")
     bench.run(sections)
-    data = dict(device=bench.device_name, torch=torch.__version__, transformers=transformers.__version__,
-                sizes={k: v for k, v in bench.sizes.items()}, steps=2 if args.smoke else args.steps,
-                warmup=1 if args.smoke else args.warmup, peak_tflops=bench.peak_tflops, args=vars(args),
-                compile=dict((k, str(v)) for k, v in bench.compile_kwargs.items()), total_s=bench.elapsed(),
-                rows=bench.rows)
-    with open(args.out, "w") as f:
-        json.dump(data, f, indent=1)
+    data = bench.save()
     print("\n" + report(data))
     print(f"\nwrote {args.out} ({bench.elapsed():.0f} s)")
     failed = [r for r in bench.rows if "error" in r and not r["error"].startswith("not run")]

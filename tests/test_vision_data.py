@@ -227,6 +227,9 @@ def test_a_missing_image_column_is_a_clear_error(tmp_path, capsys):
     path = saved_dataset(tmp_path / "saved")
     err = cli_error(capsys, tiny_argv(str(path), tmp_path / "out", "--image_column", "photo"))
     assert "'photo'" in err and "picture" in err  # names the columns there are
+    unlabelled = datasets.load_from_disk(str(path)).remove_columns("kind")
+    unlabelled.save_to_disk(str(tmp_path / "unlabelled"))
+    assert "no label column" in cli_error(capsys, tiny_argv(str(tmp_path / "unlabelled"), tmp_path / "out"))
 
 
 def test_fashion_mnist_without_its_files_and_unknown_names_are_clear_errors(tmp_path, capsys):

@@ -667,7 +667,7 @@ checkpoint."""
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hf-lookaround vision", description=DESCRIPTION)
     data = p.add_argument_group("data")
-    data.add_argument("--dataset", default=None,
+    data.add_argument("--dataset", default="fashion_mnist",
                       help="fashion_mnist (the default; IDX files in --data), digits (scikit-learn, no file), or a "
                            "datasets image set: an image folder (one subfolder per class), a saved dataset folder, "
                            "a data file, or a Hub name")
@@ -815,16 +815,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     started = time.perf_counter()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if args.dataset is None:
-        args.dataset = "fashion_mnist"
     out = Path(args.output_dir)
     set_seed(args.seed)
 
     train_source, test_source = load_image_splits(args.dataset, args.data, args.image_column, args.label_column,
                                                   args.test_fraction, args.seed)
     if train_source.labels is None or test_source.labels is None:
-        raise ValueError(f"{args.dataset!r} has no label column (columns found: see --label_column): the probes, "
-                         f"fine-tuning and class condition tokens need one class per image")
+        raise ValueError(f"{args.dataset!r} has no label column: name it with --label_column (the probes, "
+                         f"fine-tuning and class condition tokens need one class per image)")
     image_size, patch_size = _geometry(args, train_source)
     n_probe = args.num_probe_train
     n_pre = len(train_source) - n_probe if args.num_train is None else args.num_train
@@ -867,8 +865,8 @@ def main(argv: list[str] | None = None) -> int:
         num_labels=num_labels, id2label=dict(enumerate(label_names)),
     )
     out.mkdir(parents=True, exist_ok=True)
-    prefix = getattr(config, "num_prefix_tokens", 1)
-    collator = make_image_collator(args.objective, config.num_patches, seed=args.seed, num_prefix_tokens=prefix,
+    collator = make_image_collator(args.objective, config.num_patches, seed=args.seed,
+                                   num_prefix_tokens=config.num_prefix_tokens,
                                    class_conditional=args.class_conditional, class_dropout=args.class_dropout,
                                    **params)
     model = LookAroundViTForPreTraining(config)

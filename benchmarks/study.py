@@ -443,12 +443,20 @@ def probe_cell(model, tokenizer, spec, log) -> dict:
     return out
 
 
-def finetune_cell(ckpt, spec, log) -> dict:
+def finetune_cell(ckpt, spec, log, save) -> dict:
+    """Full and LoRA fine-tuning of every task. A run that would not end before the call's deadline (by the
+    longest run so far, x 1.5, + 15 s) is skipped and named in ``skipped``: the cell ends clean, as *partial*."""
     from hf_lookaround.evaluation.glue import DataTrainingArguments, ModelArguments, run
 
     s, out = spec["settings"], {mode: {} for mode in FT_MODES}
+    out["skipped"] = []
+    longest = 0.0
     for task in TASKS:
         for mode in FT_MODES:
+            if time.time() + 1.5 * longest + 15 > spec["deadline_unix"]:
+                out["skipped"].append(f"{mode}/{task}")
+                log(f"fine-tune {mode} {task}: skipped, it would not end before the --max_minutes limit")
+                continue
             folder = Path(spec["cell_dir"]) / "finetune" / f"{task}-{mode}"
             model_args = ModelArguments(model_name_or_path=str(ckpt), use_lora=mode == "lora")
             data_args = DataTrainingArguments(dataset_name=spec["prep"]["task_dirs"][task], max_seq_length=s["max_seq_length"],
@@ -465,6 +473,7 @@ def finetune_cell(ckpt, spec, log) -> dict:
             start = time.perf_counter()
             metrics = run(model_args, data_args, training_args)
             seconds = time.perf_counter() - start
+            longest = max(longest, seconds)
             metric = "accuracy" if "eval_accuracy" in metrics else "pearson"
             out[mode][task] = {
                 "metric": metric, "validation": metrics[f"eval_{metric}"], "learning_rate": lr,
@@ -472,12 +481,16 @@ def finetune_cell(ckpt, spec, log) -> dict:
                 "seconds": seconds,
             }
             shutil.rmtree(folder, ignore_errors=True)  # merged models are not needed after their scores
+            save(out)
             log(f"fine-tune {mode} {task}: validation {metric} {out[mode][task]['validation']:.4f} ({seconds:.0f} s)")
     return out
 
 
 def run_cell(spec_path: str) -> int:
-    """Worker: pretrain one (preset, objective, seed), evaluate it, write the spec's result file."""
+    """Worker: pretrain one (preset, objective, seed), evaluate it, write the spec's result file.
+
+    The result file is rewritten after every phase (``complete: false`` until the end), so a cell killed at the
+    time limit still leaves what it measured."""
     t_start = time.perf_counter()
     spec = json.loads(Path(spec_path).read_text())
     import torch
@@ -492,32 +505,35 @@ def run_cell(spec_path: str) -> int:
     def log(msg):
         print(f"[{time.perf_counter() - t_start:6.1f}s] {spec['key']}: {msg}", flush=True)
 
+    result = {"complete": False, "phase_seconds": {}, "versions": versions()}
+
+    def save(**measures):
+        result.update(measures)
+        if spec["device"] == "cuda":
+            result["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        write_json(Path(spec["result_path"]), result)
+
+    def phase(name, fn, *args):
+        t = time.perf_counter()
+        value = fn(*args)
+        result["phase_seconds"][name] = time.perf_counter() - t
+        return value
+
     tokenizer = AutoTokenizer.from_pretrained(spec["prep"]["tokenizer"])
-    timings = {}
-    t = time.perf_counter()
-    model, ckpt, pretrain = pretrain_cell(spec, tokenizer, log)
-    timings["pretrain"] = time.perf_counter() - t
+    model, ckpt, pretrain = phase("pretrain", pretrain_cell, spec, tokenizer, log)
+    save(pretrain=pretrain)
     model.to(spec["device"])
-    t = time.perf_counter()
-    perplexity = perplexity_cell(model, tokenizer, spec, log)
-    timings["perplexity"] = time.perf_counter() - t
-    t = time.perf_counter()
-    probes = probe_cell(model, tokenizer, spec, log)
-    timings["probe"] = time.perf_counter() - t
+    save(perplexity=phase("perplexity", perplexity_cell, model, tokenizer, spec, log))
+    save(probe=phase("probe", probe_cell, model, tokenizer, spec, log))
     del model
     if spec["device"] == "cuda":
         torch.cuda.empty_cache()
-    t = time.perf_counter()
-    finetune = finetune_cell(ckpt, spec, log)
-    timings["finetune"] = time.perf_counter() - t
-    timings["worker_total"] = time.perf_counter() - t_start
-    result = {"pretrain": pretrain, "perplexity": perplexity, "probe": probes, "finetune": finetune,
-              "phase_seconds": timings, "versions": versions()}
-    if spec["device"] == "cuda":
-        result["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    write_json(Path(spec["result_path"]), result)
+    finetune = phase("finetune", finetune_cell, ckpt, spec, log, lambda ft: save(finetune=ft))
+    result["phase_seconds"]["worker_total"] = time.perf_counter() - t_start
+    save(finetune=finetune, complete=True)
     shutil.rmtree(Path(spec["cell_dir"]) / "pretrained", ignore_errors=True)
-    log(f"done in {timings['worker_total']:.0f} s")
+    log(f"done in {result['phase_seconds']['worker_total']:.0f} s" +
+        (f"; skipped for time: {', '.join(finetune['skipped'])}" if finetune["skipped"] else ""))
     return 0
 
 
@@ -530,13 +546,15 @@ def grid_cells(presets, objectives, seeds) -> list[tuple[str, str, int]]:
     return [(p, o, s) for p in presets for s in seeds for o in objectives]
 
 
-def find_done(results_dir: Path) -> dict[str, dict]:
+def find_done(results_dir: Path, redo_partial: bool = False) -> dict[str, dict]:
+    """Cells finished in an earlier call: status ok, or partial (some fine-tuning skipped for time) unless
+    ``redo_partial``."""
     done = {}
     for path in sorted(results_dir.glob("*__seed*.json")):
         if "__failed__" in path.name:
             continue
         data = json.loads(path.read_text())
-        if data.get("status") == "ok":
+        if data.get("status") == "ok" or (data.get("status") == "partial" and not redo_partial):
             done[data["key"]] = data
     return done
 
@@ -549,7 +567,7 @@ def run_grid(args, argv) -> int:
     label = args.run_label or "run-" + dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     command = sanitize(" ".join(shlex.quote(a) for a in ["python", "benchmarks/study.py", *argv]))
     deadline = t0 + args.max_minutes * 60
-    done = find_done(results_dir)
+    done = find_done(results_dir, args.redo_partial)
 
     todo = []
     for preset, objective, seed in grid_cells(args.presets, args.objectives, args.seeds):
@@ -602,13 +620,20 @@ def run_grid(args, argv) -> int:
                   "prep": {k: preps[job["preset"]][k] for k in PREP_RECORDED},
                   "threads": args.threads_per_cell, "parallel": args.parallel, "device": device_name}
         log_tail = sanitize(Path(job["log"]).read_text(errors="replace")[-4000:]) if Path(job["log"]).is_file() else ""
+        if copy_to is not None and Path(job["log"]).is_file():  # the whole log comes back from the GPU machine too
+            (copy_to / "logs").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(job["log"], copy_to / "logs" / f"{key}__{label}.log")
+        measured = json.loads(Path(job["result"]).read_text()) if Path(job["result"]).is_file() else {}
         if status == "ok":
-            record.update(json.loads(Path(job["result"]).read_text()), status="ok")
+            record.update(measured)
+            record["status"] = "partial" if measured["finetune"]["skipped"] else "ok"
             write_json(results_dir / f"{key}.json", record, copy_to)
             summary["cells_ok"].append(key)
             durations.append(wall)
         else:
-            record.update(status=status, reason=reason, log_tail=log_tail)
+            # what the cell measured before it stopped is kept, but a failed cell never enters the tables
+            record.update(measured, status=status, reason=reason, log_tail=log_tail,
+                          measured_phases=[k for k in ("pretrain", "perplexity", "probe", "finetune") if k in measured])
             write_json(results_dir / f"{key}__failed__{label}.json", record, copy_to)
             summary["cells_failed"].append(key)
         print(f"[study] {key}: {status} after {wall / 60:.1f} min" + (f" ({reason})" if reason else ""), flush=True)
@@ -627,7 +652,8 @@ def run_grid(args, argv) -> int:
             cell_dir.mkdir(parents=True)
             spec = {"key": key, "preset": preset, "objective": objective, "seed": seed, "settings": settings,
                     "prep": preps[preset], "device": args.device, "threads": args.threads_per_cell,
-                    "cell_dir": str(cell_dir), "result_path": str(cell_dir / "result.json")}
+                    "cell_dir": str(cell_dir), "result_path": str(cell_dir / "result.json"),
+                    "deadline_unix": time.time() + (deadline - time.perf_counter())}
             (cell_dir / "spec.json").write_text(json.dumps(spec, indent=1))
             cmd = [sys.executable, str(Path(__file__).resolve()), "--_cell", str(cell_dir / "spec.json")]
             shown = ["python", "benchmarks/study.py", "--_cell", str(cell_dir / "spec.json")]
@@ -645,7 +671,7 @@ def run_grid(args, argv) -> int:
             code = job["proc"].poll()
             if code is not None:
                 del running[key]
-                ok = code == 0 and Path(job["result"]).is_file()
+                ok = code == 0 and Path(job["result"]).is_file() and json.loads(Path(job["result"]).read_text())["complete"]
                 finish(key, job, "ok" if ok else "failed", None if ok else f"exit code {code}")
             elif time.perf_counter() > deadline:
                 job["proc"].kill()
@@ -673,7 +699,7 @@ def load_results(results_dirs) -> tuple[list[dict], list[dict], list[dict]]:
             data = json.loads(path.read_text())
             if path.name.startswith("run__"):
                 runs[data["run_label"]] = data
-            elif data.get("status") == "ok":
+            elif data.get("status") in ("ok", "partial"):
                 cells[data["key"]] = data
             elif "status" in data:
                 failures.append(data)
@@ -731,7 +757,13 @@ def by_objective(cells) -> dict[str, dict[int, dict]]:
 
 
 def _seeds_values(group, objective, fn) -> dict[int, float]:
-    return {seed: fn(c) for seed, c in sorted(group.get(objective, {}).items())}
+    out = {}
+    for seed, c in sorted(group.get(objective, {}).items()):
+        try:
+            out[seed] = fn(c)
+        except KeyError:  # a partial cell: that fine-tuning run was skipped for time
+            continue
+    return out
 
 
 def compare(group, a: str, b: str, fn) -> dict | None:
@@ -841,11 +873,19 @@ def _ppl_table(group, protocol_of) -> list[str]:
     return lines
 
 
+def _has(cell, get) -> bool:
+    try:
+        [get(cell, t) for t in TASKS]
+        return True
+    except KeyError:
+        return False
+
+
 def _score_table(group, get, metric_of) -> list[str]:
     lines = ["| objective | seeds | " + " | ".join(f"{t} ({metric_of(t)})" for t in TASKS) + " | average |",
              "| --- | ---: | " + " | ".join("---:" for _ in TASKS) + " | ---: |"]
     for o in _objectives_present(group):
-        cells = list(group[o].values())
+        cells = [c for c in group[o].values() if _has(c, get)]  # a partial cell lacks some fine-tuning
         row = [o, str(len(cells))] + [_pm([get(c, t) for c in cells]) for t in TASKS]
         row.append(_pm([mean([get(c, t) for t in TASKS]) for c in cells]))
         lines.append("| " + " | ".join(row) + " |")
@@ -920,13 +960,14 @@ def write_plots(group, preset: str, plots_dir: Path) -> dict[str, Path]:
 
 def _cost_lines(cells, failures, runs) -> list[str]:
     labels = sorted({c["run_label"] for c in cells} | {f["run_label"] for f in failures} | {r["run_label"] for r in runs})
-    lines = ["| run | device | cells ok | cells failed | cell-minutes (sum of cell wall times) | call wall minutes "
-             "(first cell start → last cell end) | driver wall minutes (prep included) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| run | device | cells ok | cells partial | cells failed | cell-minutes (sum of cell wall times) | call wall "
+             "minutes (first cell start → last cell end) | driver wall minutes (prep included) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     total_sum = total_span = 0.0
     for label in labels:
         mine = [c for c in cells if c["run_label"] == label] + [f for f in failures if f["run_label"] == label]
         ok = sum(c["status"] == "ok" for c in mine)
+        partial = sum(c["status"] == "partial" for c in mine)
         cell_minutes = sum(c["wall_seconds"] for c in mine) / 60
         span = 0.0
         if mine:
@@ -938,8 +979,10 @@ def _cost_lines(cells, failures, runs) -> list[str]:
         driver = f"{run['wall_seconds'] / 60:.1f}" if run and "wall_seconds" in run else "–"
         total_sum += cell_minutes
         total_span += span
-        lines.append(f"| {label} | {', '.join(devices)} | {ok} | {len(mine) - ok} | {cell_minutes:.1f} | {span:.1f} | {driver} |")
-    lines.append(f"| all | | {len(cells)} | {len(failures)} | {total_sum:.1f} | {total_span:.1f} | |")
+        lines.append(f"| {label} | {', '.join(devices)} | {ok} | {partial} | {len(mine) - ok - partial} | {cell_minutes:.1f} "
+                     f"| {span:.1f} | {driver} |")
+    ok_all = sum(c["status"] == "ok" for c in cells)
+    lines.append(f"| all | | {ok_all} | {len(cells) - ok_all} | {len(failures)} | {total_sum:.1f} | {total_span:.1f} | |")
     return lines
 
 
@@ -1035,13 +1078,21 @@ def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plot
     out += ["## Cost", "", "GPU time per GPU call (run label), from the cells' JSON: the cells of one call run in "
             "parallel on one GPU, so the call's wall time, not the sum of cell times, is what the lease spends.", ""]
     out += _cost_lines(cells, failures, runs)
-    out += ["", "## Failed cells", ""]
+    out += ["", "## Partial cells (fine-tuning runs skipped to end before the time limit)", ""]
+    partial = sorted((c for c in cells if c["status"] == "partial"), key=lambda c: c["key"])
+    if partial:
+        out += ["| cell | run | skipped |", "| --- | --- | --- |"]
+        out += [f"| {c['key']} | {c['run_label']} | {', '.join(c['finetune']['skipped'])} |" for c in partial]
+    else:
+        out.append("None.")
+    out += ["", "## Failed cells (not in the tables)", ""]
     if failures:
-        out += ["| cell | run | status | reason | minutes |", "| --- | --- | --- | --- | ---: |"]
+        out += ["| cell | run | status | reason | measured before it stopped | minutes |",
+                "| --- | --- | --- | --- | --- | ---: |"]
         for f in sorted(failures, key=lambda f: (f["run_label"], f["key"])):
-            later = " (succeeded in a later run)" if any(c["key"] == f["key"] for c in cells) else ""
+            later = " (finished in a later run)" if any(c["key"] == f["key"] for c in cells) else ""
             out.append(f"| {f['key']} | {f['run_label']} | {f['status']}{later} | {f.get('reason') or '–'} "
-                       f"| {f['wall_seconds'] / 60:.1f} |")
+                       f"| {', '.join(f.get('measured_phases') or []) or 'nothing'} | {f['wall_seconds'] / 60:.1f} |")
     else:
         out.append("None.")
     text = "\n".join(out) + "\n"
@@ -1051,9 +1102,11 @@ def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plot
 
 
 def c_metric(cells, where, task) -> str:
-    c = cells[0]
-    entry = c["probe"][task] if where == "probe" else c["finetune"][where][task]
-    return entry["metric"]
+    for c in cells:
+        entry = c["probe"].get(task) if where == "probe" else c["finetune"][where].get(task)
+        if entry:
+            return entry["metric"]
+    return "–"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1082,6 +1135,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="no cell starts unless it can finish before this (by the longest cell so far, or --cell_minutes); "
                         "cells still running then are killed and recorded as timeouts")
     p.add_argument("--cell_minutes", type=float, default=7.0, help="expected minutes of one cell before any finished")
+    p.add_argument("--redo_partial", action="store_true",
+                   help="run again cells that are partial (fine-tuning skipped for time in an earlier call)")
     p.add_argument("--run_label", default=None, help="names this GPU call in every JSON (default: run-<UTC time>)")
     p.add_argument("--git_commit", default=None, help="the package commit, when the checkout has no .git")
     p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: cuda if available")

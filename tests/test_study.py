@@ -1,7 +1,7 @@
 """The seeded study (benchmarks/study.py): the statistics rule, the report rebuilt from committed JSON, resume.
 
 The fixtures in tests/fixtures/study/ are the JSON files of a real `--smoke` grid (tiny preset, CPU, 5 objectives x
-2 seeds, plus a cell killed at the time limit); ``expected_RESULTS.md`` is the report they gave
+2 seeds, a sixth objective with a cell killed at the time limit and a partial one whose fine-tuning was skipped); ``expected_RESULTS.md`` is the report they gave
 (regenerate both as tests/fixtures/study/README.md says after changing the report's format).
 """
 
@@ -89,7 +89,7 @@ def _cells():
     cells = []
     for path in sorted(FIXTURES.glob("*__seed*.json")):
         data = json.loads(path.read_text())
-        if data["status"] == "ok":
+        if data["status"] in ("ok", "partial"):
             cells.append(data)
     return cells
 
@@ -129,6 +129,18 @@ def test_report_numbers_equal_an_independent_computation(tmp_path):
     diffs = [statistics.fmean(by["mlm-0.15", s]["probe"][t]["test"] for t in study.TASKS)
              - statistics.fmean(by["ar", s]["probe"][t]["test"] for t in study.TASKS) for s in seeds]
     assert f"- probe average score, mlm-0.15 − ar: {statistics.fmean(diffs):+.4f} (95 % CI" in text
+    # a partial cell (fine-tuning skipped for time) counts in the probe table but not in the fine-tuning tables
+    partial = [c for c in cells if c["status"] == "partial"]
+    assert partial, "the fixture holds a partial cell"
+    for cell in partial:
+        mine = [c for c in cells if c["objective"] == cell["objective"]]
+        complete = [c for c in mine if all(t in c["finetune"]["full"] for t in study.TASKS)]
+        assert len(complete) < len(mine)
+        assert _row(text, "### Linear probes", cell["objective"])[1] == str(len(mine))
+        row = _row(text, "### Full fine-tuning", cell["objective"])
+        assert row[1] == str(len(complete))
+        averages = [statistics.fmean(c["finetune"]["full"][t]["validation"] for t in study.TASKS) for c in complete]
+        assert row[-1] == f"{statistics.fmean(averages):.3f} ± {statistics.stdev(averages):.3f}"
 
 
 def test_report_lists_failures_cost_and_verdicts(tmp_path):
@@ -137,6 +149,9 @@ def test_report_lists_failures_cost_and_verdicts(tmp_path):
     assert failures, "the fixture holds a failed cell"
     for f in failures:
         assert f"| {f['key']} | {f['run_label']} | {f['status']}" in text
+    for c in _cells():
+        if c["status"] == "partial":
+            assert f"| {c['key']} | {c['run_label']} | {', '.join(c['finetune']['skipped'])} |" in text
     for claim in ("C1.", "C2.", "C3.", "C4."):
         line = next(l for l in text.splitlines() if l.startswith(f"**{claim}"))
         assert line.endswith((": holds.**", ": does not hold.**", ": cannot tell at this scale.**"))
@@ -208,7 +223,10 @@ def test_grid_order_is_seed_major_and_done_cells_are_found(tmp_path):
     shutil.copy(FIXTURES / "tiny__ar__seed0.json", tmp_path)
     for path in FIXTURES.glob("*__failed__*.json"):
         shutil.copy(path, tmp_path)  # a failure never counts as done
-    assert list(study.find_done(tmp_path)) == ["tiny__ar__seed0"]
+    partial = [p for p in FIXTURES.glob("*__seed*.json") if json.loads(p.read_text())["status"] == "partial"]
+    shutil.copy(partial[0], tmp_path)  # a partial cell does, unless --redo_partial
+    assert sorted(study.find_done(tmp_path)) == sorted(["tiny__ar__seed0", partial[0].stem])
+    assert list(study.find_done(tmp_path, redo_partial=True)) == ["tiny__ar__seed0"]
 
 
 def test_held_out_passages_are_cut_at_whitespace():

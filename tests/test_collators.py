@@ -208,6 +208,18 @@ def test_a_batch_plan_does_not_depend_on_history():
     assert not torch.equal(stream(second)["group_ids"], fresh["group_ids"])
 
 
+@pytest.mark.parametrize("objective", ["ar", "dar", "mlm", "vmlm", "gvp"])
+def test_ids_as_lists_arrays_or_tensors_give_the_same_batch(objective):
+    # pretraining hands the collator numpy rows (rows_as_numpy); a dataset with no format gives lists
+    params = {"gvp": {"num_groups": 4}}.get(objective, {})
+    features = docs(6, [32, 20, 32, 7, 32, 25], seed=6)
+    lists = make_collator(objective, ToyTokenizer(), seed=2, **params)(features)
+    for convert in (np.asarray, torch.tensor):
+        other = make_collator(objective, ToyTokenizer(), seed=2, **params)(
+            [{"input_ids": convert(f["input_ids"])} for f in features])
+        assert lists.keys() == other.keys() and all(torch.equal(lists[k], other[k]) for k in lists)
+
+
 def test_max_targets_bounds_counts():
     for ratio in (0.15, 0.3, 0.5):
         batch = MaskedCollator(ToyTokenizer(), mask_ratio=ratio)(docs(4, 37))

@@ -13,7 +13,8 @@ these functions, so an objective means the same thing everywhere.
 Every function takes the valid ``lengths`` of a batch (padding is on the right), the padded
 length ``seq_len`` and a ``torch.Generator``, and returns a :class:`Plan`. A prefix of
 ``num_condition_tokens`` (BOS/CLS or other conditioning) always has rank 0, is never a target,
-and the objective's own ranks start at 1 after it.
+and the objective's own ranks start at 1 after it. A plan is drawn for the whole batch at once (no
+loop over rows); ``tests/test_plans_vectorised.py`` checks it against the former per-row drawing.
 """
 
 from __future__ import annotations
@@ -78,11 +79,6 @@ def _check_lengths(lengths, seq_len: int, num_condition_tokens: int) -> torch.Te
     if num_condition_tokens < 0:
         raise ValueError(f"num_condition_tokens must be >= 0, got {num_condition_tokens}")
     return lengths
-
-
-def _empty(lengths: torch.Tensor, seq_len: int) -> Plan:
-    batch = lengths.numel()
-    return Plan(torch.zeros(batch, seq_len, dtype=torch.long), torch.zeros(batch, seq_len, dtype=torch.bool))
 
 
 def _inside(lengths: torch.Tensor, seq_len: int, num_condition_tokens: int) -> torch.Tensor:

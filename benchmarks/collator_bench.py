@@ -2,15 +2,15 @@
 
 Each objective's training collator is built exactly as ``hf-lookaround pretrain`` builds it (``build_collators``
 with the default objective parameters and static target widths, as under ``--torch_compile``) and called on
-blocks of ``T`` token ids given as lists of Python ints (what a ``datasets`` block dataset yields). The time
-of one call is the median of ``--repeats`` calls after a warm-up, with ``torch.set_num_threads(1)``.
+blocks of ``T`` token ids given as numpy rows (what ``pretrain`` hands it: ``rows_as_numpy``). The time of one
+call is the median (and the minimum) of ``--repeats`` calls after a warm-up, with ``torch.set_num_threads(1)``.
 
 Columns (milliseconds per batch, minimum / median of the calls; on a shared machine the minimum is the better
 estimate of the cost):
 
 - ``collator``: the full call (padding, per-batch seed, plan, labels, target positions);
-- ``collator, ids as arrays``: the same with each example's ids as a numpy array instead of a list: reading
-  Python ints is most of the call;
+- ``collator, ids as lists``: the same with each example's ids as a list of Python ints (a block dataset with
+  no format): reading the ints is then most of the call;
 - ``plan``: ``plans.make_plan`` alone;
 - ``plan, per-row loop``: the plans as drawn before (``reference_make_plan``, kept in
   ``tests/test_plans_vectorised.py``), and ``collator, per-row loop``: the full call with those plans.
@@ -92,7 +92,7 @@ def one_thread():
 
 def collator_times(batch_sizes=(16, 64), seq_len: int = 1024, objectives=OBJECTIVES, *, batch_size: int | None = None,
                    repeats: int = 30, data_root=None) -> dict:
-    """Median seconds of one training-collator call per objective, on one CPU thread.
+    """Median seconds of one training-collator call per objective (ids as numpy rows), on one CPU thread.
 
     Returns ``{batch_size: {objective: seconds}}`` for ``batch_sizes``, or ``{objective: seconds}`` when a
     single ``batch_size`` is given (how ``gpu_bench.py`` calls it). ``data_root`` is accepted for that caller and
@@ -106,7 +106,7 @@ def collator_times(batch_sizes=(16, 64), seq_len: int = 1024, objectives=OBJECTI
     out: dict = {}
     with one_thread():
         for b in sizes:
-            features = blocks(b, seq_len)
+            features = blocks(b, seq_len, as_arrays=True)
             out[b] = {}
             for objective in objectives:
                 collator = training_collator(objective, seq_len)
@@ -127,7 +127,7 @@ def measure(batch_sizes, seq_len: int, objectives, repeats: int, reference: bool
     rows = []
     with one_thread():
         for b in batch_sizes:
-            features, arrays = blocks(b, seq_len), blocks(b, seq_len, as_arrays=True)
+            features, lists = blocks(b, seq_len, as_arrays=True), blocks(b, seq_len)
             for objective in objectives:
                 collator = training_collator(objective, seq_len)
                 params = dict(ObjectiveArguments(objective=objective).plan_params(), num_condition_tokens=1)
@@ -138,7 +138,7 @@ def measure(batch_sizes, seq_len: int, objectives, repeats: int, reference: bool
                     row[f"{name}_ms"], row[f"{name}_min_ms"] = (1e3 * t for t in median_seconds(call, repeats))
 
                 timed("collator", lambda: collator(features))
-                timed("collator_arrays", lambda: collator(arrays))
+                timed("collator_lists", lambda: collator(lists))
                 timed("plan", lambda: plans.make_plan(objective, lengths, seq_len, generator=generator, **params))
                 if reference:
                     timed("reference_plan", lambda: reference_make_plan(objective, lengths, seq_len,
@@ -154,7 +154,7 @@ def table(rows: list[dict]) -> str:
     """Milliseconds per batch, minimum / median of the calls."""
     reference = "reference_plan_ms" in rows[0]
     cell = lambda r, name: f"{r[name + '_min_ms']:.2f} / {r[name + '_ms']:.2f}"  # noqa: E731
-    head = "| objective | B | T | collator | collator, ids as arrays | plan |"
+    head = "| objective | B | T | collator | collator, ids as lists | plan |"
     rule = "| --- | ---: | ---: | ---: | ---: | ---: |"
     if reference:
         head += " plan, per-row loop | plan speed-up (min) | collator with per-row plans |"
@@ -162,7 +162,7 @@ def table(rows: list[dict]) -> str:
     lines = [head, rule]
     for r in rows:
         line = (f"| {r['objective']} | {r['batch_size']} | {r['seq_len']} | {cell(r, 'collator')} | "
-                f"{cell(r, 'collator_arrays')} | {cell(r, 'plan')} |")
+                f"{cell(r, 'collator_lists')} | {cell(r, 'plan')} |")
         if reference:
             line += (f" {cell(r, 'reference_plan')} | {r['reference_plan_min_ms'] / r['plan_min_ms']:.1f}x |"
                      f" {cell(r, 'reference_collator')} |")

@@ -204,9 +204,10 @@ class PlanCollator:
 
     def _maskable(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         # special tokens (bos/eos/pad/cls/sep/mask) are never masked, nor padding
-        inside = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
-        special = torch.isin(input_ids, torch.tensor(self._special_ids(), dtype=torch.long))
-        return inside & ~special
+        maskable = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
+        for special in self._special_ids():  # a few ids: comparisons are faster than torch.isin
+            maskable &= input_ids != special
+        return maskable
 
     def _finish(self, input_ids, attention_mask, plan: plans.Plan, generator) -> dict[str, torch.Tensor]:
         return {

@@ -990,7 +990,7 @@ def _cost_lines(cells, failures, runs) -> list[str]:
     lines.append(f"| all | | {ok_all} | {len(cells) - ok_all} | {len(failures)} | {total_sum:.1f} | {total_span:.1f} | |")
     driver_total = sum(r.get("wall_seconds", 0.0) for r in runs) / 60
     lines += ["", f"In all: {len(labels)} call(s); {driver_total:.1f} minutes of driver wall time (prep included; "
-                  f"the GPU minutes the calls spent), {total_span:.1f} minutes from first cell start to last cell end, "
+                  f"the device minutes the calls spent), {total_span:.1f} minutes from first cell start to last cell end, "
                   f"{total_sum:.1f} cell-minutes."]
     return lines
 

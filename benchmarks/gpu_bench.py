@@ -76,10 +76,11 @@ class Bench:
             self.sizes = dict(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads,
                               intermediate=args.intermediate, seq=args.seq, batch=args.batch,
                               long_seqs=(1024, 4096, 8192), tokens_per_step=16384)
-        torch._dynamo.config.cache_size_limit = 64
-        if hasattr(torch._dynamo.config, "recompile_limit"):
-            torch._dynamo.config.recompile_limit = 64
-        torch._dynamo.config.accumulated_cache_size_limit = 512
+        # one graph per shape and model: allow many (the names changed across torch versions)
+        for name, value in [("cache_size_limit", 64), ("recompile_limit", 64), ("accumulated_cache_size_limit", 512),
+                            ("accumulated_recompile_limit", 512)]:
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, value)
         self.compile_kwargs = dict(dynamic=False)
         if args.smoke and not self.cuda:
             # inductor's CPU code generation takes minutes per graph on two cores; aot_eager still traces the
@@ -480,7 +481,7 @@ def report(data: dict) -> str:
         out += ["", "### Every objective, compiled", "", *table("vs HF eager", "vs HF compiled", "block sparsity")]
         for r in grid:
             b = r.get("baselines") or []
-            label = dict(r, case=f"[{r['family']}-like] {r['case']}")
+            label = dict(r, case=f"[{r.get('family')}-like] {r.get('case')}")
             sparsity = f"{r['block_sparsity_pct']:.0f}%" if "block_sparsity_pct" in r else ""
             out.append(line(label, *([fmt_ratio(r, b[0]), fmt_ratio(r, b[1])] if b else ["", ""]), sparsity))
     coll = [r for r in rows if r.get("section") == "collator"]
@@ -518,9 +519,13 @@ def report(data: dict) -> str:
         out.append(f"\nTotal leaks: {leaks}; audit rows that failed to run: {len(failed)}.")
     errors = [r for r in rows if "error" in r and not r["error"].startswith("not run")]
     if errors:
-        out += ["", "### Failures", ""] + [f"- {r.get('case', r.get('section'))} "
-                                            f"{r.get('backend', '')} {r.get('objective', '')}: {r['error']}"
-                                            for r in errors]
+        out += ["", "### Failures", ""]
+        for r in errors:
+            where = " ".join(str(r.get(k, "")) for k in ("case", "backend", "objective") if r.get(k) is not None)
+            out.append(f"- {where or r.get('section')}: {r['error']}")
+            # the innermost frames say where it failed
+            frames = [x for x in r.get("traceback", "").splitlines() if x.strip().startswith("File ")][-3:]
+            out += [f"    {x.strip()}" for x in frames]
     return "\n".join(out)
 
 

@@ -571,3 +571,21 @@ def test_clear_errors():
         plans.masked_plan([5], 5, maskable=torch.ones(1, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="segmentation"):
         plans.gvp_plan([5], 5, num_groups=2, segmentation="blocks")
+
+
+def test_the_semi_ar_collator_draws_the_plans_of_the_reference(monkeypatch):
+    # through the collator (per-batch seed, condition prefix, padding): the same batches as with the loop
+    from hf_lookaround.collators import make_collator
+
+    class Tokenizer:
+        pad_token_id, bos_token_id, eos_token_id, mask_token_id = 0, 1, 2, 3
+        cls_token_id = sep_token_id = None
+
+    g = gen(18)
+    features = [{"input_ids": [1] + torch.randint(10, 99, (n,), generator=g).tolist()} for n in (30, 12, 30, 5)]
+    for t in (2, 3):
+        new = make_collator("dar", Tokenizer(), group_size=t, seed=4)(features)
+        with monkeypatch.context() as patched:
+            patched.setattr(plans, "make_plan", reference_make_plan)
+            old = make_collator("dar", Tokenizer(), group_size=t, seed=4)(features)
+        assert new.keys() == old.keys() and all(torch.equal(new[k], old[k]) for k in new)

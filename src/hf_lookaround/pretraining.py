@@ -172,7 +172,8 @@ class ObjectiveArguments:
 class CollatorEpochCallback(TrainerCallback):
     """Tell the collator the epoch, so that a batch seen again in a later epoch gets a new plan.
 
-    ``on_epoch_begin`` runs before the epoch's dataloader iterator (and its workers) is created.
+    ``on_epoch_begin`` runs before the epoch's dataloader iterator (and its workers) is created; persistent
+    workers, created once, read the epoch from the collator's shared memory.
     On resume, ``state.epoch`` is restored from the checkpoint, so the epoch is the same as in an
     uninterrupted run."""
 

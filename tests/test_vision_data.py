@@ -351,3 +351,42 @@ def test_the_command_fits_a_codebook_for_visual_token_modes_on_digits(tmp_path, 
                      "--num_groups", "4"]) == 0
     with Image.open(out / "grid.png") as grid:
         assert grid.mode == "L" and grid.size[0] > 2 * 8
+
+
+def test_without_the_package_the_pipeline_loads_the_processor_and_model_as_remote_code(tmp_path):
+    """save_pretrained copies the processor's module next to the checkpoint (auto_map): a process that cannot
+    import hf_lookaround still runs the pipeline with trust_remote_code and gets the same scores."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from transformers import pipeline
+
+    train, _ = load_image_splits(str(write_image_folder(tmp_path / "shapes", per_class=3)))
+    processor, _ = fit_image_processor(train, image_size=12)
+    torch.manual_seed(0)
+    config = LookAroundViTConfig(image_size=12, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=64, num_labels=3,
+                                 id2label=dict(enumerate(CLASSES)))
+    LookAroundViTForImageClassification(config).save_pretrained(tmp_path / "ckpt")
+    processor.save_pretrained(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "image_processing_lookaround_vit.py").exists()
+    image_path = tmp_path / "stripes.png"
+    drawing("stripes", 5, mode="RGB").save(image_path)
+    child = textwrap.dedent('''
+        import json, sys
+        sys.modules["hf_lookaround"] = None  # any import of the package fails
+        from transformers import pipeline
+        classifier = pipeline("image-classification", model=sys.argv[1], trust_remote_code=True)
+        print(json.dumps({"processor": type(classifier.image_processor).__module__,
+                          "result": classifier(sys.argv[2], top_k=3)}))
+    ''')
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", child, str(tmp_path / "ckpt"), str(image_path)], capture_output=True,
+                          text=True, env={**env, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    remote = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not remote["processor"].startswith("hf_lookaround")  # the copied module, loaded as remote code
+    local = pipeline("image-classification", model=str(tmp_path / "ckpt"))(str(image_path), top_k=3)
+    assert [r["label"] for r in remote["result"]] == [r["label"] for r in local]
+    assert [r["score"] for r in remote["result"]] == pytest.approx([r["score"] for r in local], abs=1e-5)

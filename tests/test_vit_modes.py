@@ -158,6 +158,21 @@ def test_a_target_sees_exactly_the_lower_ranks_and_every_condition_token(mode, c
     assert checked == int(plan.is_target.sum()) > 0
 
 
+# ------------------------------------------------------------------------------------------ the tokenizer
+def test_fit_codebook_is_deterministic_for_a_seed_and_the_pixel_decoder_is_the_mean_member_patch():
+    x = images(32, seed=100)
+    codebook, decoder = tokenizer()
+    assert codebook.shape == (K, PATCH * PATCH) and torch.unique(codebook, dim=0).shape[0] == K
+    assert torch.equal(fit_codebook(x, PATCH, K, seed=0), codebook)
+    assert not torch.equal(fit_codebook(x, PATCH, K, seed=1), codebook)
+    raw = patchify(x, PATCH).flatten(0, 1)
+    ids = encode(normalise_patches(raw), codebook)
+    for k in ids.unique().tolist():
+        torch.testing.assert_close(decoder[k], raw[ids == k].mean(0))
+    # more patches than max_patches: a seeded sample, still K distinct centroids
+    assert fit_codebook(x, PATCH, K, seed=0, max_patches=100).shape == (K, PATCH * PATCH)
+
+
 # ------------------------------------------------------------------------------------------ losses
 def test_p2d_loss_is_cross_entropy_of_the_nearest_centroid_ids_of_the_target_patches():
     model = make(target_mode="p2d")

@@ -50,6 +50,19 @@ OBJECTIVE_NAMES = {"ar": "AR", "dar": "semi-AR t=2", "mlm": "masked 0.15", "vmlm
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
+def content_width(objective: str, seq_len: int) -> int | None:
+    """Static width of the content rows kept by `drop_unread_content` (None: nothing worth dropping).
+
+    Masked plans: the masked tokens (the top rank) feed no prediction; at least round(min ratio * n) of a
+    sequence's n tokens are masked, so T - round(min ratio * T) columns hold every sequence's kept rows. (GVP's top
+    group varies from 1 token to most of the sequence: a static width would have to be T - 1.)"""
+    if objective == "mlm":
+        return seq_len - round(PLAN_PARAMS["mlm"]["mask_ratio"] * seq_len)
+    if objective == "vmlm":
+        return seq_len - round(PLAN_PARAMS["vmlm"]["mask_ratio_range"][0] * seq_len)
+    return None
+
+
 def target_width(objective: str, seq_len: int) -> int:
     """Static width of target_positions: the largest count the plan can draw (masked: ceil(max ratio * T))."""
     if objective == "mlm":
@@ -198,7 +211,8 @@ class Bench:
             torch.cuda.synchronize()
 
     def time_training(self, model, run, batch: dict, seq_len: int, prepare=None, train=True) -> dict:
-        """Warm-up (compiles) then timed steps; `prepare(batch)` builds the masks in every step, timed."""
+        """Warm-up (compiles) then timed steps; `prepare(batch)` gives the model's inputs in every step (the
+        two-stream masks, built outside the graph), timed."""
         args = self.args
         steps, warmup = (2, 1) if args.smoke else (args.steps, args.warmup)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -209,9 +223,9 @@ class Bench:
             torch.cuda.reset_peak_memory_stats()
 
         def step():
-            extra = {"prepared_attention": prepare(batch)} if prepare else {}
+            inputs = prepare(batch) if prepare else batch
             with autocast, torch.set_grad_enabled(train):
-                loss = run(**batch, **extra).loss
+                loss = run(**inputs).loss
             if train:
                 loss.backward()
                 optimizer.step()
@@ -231,7 +245,7 @@ class Bench:
         inner = getattr(model, "_orig_mod", model)
         s = self.sizes
         n = sum(p.numel() for p in inner.parameters()) - inner.get_input_embeddings().weight.numel()
-        tokens = batch["input_ids"].numel()
+        tokens = batch["input_ids"].numel()  # the batch's tokens, whatever the model's inputs were made of
         tokens_per_s = tokens / seconds
         flops = 6 * n + 12 * s["layers"] * s["hidden"] * seq_len
         return dict(ms_per_step=round(1e3 * seconds, 2), tokens_per_s=round(tokens_per_s), warmup_s=round(warmup_s, 1),
@@ -240,7 +254,7 @@ class Bench:
                     loss=round(float(loss.detach()), 4), params_no_embed=n, train=train)
 
     def measure(self, key: str, section: str, case: str, build, batch_of, seq_len: int, two_stream: bool,
-                baselines=(), **info) -> dict | None:
+                baselines=(), content_width=None, **info) -> dict | None:
         """One row; measured once per key (another table reuses it)."""
         if key in self.results:
             row = dict(self.results[key], section=section, baselines=list(baselines), reused=True)
@@ -258,13 +272,17 @@ class Bench:
             prepare = None
             inner = getattr(model, "_orig_mod", model)
             if two_stream:
+                from hf_lookaround.modeling_lookaround import drop_unread_content
+
                 def prepare(b):
-                    return inner.prepare_attention(**b)
+                    if content_width is not None:  # the content rows no prediction reads are not computed
+                        b = drop_unread_content(b, content_width)
+                    return dict(b, prepared_attention=inner.prepare_attention(**b))
             # FlexAttention has no backward on the CPU: the smoke run times its forward only
             train = not (not self.cuda and info.get("backend") == "flex_attention")
             row.update(self.time_training(model, run, batch, seq_len, prepare, train))
             if two_stream:
-                mask = prepare(batch).mask
+                mask = prepare(batch)["prepared_attention"].mask
                 if hasattr(mask, "sparsity"):
                     row["block_sparsity_pct"] = round(float(mask.sparsity()), 1)
         except Exception as error:  # one failing row must not cost the others
@@ -293,10 +311,13 @@ class Bench:
         return self.measure(key, section, case, build, batch_of, seq_len, False, model="hf", family=family,
                             compiled=compiled, backend="sdpa")
 
-    def two_stream_row(self, section, config_name, impl, objective, batch, seq_len, baselines, model_cache):
+    def two_stream_row(self, section, config_name, impl, objective, batch, seq_len, baselines, model_cache,
+                       drop_unread=False):
         backend = {"flex_attention": "flex"}.get(impl, impl)
-        case = f"LookAround 2-stream {OBJECTIVE_NAMES[objective]} ({backend}, compiled)"
-        key = f"la/{config_name}/{impl}/{objective}/B{batch}/T{seq_len}"
+        width = content_width(objective, seq_len) if drop_unread else None
+        case = f"LookAround 2-stream {OBJECTIVE_NAMES[objective]} ({backend}, compiled" + \
+            (f", {width} content rows)" if width else ")")
+        key = f"la/{config_name}/{impl}/{objective}/B{batch}/T{seq_len}" + (f"/W{width}" if width else "")
 
         def build():
             # one compiled model per (config, kernel, shape family): objectives of the same shapes share its graph
@@ -309,8 +330,8 @@ class Bench:
             return model_cache[cache_key]
 
         return self.measure(key, section, case, build, lambda: self.two_stream_batch(objective, batch, seq_len),
-                            seq_len, True, baselines, model="lookaround", family=config_name, objective=objective,
-                            compiled=True, backend=impl)
+                            seq_len, True, baselines, content_width=width, model="lookaround", family=config_name,
+                            objective=objective, compiled=True, backend=impl, content_rows=width or seq_len)
 
     def section_audit(self):
         from hf_lookaround.leakcheck import audit_two_stream
@@ -368,18 +389,20 @@ class Bench:
         eager = self.hf_row("masked", "bert", False, B, T)
         compiled = self.hf_row("masked", "bert", True, B, T)
         cache = {}
-        for impl in ("sdpa", "flex_attention"):
-            self.two_stream_row("masked", "bert", impl, "mlm", B, T, [eager["key"], compiled["key"]], cache)
+        for impl in self.args.masked_kernels.split(","):
+            for drop in (False, True):
+                self.two_stream_row("masked", "bert", impl, "mlm", B, T, [eager["key"], compiled["key"]], cache, drop)
 
     def section_grid(self):
         B, T = self.sizes["batch"], self.sizes["seq"]
         for family in ("llama", "bert"):
             baselines = [self.hf_row("grid", family, False, B, T)["key"], self.hf_row("grid", family, True, B, T)["key"]]
-            for impl in ("sdpa", "flex_attention"):
+            for impl in self.args.grid_kernels.split(","):
                 cache = {}
-                # objectives grouped by target width so that each compiled graph serves several in a row
+                # objectives grouped by input shapes so that each compiled graph serves several in a row
                 for objective in ("ar", "dar", "gvp", "mlm", "vmlm"):
-                    self.two_stream_row("grid", family, impl, objective, B, T, baselines, cache)
+                    self.two_stream_row("grid", family, impl, objective, B, T, baselines, cache,
+                                        drop_unread=objective in ("mlm", "vmlm"))
 
     def section_collator(self):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -565,9 +588,13 @@ def main(argv=None):
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--intermediate", type=int, default=3072)
+    parser.add_argument("--grid_kernels", default="sdpa",
+                        help="attention kernels of the grid (T=1024, where lookaround_auto picks sdpa); e.g. "
+                             "sdpa,flex_attention")
+    parser.add_argument("--masked_kernels", default="sdpa", help="kernels of the masked section, e.g. sdpa,flex_attention")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--budget_s", type=float, default=450.0,
+    parser.add_argument("--budget_s", type=float, default=440.0,
                         help="rows that would start after this many seconds are recorded as not run")
     parser.add_argument("--peak_tflops", type=float, default=None, help="dense bf16 peak (default: by card name)")
     parser.add_argument("--data_root", default="../shared/data", help="real text for the collator section")

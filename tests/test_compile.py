@@ -311,3 +311,44 @@ def test_trainer_under_torch_compile_builds_the_masks_outside_the_model(tmp_path
     loss = trainer.compute_loss(model, dict(batch))
     assert isinstance(seen[0], modeling.PreparedAttention)
     torch.testing.assert_close(loss, forward(**batch).loss)
+
+
+# ------------------------------------------------------------------------------------ content rows nobody reads
+@pytest.mark.parametrize("config", ["llama", "bert"])
+@pytest.mark.parametrize("objective", ["mlm", "vmlm", "gvp", "dar"])
+def test_dropping_unread_content_rows_keeps_loss_and_gradients(config, objective):
+    """The top rank's content rows (masked tokens, GVP's last group) and padding feed no prediction."""
+    model = make(config).train()
+    batch = batch_for(objective, seed=5)
+    compact = modeling.drop_unread_content(batch)
+    top = torch.where(batch["attention_mask"] != 0, batch["group_ids"], -1).amax(-1)
+    kept = ((batch["group_ids"] < top[:, None]) & (batch["attention_mask"] != 0)).sum(-1)
+    assert compact["input_ids"].shape[1] == int(kept.max()) < batch["input_ids"].shape[1]
+    results = []
+    for inputs in (batch, compact):
+        model.zero_grad()
+        out = model(**inputs)
+        out.loss.backward()
+        results.append((out, grads(model)))
+    (full, full_grads), (dropped, dropped_grads) = results
+    torch.testing.assert_close(dropped.loss, full.loss, rtol=1e-5, atol=1e-6)
+    slots = batch["target_positions"] >= 0  # the same slots, in the same order: every prediction is unchanged
+    torch.testing.assert_close(dropped.logits[slots], full.logits[slots], rtol=1e-5, atol=1e-5)
+    assert full_grads.keys() == dropped_grads.keys()
+    for name in full_grads:
+        torch.testing.assert_close(dropped_grads[name], full_grads[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_dropped_content_batch_compiles_with_a_fixed_width_and_refuses_a_narrow_one():
+    model = make("bert").train()
+    compiled = torch.compile(model, fullgraph=True, dynamic=False, backend="aot_eager")
+    width = 32 - round(0.15 * 27)  # every sequence of these lengths keeps at most this many rows
+    for seed in range(2):
+        batch = batch_for("mlm", seed=seed)
+        compact = modeling.drop_unread_content(batch, content_width=width)
+        assert compact["input_ids"].shape[1] == width
+        with torch._dynamo.config.patch(error_on_recompile=seed > 0):
+            got = compiled(**compact, prepared_attention=model.prepare_attention(**compact)).loss
+        torch.testing.assert_close(got, model(**batch).loss, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="content_width=10 is smaller"):
+        modeling.drop_unread_content(batch, content_width=10)

@@ -259,9 +259,32 @@ def _boundary_marks(n: np.ndarray, k: int, segmentation: str, generator, rng) ->
         marks[rows[:, 0], last] = 1
         inner = k - 1
     if inner:
-        values = np.arange(1, width)[None, :] < last[:, None]  # the candidate values 1..last-1 of each row
-        marks[:, 1:][values] = _random_subsets(rng, np.full(batch, inner), last - 1)
+        marks[rows, _distinct_values(rng, last - 1, inner)] = 1
     return marks
+
+
+def _distinct_values(rng: np.random.Generator, limit: np.ndarray, count: int) -> np.ndarray:
+    """(B, count): ``count`` distinct values drawn uniformly from ``1 .. limit[b]`` for each row (a uniform
+    random subset); ``limit[b] >= count``."""
+    values = np.empty((limit.size, count), dtype=np.int64)
+    # Few values among many (GVP's K boundaries in a long sequence): draw with replacement and draw again
+    # the rows that repeat a value. Exact: an accepted row is a draw conditioned on distinct values, and
+    # each row is accepted with probability >= about 0.6 when count (count - 1) <= limit.
+    sparse = np.flatnonzero(count * (count - 1) <= limit)
+    while sparse.size:
+        draw = np.sort(rng.integers(1, limit[sparse, None], size=(sparse.size, count), endpoint=True), axis=1)
+        repeats = (draw[:, 1:] == draw[:, :-1]).any(1)
+        values[sparse[~repeats]] = draw[~repeats]
+        sparse = sparse[repeats]
+    # otherwise: count flags shuffled among limit[b]
+    dense = np.flatnonzero(count * (count - 1) > limit)
+    if dense.size:
+        flags = _random_subsets(rng, np.full(dense.size, count), limit[dense])
+        within = np.arange(int(limit[dense].max()))[None, :] < limit[dense, None]
+        chosen = np.zeros(within.shape, dtype=bool)
+        chosen[within] = flags
+        values[dense] = (np.nonzero(chosen)[1] + 1).reshape(dense.size, count)
+    return values
 
 
 def gvp_boundaries(n: int, num_groups: int = 20, segmentation: str = "mixed", generator=None) -> list[int]:

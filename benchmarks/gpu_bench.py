@@ -89,7 +89,7 @@ class Bench:
         else:
             self.sizes = dict(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads,
                               intermediate=args.intermediate, seq=args.seq, batch=args.batch,
-                              long_seqs=(1024, 4096, 8192), tokens_per_step=16384)
+                              long_seqs=tuple(int(t) for t in args.long_seqs.split(",")), tokens_per_step=16384)
         # one graph per shape and model: allow many (the names changed across torch versions)
         for name, value in [("cache_size_limit", 64), ("recompile_limit", 64), ("accumulated_cache_size_limit", 512),
                             ("accumulated_recompile_limit", 512)]:
@@ -588,6 +588,7 @@ def main(argv=None):
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--intermediate", type=int, default=3072)
+    parser.add_argument("--long_seqs", default="1024,4096,8192", help="sequence lengths of the long-context section")
     parser.add_argument("--grid_kernels", default="sdpa",
                         help="attention kernels of the grid (T=1024, where lookaround_auto picks sdpa); e.g. "
                              "sdpa,flex_attention")

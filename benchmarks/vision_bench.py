@@ -29,7 +29,7 @@ GPU (one H100; the Fashion-MNIST IDX files under ``<data_root>/images/fashion-mn
 
 CPU smoke (a tiny grid, a few minutes on 2 cores)::
 
-    PYTHONPATH=src python benchmarks/vision_bench.py --smoke --out_dir /tmp/vision_smoke
+    PYTHONPATH=src python benchmarks/vision_bench.py --smoke --out_dir runs/vision_smoke
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class Grid:
 
     def __init__(self, args, sizes):
         self.args, self.sizes = args, sizes
-        self.out_dir = Path(args.out_dir)
+        self.out_dir = Path(args.out_dir).resolve()  # the runs start in the repository root
         self.deadline = time.monotonic() + sizes["time_limit"] if sizes["time_limit"] else None
         self.procs: dict[str, subprocess.Popen] = {}
         threads = max(1, (os.cpu_count() or 2) // max(1, sizes["jobs"]))
@@ -142,8 +142,11 @@ class Grid:
             tail = log.read_text()[-1500:]
             return f"FAIL  {path.name} (exit {rc}, {wall:.0f} s); log {log}:\n{tail}"
         results = json.loads(results_file.read_text())
-        record = {"config": name, "seed": seed, "config_args": config_args, "command": cmd[1:],
-                  "wall_seconds": round(wall, 1), "checkpoint": str(run_dir), "results": results}
+        # paths relative to --out_dir: the JSON files can be committed and moved (no machine paths in them)
+        command = ["python", *cmd[1:-1], str(run_dir.relative_to(self.out_dir))]
+        record = {"config": name, "seed": seed, "config_args": config_args, "command": command,
+                  "wall_seconds": round(wall, 1), "checkpoint": str(run_dir.relative_to(self.out_dir)),
+                  "results": results}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, indent=2))
         tmp.replace(path)  # a JSON exists only for a finished run
@@ -191,6 +194,7 @@ def metrics(record) -> dict:
         "finetune": r.get("finetune_test_accuracy", {}).get("pretrained"),
         "l2": recon.get("l2"),
         "floor": recon.get("codebook_l2"),
+        "expected": recon.get("expected_centroid_l2"),
         "token_acc": recon.get("token_accuracy"),
         "mean_patch_l2": r.get("reconstruction_l2", {}).get("mean_image_baseline", {}).get("l2"),
         "probe_untrained": r.get("linear_probe", {}).get("random_init"),
@@ -207,7 +211,9 @@ def compare(records, a: str, b: str, key: str = "probe") -> tuple[str, int | Non
     called difference (+1: a > b, -1: a < b, 0: within the spread, None: too few seeds)."""
     ma, sa, na = mean_sd([metrics(r)[key] for r in records.get(a, [])])
     mb, sb, nb = mean_sd([metrics(r)[key] for r in records.get(b, [])])
-    if ma is None or mb is None or na < 2 or nb < 2:
+    if na == 0 or nb == 0:
+        return "", None  # a configuration of the comparison was not run: no line
+    if na < 2 or nb < 2:
         return f"not enough seeds to compare ({na} and {nb})", None
     diff, spread = ma - mb, sa + sb
     sign = 1 if diff > spread else -1 if diff < -spread else 0
@@ -226,19 +232,21 @@ def report(out_dir: Path, sizes: dict | None = None) -> str:
     records = load_records(out_dir)
     if not records:
         return f"no run results (*-seed*.json) in {out_dir}"
-    lines = ["| pretraining | seeds | linear probe acc | fine-tune acc | recon L2 (teacher-forced) | codebook floor L2 "
-             "| token acc | pretraining s / run |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| pretraining | seeds | linear probe acc | fine-tune acc | recon L2 (teacher-forced) | L2, softmax-mean "
+             "centroid | codebook floor L2 | token acc | pretraining s / run |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     order = [name for name in list(CONFIGS) + [SAMPLE_CONFIG[0]] if name in records]
     for name in order:
         m = [metrics(r) for r in records[name]]
         col = lambda k, d=3: fmt([x[k] for x in m], d)  # noqa: E731
-        lines.append(f"| {name} | {len(m)} | {col('probe')} | {col('finetune')} | {col('l2', 4)} | {col('floor', 4)} "
+        lines.append(f"| {name} | {len(m)} | {col('probe')} | {col('finetune')} | {col('l2', 4)} | {col('expected', 4)} "
+                     f"| {col('floor', 4)} "
                      f"| {col('token_acc')} | {fmt([x['pretrain_s'] for x in m], 0)} |")
     base = [metrics(r) for r in records.get(BASELINE, [])]
     every = [metrics(r) for rs in records.values() for r in rs]
     lines += [
         "",
+        "Baselines (measured in the MAE baseline's runs; none here)." if not base else
         "Baselines: linear probe on raw pixels " + fmt([x["probe_raw"] for x in base]) +
         ", on the untrained ViT " + fmt([x["probe_untrained"] for x in base]) +
         "; fine-tuning from scratch " + fmt([x["finetune_scratch"] for x in base]) +
@@ -256,39 +264,41 @@ def report(out_dir: Path, sizes: dict | None = None) -> str:
         f"{r['num_probe_images']} other train images, scored on {r['num_test_images']} test images. Recon L2: mean "
         f"squared error per value over the target patches of each run's seeded plan, in per-patch normalised "
         f"patch space (p2p: the regressed normalised patch; p2d/d2d: the codebook centroid of the most likely id); "
-        f"codebook floor: the nearest centroid's error. Mean ± sample standard deviation over seeds.",
+        f"softmax-mean centroid: p2d/d2d decoded as the probability-weighted mean of the centroids (the least "
+        f"expected squared error; argmax decoding pays for every wrong guess); codebook floor: the nearest "
+        f"centroid's error. Mean ± sample standard deviation over seeds.",
         "",
         "### Do the paper's claims hold here? (paper (b): mixed > fixed; p2d >= p2p on linear probing)",
         "",
         "A difference is called only where it exceeds the seed spread (the sum of the two standard deviations).",
         "",
     ]
-    for mode in ("p2p", "p2d", "d2d"):
-        text, sign = compare(records, f"{mode}, GVP mixed", f"{mode}, GVP fixed")
-        verdict = "" if sign is None else f" — mixed > fixed {CLAIM[('greater', sign)]}"
-        lines.append(f"- mixed vs fixed segmentation, {mode}, linear probe: {text}{verdict}")
-    for seg in ("mixed", "fixed"):
-        text, sign = compare(records, f"p2d, GVP {seg}", f"p2p, GVP {seg}")
-        verdict = "" if sign is None else f" — p2d >= p2p {CLAIM[('at_least', sign)]}"
-        lines.append(f"- p2d vs p2p, GVP {seg}, linear probe: {text}{verdict}")
-    for mode in ("p2p", "p2d", "d2d"):
-        text, _ = compare(records, f"{mode}, GVP mixed", BASELINE)
-        lines.append(f"- {mode} GVP mixed vs the MAE baseline, linear probe: {text}")
-    for mode in ("p2p", "p2d", "d2d"):
-        text, _ = compare(records, f"{mode}, GVP mixed", f"{mode}, GVP fixed", key="finetune")
-        lines.append(f"- mixed vs fixed, {mode}, fine-tuning: {text}")
+    # (label, a, b, metric, claim): claim names how to read the sign against paper (b), None for context rows
+    comparisons = [(f"mixed vs fixed segmentation, {m}, linear probe", f"{m}, GVP mixed", f"{m}, GVP fixed", "probe",
+                    ("greater", "mixed > fixed")) for m in ("p2p", "p2d", "d2d")]
+    comparisons += [(f"p2d vs p2p, GVP {g}, linear probe", f"p2d, GVP {g}", f"p2p, GVP {g}", "probe",
+                     ("at_least", "p2d >= p2p")) for g in ("mixed", "fixed")]
+    comparisons += [(f"{m} GVP mixed vs the MAE baseline, linear probe", f"{m}, GVP mixed", BASELINE, "probe", None)
+                    for m in ("p2p", "p2d", "d2d")]
+    comparisons += [(f"mixed vs fixed, {m}, fine-tuning", f"{m}, GVP mixed", f"{m}, GVP fixed", "finetune", None)
+                    for m in ("p2p", "p2d", "d2d")]
+    for label, a, b, key, claim in comparisons:
+        text, sign = compare(records, a, b, key=key)
+        if text:
+            verdict = "" if sign is None or claim is None else f" — {claim[1]} {CLAIM[(claim[0], sign)]}"
+            lines.append(f"- {label}: {text}{verdict}")
     walls = [x["wall_s"] for x in every if x["wall_s"]]
     if walls:
         lines += ["", f"{len(walls)} runs, {sum(walls) / 60:.1f} run-minutes in all (runs overlap: --jobs at a time)."]
     if (out_dir / "samples.png").exists():
-        lines += ["", f"Samples: {out_dir / 'samples.png'} ({SAMPLE_CONFIG[0]}, seed 0)."]
+        lines += ["", f"Samples: samples.png ({SAMPLE_CONFIG[0]}, seed 0; 100 images, image i of class i mod 10)."]
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data_root", default=str(REPO.parent / "shared" / "data"),
+    p.add_argument("--data_root", default="../shared/data",
                    help="the shared data layout: the Fashion-MNIST IDX files in images/fashion-mnist")
     p.add_argument("--dataset", default="fashion_mnist", help="fashion_mnist (default), digits, or a datasets image set")
     p.add_argument("--out_dir", default="runs/vision_bench")
@@ -311,7 +321,7 @@ def main(argv=None) -> int:
     for key in list(sizes):
         if getattr(args, key, None) is not None:
             sizes[key] = getattr(args, key)
-    out_dir = Path(args.out_dir)
+    out_dir = Path(args.out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.report:
         text = report(out_dir)
@@ -321,9 +331,11 @@ def main(argv=None) -> int:
 
     data_dir = None
     if args.dataset == "fashion_mnist":
-        data_dir = str(Path(args.data_root) / "images" / "fashion-mnist")
-        if not Path(data_dir, "train-images-idx3-ubyte.gz").exists():
-            print(f"error: no Fashion-MNIST IDX files in {data_dir}; pass --data_root (the folder holding "
+        found = (Path(args.data_root) / "images" / "fashion-mnist").resolve()
+        # the runs start in the repository root; a relative path keeps machine paths out of the JSON files
+        data_dir = os.path.relpath(found, REPO)
+        if not (found / "train-images-idx3-ubyte.gz").exists():
+            print(f"error: no Fashion-MNIST IDX files in {found}; pass --data_root (the folder holding "
                   f"images/fashion-mnist) or --dataset digits", file=sys.stderr)
             return 2
     shared = shared_args(args, sizes, data_dir)
@@ -343,7 +355,7 @@ def main(argv=None) -> int:
     sample_record = grid.result_path(SAMPLE_CONFIG[0], args.seeds[0])
     png = out_dir / "samples.png"
     if not args.no_sample and sample_record.exists() and not png.exists() and not (
-            Path(json.loads(sample_record.read_text())["checkpoint"]) / "config.json").exists():
+            out_dir / json.loads(sample_record.read_text())["checkpoint"] / "config.json").exists():
         sample_record.unlink()  # its checkpoint is gone (a fresh machine got the JSON files only): train it again
     start = time.monotonic()
     print(f"{len(jobs)} runs, {sizes['jobs']} at a time, into {out_dir}", flush=True)
@@ -351,7 +363,7 @@ def main(argv=None) -> int:
     failed = [m for m in messages if m.startswith("FAIL")]
     if not args.no_sample and sample_record.exists() and not png.exists() and not (
             grid.deadline and time.monotonic() > grid.deadline - 20):
-        checkpoint = json.loads(sample_record.read_text())["checkpoint"]
+        checkpoint = str(out_dir / json.loads(sample_record.read_text())["checkpoint"])
         # 100 images, image i of class i mod 10: one class per column of the 10 x 10 grid
         cmd = [args.python, "-m", "hf_lookaround.vision", "sample", "--model", checkpoint, "--out", str(png),
                "--num_images", "100", "--seed", "0"]

@@ -291,11 +291,13 @@ def test_a_codebook_oracle_scores_the_codebook_floor(tmp_path):
         def forward(self, pixel_values, group_ids, target_positions, class_labels=None):
             ids = self.vit.visual_token_ids(pixel_values)
             slots = (target_positions - config.num_prefix_tokens).clamp(min=0)
-            return type("Out", (), {"logits": torch.nn.functional.one_hot(ids.gather(1, slots), 8).float()})
+            one_hot = torch.nn.functional.one_hot(ids.gather(1, slots), 8).float()
+            return type("Out", (), {"logits": 50 * one_hot})  # certain of the true token
 
     params = {"num_groups": 4, "segmentation": "mixed"}
     perfect = reconstruction_l2(Oracle(), pixels[:40], objective="gvp", plan_params=params)
     assert perfect["token_accuracy"] == 1.0 and perfect["l2"] == pytest.approx(perfect["codebook_l2"], rel=1e-6)
+    assert perfect["expected_centroid_l2"] == pytest.approx(perfect["codebook_l2"], rel=1e-4)
     assert perfect["space"] == "per-patch normalised patches"
     untrained = reconstruction_l2(model, pixels[:40], objective="gvp", plan_params=params)
     assert untrained["codebook_l2"] == pytest.approx(perfect["codebook_l2"], rel=1e-6)  # the same plan and targets

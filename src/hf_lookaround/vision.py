@@ -544,7 +544,9 @@ def reconstruction_l2(model: LookAroundViTForPreTraining, images: torch.Tensor, 
     the space the model regresses: ``pixel_values``, or per-patch normalised patches with ``norm_pix_loss``.
     A visual-token model (p2d, d2d) is scored on the centroid of its most likely id against the per-patch
     normalised true patch; ``codebook_l2`` is the same error of the nearest centroid (the best any id can
-    do) and ``token_accuracy`` the fraction of predicted ids equal to the true patch's id.
+    do), ``token_accuracy`` the fraction of predicted ids equal to the true patch's id, and
+    ``expected_centroid_l2`` the error of the softmax-weighted mean of the centroids (the decode with the least
+    expected squared error under the model's distribution; an argmax decode pays for every wrong guess).
     ``class_labels`` (N,): the condition of a class-conditional model (default: -1, no class).
     """
     if mode not in ("teacher_forced", "generative"):
@@ -567,7 +569,7 @@ def reconstruction_l2(model: LookAroundViTForPreTraining, images: torch.Tensor, 
     device = next(model.parameters(), images).device
     sq_sum: dict[int, float] = {}
     count: dict[int, int] = {}
-    floor_sum, hits = 0.0, 0
+    floor_sum, expected_sum, hits = 0.0, 0.0, 0
     for start in range(0, n, batch_size):
         x = images[start : start + batch_size].to(device)
         ranks = plan.group_ids[start : start + batch_size].to(device)
@@ -584,8 +586,11 @@ def reconstruction_l2(model: LookAroundViTForPreTraining, images: torch.Tensor, 
             pred = centroids[logits.argmax(-1)]
             nearest = encode_patches(truth, centroids)  # the true patch's visual token
             floor = ((centroids[nearest] - truth) ** 2).mean(-1)
+            # the prediction that minimises the expected squared error under the model's distribution
+            expected = ((logits.float().softmax(-1) @ centroids - truth) ** 2).mean(-1)
             valid = slots >= prefix
             floor_sum += float(floor[valid].sum())
+            expected_sum += float(expected[valid].sum())
             hits += int((logits.argmax(-1) == nearest)[valid].sum())
         else:
             pred = _predict_targets(model, x, ranks, slots, mode, prefix, extra)  # (b, M, P)
@@ -607,7 +612,8 @@ def reconstruction_l2(model: LookAroundViTForPreTraining, images: torch.Tensor, 
         "num_images": n,
     }
     if codebook:
-        out.update(decoded="visual_codebook[argmax id]", codebook_l2=floor_sum / total, token_accuracy=hits / total)
+        out.update(decoded="visual_codebook[argmax id]", codebook_l2=floor_sum / total, token_accuracy=hits / total,
+                   expected_centroid_l2=expected_sum / total)
     return out
 
 

@@ -352,3 +352,10 @@ def test_dropped_content_batch_compiles_with_a_fixed_width_and_refuses_a_narrow_
         torch.testing.assert_close(got, model(**batch).loss, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="content_width=10 is smaller"):
         modeling.drop_unread_content(batch, content_width=10)
+
+
+def test_trainer_finds_only_the_labels_argument():
+    """Trainer treats every forward argument named like a label as one each batch must hold (else no eval loss)."""
+    from transformers.utils import find_labels
+
+    assert find_labels(H.LookAroundForPreTraining) == ["labels"]

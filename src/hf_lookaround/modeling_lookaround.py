@@ -904,7 +904,7 @@ def drop_unread_content(batch: dict, content_width: int | None = None) -> dict:
     content rows of each sequence's highest rank (the masked tokens of a masked plan, the last group of GVP) and
     padding feed nothing that reaches a prediction. The new batch keeps the other content rows, compacted to
     `content_width` columns (default: the largest count in the batch) with their original positions, and gives the
-    query rows explicitly at the targets (`query_position_ids`, `query_group_ids`, `query_labels`), so that
+    query rows explicitly at the targets (`query_position_ids`, `query_group_ids`, `query_target_ids`), so that
     `LookAroundForPreTraining(**new_batch)` has the loss and gradients of the full batch (MAE's encoder, which sees
     the visible tokens only, is the masked case). Takes a collator's batch (`input_ids`, `attention_mask`,
     `group_ids`, `labels`, optionally `target_positions`, `position_ids`); call it outside a compiled step: it
@@ -936,7 +936,7 @@ def drop_unread_content(batch: dict, content_width: int | None = None) -> dict:
         position_ids=torch.where(is_row, positions.gather(1, at), 0),
         query_position_ids=torch.where(is_slot, positions.gather(1, target_at), 0),
         query_group_ids=torch.where(is_slot, group_ids.gather(1, target_at), NO_TARGET_RANK),
-        query_labels=torch.where(is_slot, labels.gather(1, target_at), -100),
+        query_target_ids=torch.where(is_slot, labels.gather(1, target_at), -100),
     )
 
 
@@ -993,7 +993,7 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         output_attentions: bool | None = None,
         prepared_attention: PreparedAttention | None = None,
         return_last_hidden_state: bool | None = None,
-        query_labels: torch.LongTensor | None = None,
+        query_target_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> LookAroundForPreTrainingOutput:
         r"""
@@ -1007,20 +1007,21 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         return_last_hidden_state (`bool`, optional): compute the content stream's final state. Default: only
         without labels; with labels the loss reads the query stream alone, so the last layer skips the content rows
         (the loss and its gradients are unchanged) and `last_hidden_state` is None.
-        query_labels (`(B, M)`, with explicit query rows): the token each query row predicts, -100 for none; the loss
-        is taken over them (`drop_unread_content` makes such a batch).
+        query_target_ids (`(B, M)`, with explicit query rows): the token each query row predicts, -100 for none; the
+        loss is taken over them (`drop_unread_content` makes such a batch). Not called "labels": `Trainer` takes
+        every forward argument with "label" in its name for a label it must find in each batch.
         """
         if group_ids is None:
             raise ValueError("LookAroundForPreTraining needs group_ids (a plan); collators in hf_lookaround emit them")
         explicit_rows = query_position_ids is not None or query_group_ids is not None
-        if query_labels is not None:
+        if query_target_ids is not None:
             if not explicit_rows or labels is not None:
-                raise ValueError("query_labels label explicit query rows (query_position_ids/query_group_ids); "
-                                 "with labels over the input tokens pass labels instead")
-            if query_labels.shape != query_group_ids.shape:
-                raise ValueError(f"query_labels must have the shape of query_group_ids {tuple(query_group_ids.shape)}, "
-                                 f"got {tuple(query_labels.shape)}")
-            check_labels(query_labels, self.config.vocab_size)
+                raise ValueError("query_target_ids are the tokens of explicit query rows (query_position_ids/"
+                                 "query_group_ids); with labels over the input tokens pass labels instead")
+            if query_target_ids.shape != query_group_ids.shape:
+                raise ValueError(f"query_target_ids must have the shape of query_group_ids "
+                                 f"{tuple(query_group_ids.shape)}, got {tuple(query_target_ids.shape)}")
+            check_labels(query_target_ids, self.config.vocab_size)
         if labels is not None:
             if explicit_rows:
                 raise ValueError("labels index the input tokens; with explicit query rows compute the loss from logits")
@@ -1033,7 +1034,7 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
                 width = shape[1] if torch.compiler.is_compiling() else None
                 target_positions = positions_of(labels != -100, width)
         if return_last_hidden_state is None:
-            return_last_hidden_state = labels is None and query_labels is None
+            return_last_hidden_state = labels is None and query_target_ids is None
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, group_ids=group_ids,
             target_positions=target_positions, position_ids=position_ids, inputs_embeds=inputs_embeds,
@@ -1048,8 +1049,8 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
             slots = outputs.target_positions
             target_labels = torch.where(slots >= 0, labels.gather(1, slots.clamp(min=0)), -100)
             loss = token_loss(logits, target_labels, kwargs.get("num_items_in_batch"))
-        elif query_labels is not None:
-            loss = token_loss(logits, query_labels.to(logits.device), kwargs.get("num_items_in_batch"))
+        elif query_target_ids is not None:
+            loss = token_loss(logits, query_target_ids.to(logits.device), kwargs.get("num_items_in_batch"))
         return LookAroundForPreTrainingOutput(
             loss=loss,
             logits=logits,
@@ -1062,14 +1063,14 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
 
 
     def prepare_attention(self, labels: torch.LongTensor | None = None, target_positions=None,
-                          return_last_hidden_state: bool | None = None, query_labels=None,
+                          return_last_hidden_state: bool | None = None, query_target_ids=None,
                           **batch) -> PreparedAttention:
         """The masks of `forward(**batch)`, built now: call it outside a compiled step, once per batch, and pass the
         result as `prepared_attention`. Takes the batch `forward` takes (a collator's output)."""
         if target_positions is None and labels is not None:
             target_positions = positions_of(labels != -100)
         if return_last_hidden_state is None:
-            return_last_hidden_state = labels is None and query_labels is None
+            return_last_hidden_state = labels is None and query_target_ids is None
         return self.model.prepare_attention(target_positions=target_positions,
                                             content_output=return_last_hidden_state, **batch)
 

@@ -130,11 +130,11 @@ class PlanCollator:
     def _batch_generator(self, content: torch.Tensor, lengths: torch.Tensor) -> torch.Generator:
         generator = self._worker_generator()
         if self.per_batch_seed:
-            digest = hashlib.blake2b(digest_size=8)
+            digest = hashlib.sha256()  # x86 CPUs hash SHA-256 in hardware: twice as fast as BLAKE2b here
             digest.update(f"{self.seed}|{self.epoch}|{self._rank()}|{self.objective}|".encode())
             digest.update(lengths.numpy().tobytes())
             digest.update(memoryview(content.contiguous().numpy()))  # the same bytes as tobytes(), uncopied
-            generator.manual_seed(int.from_bytes(digest.digest(), "little") & ((1 << 63) - 1))
+            generator.manual_seed(int.from_bytes(digest.digest()[:8], "little") & ((1 << 63) - 1))
         return generator
 
     # ----------------------------------------------------------------------------- padding
@@ -204,10 +204,10 @@ class PlanCollator:
 
     def _maskable(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         # special tokens (bos/eos/pad/cls/sep/mask) are never masked, nor padding
-        maskable = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
-        for special in self._special_ids():  # a few ids: comparisons are faster than torch.isin
-            maskable &= input_ids != special
-        return maskable
+        inside = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
+        # numpy's table lookup: several times faster than torch.isin or one comparison per special id
+        special = np.isin(input_ids.numpy(), self._special_ids(), kind="table")
+        return inside & ~torch.from_numpy(special)
 
     def _finish(self, input_ids, attention_mask, plan: plans.Plan, generator) -> dict[str, torch.Tensor]:
         return {

@@ -65,8 +65,8 @@ def target_positions_from_mask(is_target: torch.Tensor, pad_to: int | None = Non
             raise ValueError(f"pad_to={pad_to} is smaller than the largest target count {width} in the batch")
         width = pad_to
     slot = torch.where(is_target, is_target.cumsum(-1) - 1, width)  # non-targets go to a spare column
-    positions = torch.full((batch, width + 1), -1, dtype=torch.long)
-    positions.scatter_(1, slot, torch.arange(seq_len).expand(batch, seq_len))
+    positions = torch.full((batch, width + 1), -1, dtype=torch.long, device=is_target.device)
+    positions.scatter_(1, slot, torch.arange(seq_len, device=is_target.device).expand(batch, seq_len))
     return positions[:, :width]
 
 

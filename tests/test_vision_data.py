@@ -232,11 +232,15 @@ def test_a_missing_image_column_is_a_clear_error(tmp_path, capsys):
     assert "no label column" in cli_error(capsys, tiny_argv(str(tmp_path / "unlabelled"), tmp_path / "out"))
 
 
-def test_fashion_mnist_without_its_files_and_unknown_names_are_clear_errors(tmp_path, capsys):
+def test_fashion_mnist_without_its_files_and_unknown_names_are_clear_errors(tmp_path, capsys, monkeypatch):
     assert "--data" in cli_error(capsys, tiny_argv("fashion_mnist", tmp_path / "out"))
     err = cli_error(capsys, tiny_argv("fashion_mnist", tmp_path / "out", "--data", str(tmp_path)))
     assert "train-images-idx3-ubyte.gz" in err
     assert "does not exist" in cli_error(capsys, tiny_argv("./no/such/folder", tmp_path / "out"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a Hub name is tried with `datasets`, and its failure explained
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    err = cli_error(capsys, tiny_argv("no-such-owner/no-such-images", tmp_path / "out"))
+    assert "could not load --dataset 'no-such-owner/no-such-images'" in err and "image folder" in err
 
 
 def test_too_few_training_images_for_the_probe_is_a_clear_error(tmp_path, capsys):

@@ -50,16 +50,22 @@ OBJECTIVE_NAMES = {"ar": "AR", "dar": "semi-AR t=2", "mlm": "masked 0.15", "vmlm
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
-def content_width(objective: str, seq_len: int) -> int | None:
-    """Static width of the content rows kept by `drop_unread_content` (None: nothing worth dropping).
+GVP_WIDTH_MULTIPLE = 256
+
+
+def content_width(objective: str, seq_len: int) -> int | str | None:
+    """Width of the content rows kept by `drop_unread_content` (None: nothing worth dropping).
 
     Masked plans: the masked tokens (the top rank) feed no prediction; at least round(min ratio * n) of a
-    sequence's n tokens are masked, so T - round(min ratio * T) columns hold every sequence's kept rows. (GVP's top
-    group varies from 1 token to most of the sequence: a static width would have to be T - 1.)"""
+    sequence's n tokens are masked, so T - round(min ratio * T) columns hold every sequence's kept rows. GVP: the
+    top group ranges from one token to most of the sequence, so the width is the batch's own, rounded up to a
+    multiple of GVP_WIDTH_MULTIPLE (a training run compiles at most T / 256 graphs)."""
     if objective == "mlm":
         return seq_len - round(PLAN_PARAMS["mlm"]["mask_ratio"] * seq_len)
     if objective == "vmlm":
         return seq_len - round(PLAN_PARAMS["vmlm"]["mask_ratio_range"][0] * seq_len)
+    if objective == "gvp":
+        return f"x{GVP_WIDTH_MULTIPLE}"
     return None
 
 
@@ -275,14 +281,18 @@ class Bench:
                 from hf_lookaround.modeling_lookaround import drop_unread_content
 
                 def prepare(b):
-                    if content_width is not None:  # the content rows no prediction reads are not computed
+                    if isinstance(content_width, int):  # the content rows no prediction reads are not computed
                         b = drop_unread_content(b, content_width)
+                    elif content_width is not None:  # "x256": the batch's width rounded up to a multiple of 256
+                        b = drop_unread_content(b, width_multiple=int(content_width[1:]))
                     return dict(b, prepared_attention=inner.prepare_attention(**b))
             # FlexAttention has no backward on the CPU: the smoke run times its forward only
             train = not (not self.cuda and info.get("backend") == "flex_attention")
             row.update(self.time_training(model, run, batch, seq_len, prepare, train))
             if two_stream:
-                mask = prepare(batch)["prepared_attention"].mask
+                inputs = prepare(batch)
+                row["content_rows"] = inputs["input_ids"].shape[1]  # what the model ran (T unless some were dropped)
+                mask = inputs["prepared_attention"].mask
                 if hasattr(mask, "sparsity"):
                     row["block_sparsity_pct"] = round(float(mask.sparsity()), 1)
         except Exception as error:  # one failing row must not cost the others
@@ -315,8 +325,8 @@ class Bench:
                        drop_unread=False):
         backend = {"flex_attention": "flex"}.get(impl, impl)
         width = content_width(objective, seq_len) if drop_unread else None
-        case = f"LookAround 2-stream {OBJECTIVE_NAMES[objective]} ({backend}, compiled" + \
-            (f", {width} content rows)" if width else ")")
+        rows = f"{width} content rows" if isinstance(width, int) else f"content rows to a multiple of {str(width)[1:]}"
+        case = f"LookAround 2-stream {OBJECTIVE_NAMES[objective]} ({backend}, compiled" + (f", {rows})" if width else ")")
         key = f"la/{config_name}/{impl}/{objective}/B{batch}/T{seq_len}" + (f"/W{width}" if width else "")
 
         def build():
@@ -331,7 +341,7 @@ class Bench:
 
         return self.measure(key, section, case, build, lambda: self.two_stream_batch(objective, batch, seq_len),
                             seq_len, True, baselines, content_width=width, model="lookaround", family=config_name,
-                            objective=objective, compiled=True, backend=impl, content_rows=width or seq_len)
+                            objective=objective, compiled=True, backend=impl)
 
     def section_audit(self):
         from hf_lookaround.leakcheck import audit_two_stream
@@ -402,7 +412,7 @@ class Bench:
                 # objectives grouped by input shapes so that each compiled graph serves several in a row
                 for objective in ("ar", "dar", "gvp", "mlm", "vmlm"):
                     self.two_stream_row("grid", family, impl, objective, B, T, baselines, cache,
-                                        drop_unread=objective in ("mlm", "vmlm"))
+                                        drop_unread=objective in ("mlm", "vmlm", "gvp"))
 
     def section_collator(self):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -484,7 +494,8 @@ def report(data: dict) -> str:
 
     def line(r, *extra):
         cells = perf(r) if "error" not in r else perf(r) + " | | | |"
-        return f"| {r['case']} | {r.get('batch', '?')}×{r['seq']} | {cells} | " + " | ".join(extra) + " |"
+        case = r.get("case") or f"section {r.get('section')}"
+        return f"| {case} | {r.get('batch', '?')}×{r.get('seq', '?')} | {cells} | " + " | ".join(extra) + " |"
 
     long_rows = [r for r in rows if r.get("section") == "long"]
     if long_rows:

@@ -359,3 +359,10 @@ def test_trainer_finds_only_the_labels_argument():
     from transformers.utils import find_labels
 
     assert find_labels(H.LookAroundForPreTraining) == ["labels"]
+
+
+def test_dropped_content_width_rounds_up_to_a_multiple():
+    batch = batch_for("gvp", seed=2)
+    exact = modeling.drop_unread_content(batch)["input_ids"].shape[1]
+    rounded = modeling.drop_unread_content(batch, width_multiple=8)["input_ids"].shape[1]
+    assert rounded % 8 == 0 and exact <= rounded < exact + 8

@@ -897,7 +897,7 @@ def positions_of(is_target: torch.Tensor, width: int | None = None) -> torch.Ten
     return torch.where(is_target.gather(1, order), order, -1)
 
 
-def drop_unread_content(batch: dict, content_width: int | None = None) -> dict:
+def drop_unread_content(batch: dict, content_width: int | None = None, width_multiple: int | None = None) -> dict:
     """An equivalent two-stream batch without the content rows that no prediction reads.
 
     A query row of rank r reads content of rank < r, and a content row of rank r reads content of rank <= r; so the
@@ -909,6 +909,8 @@ def drop_unread_content(batch: dict, content_width: int | None = None) -> dict:
     the visible tokens only, is the masked case). Takes a collator's batch (`input_ids`, `attention_mask`,
     `group_ids`, `labels`, optionally `target_positions`, `position_ids`); call it outside a compiled step: it
     checks on the host that `content_width` holds every sequence's kept rows (a fixed width keeps shapes static).
+    `width_multiple`: without a fixed width, round the batch's width up to a multiple of this, so that a compiled
+    step sees a few shapes only (GVP, whose top group ranges from one token to most of the sequence).
     """
     input_ids, group_ids, labels = batch["input_ids"], batch["group_ids"], batch["labels"]
     attention_mask = batch.get("attention_mask")
@@ -917,6 +919,8 @@ def drop_unread_content(batch: dict, content_width: int | None = None) -> dict:
     keep = valid & (group_ids < top_rank)
     needed = int(keep.sum(-1).max()) if keep.numel() else 0
     width = needed if content_width is None else content_width
+    if content_width is None and width_multiple:
+        width = min(-(-needed // width_multiple) * width_multiple, input_ids.shape[1])
     if width < needed:
         raise ValueError(f"content_width={content_width} is smaller than the {needed} content rows a sequence of this "
                          "batch keeps; raise it (nothing is dropped for you)")

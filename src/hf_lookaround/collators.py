@@ -206,7 +206,7 @@ class PlanCollator:
         # special tokens (bos/eos/pad/cls/sep/mask) are never masked, nor padding
         inside = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
         # numpy's table lookup: several times faster than torch.isin or one comparison per special id
-        special = np.isin(input_ids.numpy(), self._special_ids(), kind="table")
+        special = np.isin(input_ids.numpy(), np.asarray(self._special_ids(), dtype=np.int64), kind="table")
         return inside & ~torch.from_numpy(special)
 
     def _finish(self, input_ids, attention_mask, plan: plans.Plan, generator) -> dict[str, torch.Tensor]:

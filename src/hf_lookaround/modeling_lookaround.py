@@ -1221,8 +1221,9 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
             rows = torch.arange(shape[1], device=device)
             rows = rows if labels is not None else rows[keep]
             query_positions, query_ranks, position_ids = self._next_token_rows(rows, position_ids, past_key_values, shape)
+            # the logits read the query rows only: the last layer skips the content rows
             outputs = self.model(**common, position_ids=position_ids, query_position_ids=query_positions,
-                                 query_group_ids=query_ranks)
+                                 query_group_ids=query_ranks, content_output=False)
             full_logits = self.lm_head(outputs.query_hidden_state)
             logits = full_logits[:, keep] if labels is not None else full_logits
         else:

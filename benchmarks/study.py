@@ -125,6 +125,32 @@ def write_json(path: Path, payload: dict, copy_to: Path | None = None) -> None:
         (copy_to / path.name).write_text(text, encoding="utf-8")
 
 
+def write_bundle(path: Path, files) -> None:
+    """All of ``files`` (JSON) in one gzipped JSON ``{name: content}``; ``--unbundle`` writes them back out."""
+    import gzip
+
+    payload = {Path(f).name: json.loads(Path(f).read_text()) for f in files if Path(f).is_file()}
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as handle:
+        json.dump(payload, handle, sort_keys=True)
+    tmp.replace(path)
+
+
+def unbundle(path: Path, results_dir: Path) -> list[Path]:
+    """Write the files of a bundle into ``results_dir`` (as ``write_json`` writes them); returns their paths."""
+    import gzip
+
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        payload = json.load(handle)
+    out = []
+    for name, content in sorted(payload.items()):
+        if "/" in name or not name.endswith(".json"):
+            raise ValueError(f"{path}: unexpected entry {name!r}")
+        write_json(results_dir / name, content)
+        out.append(results_dir / name)
+    return out
+
+
 def git_commit() -> str:
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
@@ -594,9 +620,15 @@ def run_grid(args, argv) -> int:
                "cells_done_before": sorted(done), "cells_ok": [], "cells_failed": [], "cells_not_started": [],
                "status": "running"}
 
+    written = []  # every JSON this call wrote: also bundled in one file, in case a device returns only a few files
+
     def save_summary():
         summary["wall_seconds"] = time.perf_counter() - t0
         write_json(summary_path, summary, copy_to)
+        if summary_path not in written:
+            written.append(summary_path)
+        if copy_to is not None:
+            write_bundle(copy_to / f"bundle__{label}.json.gz", written)
 
     preps = {}
     for preset in dict.fromkeys(p for p, *_ in todo):
@@ -623,7 +655,7 @@ def run_grid(args, argv) -> int:
                   "prep": {k: preps[job["preset"]][k] for k in PREP_RECORDED},
                   "threads": args.threads_per_cell, "parallel": args.parallel, "device": device_name}
         log_tail = sanitize(Path(job["log"]).read_text(errors="replace")[-4000:]) if Path(job["log"]).is_file() else ""
-        if copy_to is not None and Path(job["log"]).is_file():  # the whole log comes back from the GPU machine too
+        if copy_to is not None and args.copy_logs and Path(job["log"]).is_file():
             (copy_to / "logs").mkdir(parents=True, exist_ok=True)
             shutil.copyfile(job["log"], copy_to / "logs" / f"{key}__{label}.log")
         measured = json.loads(Path(job["result"]).read_text()) if Path(job["result"]).is_file() else {}
@@ -631,6 +663,7 @@ def run_grid(args, argv) -> int:
             record.update(measured)
             record["status"] = "partial" if measured["finetune"]["skipped"] else "ok"
             write_json(results_dir / f"{key}.json", record, copy_to)
+            written.append(results_dir / f"{key}.json")
             summary["cells_ok"].append(key)
             durations.append(wall)
         else:
@@ -638,6 +671,7 @@ def run_grid(args, argv) -> int:
             record.update(measured, status=status, reason=reason, log_tail=log_tail,
                           measured_phases=[k for k in ("pretrain", "perplexity", "probe", "finetune") if k in measured])
             write_json(results_dir / f"{key}__failed__{label}.json", record, copy_to)
+            written.append(results_dir / f"{key}__failed__{label}.json")
             summary["cells_failed"].append(key)
         print(f"[study] {key}: {record['status']} after {wall / 60:.1f} min" + (f" ({reason})" if reason else "")
               + (f" (skipped for time: {', '.join(measured['finetune']['skipped'])})" if record["status"] == "partial" else ""),
@@ -1128,6 +1162,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--results_dir", nargs="+", default=["docs/results/study"],
                    help="cell JSON folder (the first is written; --report reads all)")
     p.add_argument("--copy_to", default=None, help="also write every JSON here (e.g. $OUT/study on the GPU machine)")
+    p.add_argument("--copy_logs", action="store_true", help="with --copy_to: also copy every cell's full log")
+    p.add_argument("--unbundle", default=None,
+                   help="write the JSON files of a bundle__<run>.json.gz (from --copy_to) into --results_dir, then stop")
     p.add_argument("--output", default="docs/RESULTS.md", help="--report: the markdown file")
     p.add_argument("--no_plots", action="store_true", help="--report: tables only, no PNG")
     p.add_argument("--plots_dir", default=None, help="--report: where the PNGs go (default: the first --results_dir)")
@@ -1180,6 +1217,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.work_dir == defaults.work_dir:
             args.work_dir = "outputs/study_smoke/work"
         args.run_label = args.run_label or "smoke"
+    if args.unbundle:
+        for path in unbundle(Path(args.unbundle), Path(args.results_dir[0])):
+            print(f"wrote {path}")
+        return 0
     if args.report:
         build_report(args.results_dir, Path(args.output), args.plots_dir, plots=not args.no_plots)
         print(f"wrote {args.output}")

@@ -236,3 +236,16 @@ def test_held_out_passages_are_cut_at_whitespace():
     assert " ".join(pieces).split() == text.split()  # nothing lost, no word split
     assert study._evenly_spaced(list(range(10)), 3) == [0, 4, 9]  # round(4.5) = 4
     assert study._evenly_spaced([1, 2], 5) == [1, 2]
+
+
+def test_bundle_round_trip(tmp_path):
+    # a GPU call's JSON also comes back as one gzipped bundle; --unbundle writes the files out again
+    files = sorted(FIXTURES.glob("*.json"))
+    study.write_bundle(tmp_path / "bundle__x.json.gz", files)
+    out = study.main(["--unbundle", str(tmp_path / "bundle__x.json.gz"), "--results_dir", str(tmp_path / "r")])
+    assert out == 0
+    assert sorted(p.name for p in (tmp_path / "r").glob("*.json")) == [p.name for p in files]
+    for path in files:
+        assert json.loads((tmp_path / "r" / path.name).read_text()) == json.loads(path.read_text())
+    text = study.build_report([tmp_path / "r"], tmp_path / "R.md", plots=False)
+    assert text == (FIXTURES / "expected_RESULTS.md").read_text(encoding="utf-8")

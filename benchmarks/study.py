@@ -881,6 +881,8 @@ def claims(group) -> list[tuple[str, str, list[str]]]:
         r = compare(group, "vmlm-0.15-0.3", other, short)
         outs.append(outcome(r, -1))
         lines.append(_fmt_cmp(f"short-prefix NLL, vmlm − {other} (the variable ratio narrows the gap)", r, ".4f", -1))
+    lines.append(f"- the two halves: masked models worse than AR with short prefixes, by more than with long ones: "
+                 f"**{verdict(outs[:6])}**; the variable ratio narrows that: **{verdict(outs[6:])}**.")
     out.append(("C3. Masked models are worst with short prefixes, and the variable ratio narrows that (paper (a) "
                 "Fig. 3)", verdict(outs), lines))
     # C4
@@ -999,9 +1001,10 @@ def write_plots(group, preset: str, plots_dir: Path) -> dict[str, Path]:
 
 def _cost_lines(cells, failures, runs) -> list[str]:
     labels = sorted({c["run_label"] for c in cells} | {f["run_label"] for f in failures} | {r["run_label"] for r in runs})
-    lines = ["| run | device | cells ok | cells partial | cells failed | cell-minutes (sum of cell wall times) | call wall "
-             "minutes (first cell start → last cell end) | driver wall minutes (prep included) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| run | device | cells ok | cells partial | cells failed | finished, JSON lost | cell-minutes (sum of cell "
+             "wall times) | call wall minutes (first cell start → last cell end) | driver wall minutes (prep included) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lost_all = []
     total_sum = total_span = 0.0
     for label in labels:
         mine = [c for c in cells if c["run_label"] == label] + [f for f in failures if f["run_label"] == label]
@@ -1016,16 +1019,26 @@ def _cost_lines(cells, failures, runs) -> list[str]:
         devices = sorted({c["versions"]["device"] if "versions" in c else c.get("device", "–") for c in mine}) or ["–"]
         run = next((r for r in runs if r["run_label"] == label), None)
         driver = f"{run['wall_seconds'] / 60:.1f}" if run and "wall_seconds" in run else "–"
+        # cells the call's summary lists as finished but whose JSON is not here (e.g. not returned by the device)
+        lost = sorted(set(run.get("cells_ok", []) + run.get("cells_failed", [])) - {c["key"] for c in mine}) if run else []
+        lost_all += [(label, k) for k in lost]
         total_sum += cell_minutes
         total_span += span
-        lines.append(f"| {label} | {', '.join(devices)} | {ok} | {partial} | {len(mine) - ok - partial} | {cell_minutes:.1f} "
-                     f"| {span:.1f} | {driver} |")
+        lines.append(f"| {label} | {', '.join(devices)} | {ok} | {partial} | {len(mine) - ok - partial} | {len(lost)} "
+                     f"| {cell_minutes:.1f} | {span:.1f} | {driver} |")
     ok_all = sum(c["status"] == "ok" for c in cells)
-    lines.append(f"| all | | {ok_all} | {len(cells) - ok_all} | {len(failures)} | {total_sum:.1f} | {total_span:.1f} | |")
+    lines.append(f"| all | | {ok_all} | {len(cells) - ok_all} | {len(failures)} | {len(lost_all)} | {total_sum:.1f} "
+                 f"| {total_span:.1f} | |")
     driver_total = sum(r.get("wall_seconds", 0.0) for r in runs) / 60
     lines += ["", f"In all: {len(labels)} call(s); {driver_total:.1f} minutes of driver wall time (prep included; "
                   f"the device minutes the calls spent), {total_span:.1f} minutes from first cell start to last cell end, "
                   f"{total_sum:.1f} cell-minutes."]
+    if lost_all:
+        kept = {c["key"]: c["run_label"] for c in cells}
+        lines += ["", f"{len(lost_all)} cell(s) finished in a call but their JSON never came back, so that call's "
+                      "minutes bought nothing for them (the cell-minutes above count only the JSON kept): "
+                      + ", ".join(f"{k} (lost from {label}" + (f", the kept one is from {kept[k]})" if k in kept else ")")
+                                  for label, k in lost_all) + "."]
     return lines
 
 
@@ -1063,7 +1076,10 @@ def _settings_lines(cells) -> list[str]:
     ]
 
 
-def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plots: bool = True) -> str:
+def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plots: bool = True,
+                 notes: Path | None = None) -> str:
+    """The markdown report (written to ``output``) from the JSON in ``results_dirs``; ``notes`` (default:
+    ``<first results dir>/NOTES.md`` if it exists), a hand-written reading of the numbers, is included verbatim."""
     cells, failures, runs = load_results(results_dirs)
     if not cells and not failures:
         raise ValueError(f"no cell JSON in {results_dirs}: run the grid first")
@@ -1118,6 +1134,10 @@ def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plot
         out += ["", "### The claims", ""]
         for title, v, lines in claims(group):
             out += [f"**{title}: {v}.**", ""] + lines + [""]
+    notes = Path(notes) if notes else Path(results_dirs[0]) / "NOTES.md"
+    if notes.is_file():
+        out += [f"## Reading the results (hand-written: {notes.name} beside the JSON)", "",
+                notes.read_text(encoding="utf-8").strip(), ""]
     out += ["## Cost", "", "GPU time per GPU call (run label), from the cells' JSON: the cells of one call run in "
             "parallel on one GPU, so the call's wall time, not the sum of cell times, is what the lease spends.", ""]
     out += _cost_lines(cells, failures, runs)
@@ -1166,6 +1186,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--unbundle", default=None,
                    help="write the JSON files of a bundle__<run>.json.gz (from --copy_to) into --results_dir, then stop")
     p.add_argument("--output", default="docs/RESULTS.md", help="--report: the markdown file")
+    p.add_argument("--notes", default=None,
+                   help="--report: hand-written markdown to include (default: NOTES.md in the first --results_dir)")
     p.add_argument("--no_plots", action="store_true", help="--report: tables only, no PNG")
     p.add_argument("--plots_dir", default=None, help="--report: where the PNGs go (default: the first --results_dir)")
     p.add_argument("--work_dir", default="outputs/study_work", help="checkpoints, logs and prepared data (not kept)")
@@ -1222,7 +1244,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
         return 0
     if args.report:
-        build_report(args.results_dir, Path(args.output), args.plots_dir, plots=not args.no_plots)
+        build_report(args.results_dir, Path(args.output), args.plots_dir, plots=not args.no_plots, notes=args.notes)
         print(f"wrote {args.output}")
         return 0
     import torch

@@ -249,3 +249,13 @@ def test_bundle_round_trip(tmp_path):
         assert json.loads((tmp_path / "r" / path.name).read_text()) == json.loads(path.read_text())
     text = study.build_report([tmp_path / "r"], tmp_path / "R.md", plots=False)
     assert text == (FIXTURES / "expected_RESULTS.md").read_text(encoding="utf-8")
+
+
+def test_committed_results_md_is_the_report_of_the_committed_gpu_json(tmp_path):
+    # docs/RESULTS.md must be exactly what --report makes of docs/results/study/ (JSON and NOTES.md)
+    results = ROOT / "docs" / "results" / "study"
+    committed = ROOT / "docs" / "RESULTS.md"
+    assert sorted(results.glob("*__seed*.json")), "the GPU grid's JSON is committed"
+    out = tmp_path / "docs" / "RESULTS.md"  # the same layout, so the plot links come out the same
+    text = study.build_report([results], out, plots_dir=tmp_path / "docs" / "results" / "study")
+    assert text == committed.read_text(encoding="utf-8")

@@ -64,10 +64,10 @@ SAMPLE_CONFIG = ("p2d, GVP mixed, class-conditional",
 
 GPU = dict(preset="small", num_train=50000, num_probe_train=10000, num_test=10000, max_steps=800, batch_size=256,
            learning_rate=1e-3, finetune_steps=300, codebook_size=512, codebook_images=5000, jobs=11, time_limit=570,
-           extra=["--bf16", "--probe_backend", "torch", "--dataloader_num_workers", "1"])
+           extra=["--bf16", "--probe_backend", "sklearn_path", "--dataloader_num_workers", "1"])
 SMOKE = dict(preset="tiny", num_train=192, num_probe_train=160, num_test=160, max_steps=3, batch_size=32,
              learning_rate=1e-3, finetune_steps=2, codebook_size=16, codebook_images=64, jobs=2, time_limit=None,
-             extra=["--probe_backend", "torch"])
+             extra=["--probe_backend", "sklearn_path"])
 
 
 def slug(name: str) -> str:

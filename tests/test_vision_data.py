@@ -256,19 +256,19 @@ def test_sources_keep_their_split_names():
 
 
 # ------------------------------------------------------------------------------------------ probes, modes
-def test_the_torch_probe_solves_the_same_logistic_regression_as_scikit_learn():
+def test_the_torch_and_warm_started_probes_solve_the_same_logistic_regression_as_scikit_learn():
     from hf_lookaround.evaluation.probing import linear_probe
-    from hf_lookaround.vision import torch_logistic_probe
+    from hf_lookaround.vision import torch_logistic_probe, warm_path_probe
 
     train, test = load_digits_images()
     x = train.images.reshape(len(train), -1).astype(np.float64) / 255
     xt = test.images.reshape(len(test), -1).astype(np.float64) / 255
     split = (x[:300], train.labels[:300], x[300:500], train.labels[300:500], xt, test.labels)
-    ours = torch_logistic_probe(*split, device="cpu")
     reference = linear_probe(*split)
-    assert ours["C"] == reference["C"]
-    assert ours["validation_accuracy"] == pytest.approx(reference["validation_accuracy"], abs=0.011)
-    assert ours["test_accuracy"] == pytest.approx(reference["test_accuracy"], abs=0.011)
+    for ours in (torch_logistic_probe(*split, device="cpu"), warm_path_probe(*split)):
+        assert ours["C"] == reference["C"]
+        assert ours["validation_accuracy"] == pytest.approx(reference["validation_accuracy"], abs=0.011)
+        assert ours["test_accuracy"] == pytest.approx(reference["test_accuracy"], abs=0.011)
 
 
 def test_a_codebook_oracle_scores_the_codebook_floor(tmp_path):
@@ -335,7 +335,7 @@ def test_the_command_fits_a_codebook_for_visual_token_modes_on_digits(tmp_path, 
             "--codebook_images", "64", "--class_conditional", "--hidden_size", "32", "--num_hidden_layers", "1",
             "--num_attention_heads", "2", "--intermediate_size", "64", "--num_train", "128", "--num_probe_train", "100",
             "--num_test", "60", "--max_steps", "2", "--batch_size", "16", "--finetune_steps", "1", "--no_baselines",
-            "--probe_backend", "torch"]
+            "--probe_backend", "sklearn_path"]
     assert main(argv) == 0
     results = json.loads((out / "vision_results.json").read_text())
     recon = results["reconstruction_l2"]["teacher_forced"]

@@ -69,6 +69,7 @@ __all__ = [
 ]
 
 IMAGE_OBJECTIVES = ("gvp", "vmlm", "mlm")
+PROBE_BACKENDS = ("sklearn", "sklearn_path", "torch")
 TARGET_MODES = ("p2p", "p2d", "d2d")
 BUILTIN_DATASETS = ("fashion_mnist", "digits")
 # DESIGN: variable-length masking of images draws the ratio from U[0.5, 0.75]
@@ -486,16 +487,51 @@ def torch_logistic_probe(train_feats, train_y, val_feats, val_y, test_feats=None
     return result
 
 
+def warm_path_probe(train_feats, train_y, val_feats, val_y, test_feats=None, test_y=None, Cs=None) -> dict:
+    """The probe of :func:`hf_lookaround.evaluation.probing.linear_probe` (standardised features, scikit-learn's
+    multinomial ``LogisticRegression``, ``C`` picked on validation accuracy, ties to the stronger penalty), on the
+    CPU, with each ``C`` of the grid (ascending) started from the solution of the previous one (``warm_start``):
+    the same objective and optimum, in about a third of the iterations. Needs no GPU: many runs sharing one GPU
+    slow a GPU solver's many tiny steps down far more than the CPU."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    from .evaluation.probing import DEFAULT_CS
+
+    Cs = sorted(DEFAULT_CS if Cs is None else Cs)
+    train_y, val_y = np.asarray(train_y), np.asarray(val_y)
+    if len(np.unique(train_y)) < 2:
+        raise ValueError("the train split has a single class; a probe needs at least two")
+    scaler = StandardScaler().fit(train_feats)
+    x, xv = scaler.transform(train_feats), scaler.transform(val_feats)
+    xt = scaler.transform(test_feats) if test_feats is not None else None
+    model = LogisticRegression(C=Cs[0], max_iter=2000, warm_start=True, random_state=0)
+    val_scores, test_scores = {}, {}
+    for c in Cs:
+        model.set_params(C=c).fit(x, train_y)
+        val_scores[c] = float((model.predict(xv) == val_y).mean())
+        if xt is not None and test_y is not None:
+            test_scores[c] = float((model.predict(xt) == np.asarray(test_y)).mean())
+    best = max(Cs, key=lambda v: (val_scores[v], -Cs.index(v)))
+    result = {"task_type": "classification", "C": float(best), "num_train": int(len(train_y)), "metric": "accuracy",
+              "validation_accuracy": val_scores[best], "solver": "scikit-learn lbfgs, warm start along C"}
+    if test_scores:
+        acc = test_scores[best]
+        result.update(test_accuracy=acc, test_accuracy_se=float(np.sqrt(acc * (1 - acc) / len(test_y))))
+    return result
+
+
 def linear_probe_images(model, images, labels, test_images=None, test_labels=None, validation_fraction: float = 0.2,
                         seed: int = 0, batch_size: int = 256, backend: str = "sklearn") -> dict:
     """Logistic regression on frozen features (``model=None``: raw pixels); ``C`` picked on a held-out
     ``validation_fraction`` of ``images``; test accuracy on ``test_images`` if given. ``backend``:
-    ``sklearn`` (:func:`hf_lookaround.evaluation.probing.linear_probe`) or ``torch``
+    ``sklearn`` (:func:`hf_lookaround.evaluation.probing.linear_probe`), ``sklearn_path``
+    (:func:`warm_path_probe`: the same, warm-started along the ``C`` grid) or ``torch``
     (:func:`torch_logistic_probe`, the same objective on the model's device)."""
     from .evaluation.probing import linear_probe
 
-    if backend not in ("sklearn", "torch"):
-        raise ValueError(f"backend must be 'sklearn' or 'torch', got {backend!r}")
+    if backend not in PROBE_BACKENDS:
+        raise ValueError(f"backend must be one of {PROBE_BACKENDS}, got {backend!r}")
     if not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"validation_fraction must lie in (0, 1), got {validation_fraction}")
 
@@ -508,6 +544,9 @@ def linear_probe_images(model, images, labels, test_images=None, test_labels=Non
     feats = featurise(images)
     test_feats = featurise(test_images) if test_images is not None else None
     labels = np.asarray(labels)
+    if backend == "sklearn_path":
+        return warm_path_probe(feats[train.numpy()], labels[train.numpy()], feats[val.numpy()], labels[val.numpy()],
+                               test_feats, None if test_labels is None else np.asarray(test_labels))
     if backend == "torch":
         device = next(model.parameters()).device if model is not None else None
         return torch_logistic_probe(feats[train.numpy()], labels[train.numpy()], feats[val.numpy()],
@@ -731,8 +770,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="also fine-tune the pretrained model and one trained from scratch on the probe images; "
                             "the fine-tuned classifier is saved in OUTPUT_DIR/classifier (pipeline-ready)")
     train.add_argument("--no_generative", action="store_true", help="skip generative reconstruction (K forwards)")
-    train.add_argument("--probe_backend", choices=("sklearn", "torch"), default="sklearn",
-                       help="solver of the linear probe's logistic regression (torch: L-BFGS on the model's device)")
+    train.add_argument("--probe_backend", choices=PROBE_BACKENDS, default="sklearn",
+                       help="solver of the linear probe's logistic regression: sklearn, sklearn_path (warm-started "
+                            "along the C grid, ~3x fewer iterations) or torch (L-BFGS on the model's device)")
     train.add_argument("--no_baselines", action="store_true",
                        help="measure the pretrained model only: no probes of the untrained model and raw pixels, no "
                             "fine-tuning from scratch (the mean-patch reconstruction baseline costs nothing and stays)")

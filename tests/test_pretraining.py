@@ -157,3 +157,36 @@ def test_demo_runs_on_a_small_labelled_corpus(tmp_path):
 
     for name in ("perplexity_by_prefix.png", "probe_accuracy.png"):
         assert Image.open(out / name).size[0] > 300, name
+
+
+@pytest.mark.parametrize("objective", [("vmlm",), ("gvp", "--num_groups", "4")])
+def test_dropping_unread_content_rows_keeps_the_loss_curve(tokenizer_dir, tmp_path, objective, monkeypatch):
+    import hf_lookaround.modeling_lookaround as modeling
+
+    widths = []  # (content columns before, after) of every batch the trainer compacted
+    original = modeling.drop_unread_content
+
+    def recording(batch, **kwargs):
+        out = original(batch, **kwargs)
+        widths.append((batch["input_ids"].shape[1], out["input_ids"].shape[1]))
+        return out
+
+    monkeypatch.setattr(modeling, "drop_unread_content", recording)
+    # no dropout, so that fewer content rows cannot change which units a step drops
+    no_dropout = TINY.replace("hidden_dropout_prob=0.1", "hidden_dropout_prob=0.0")
+    curves, evals = {}, {}
+    for drop in ("false", "true"):
+        out = tmp_path / f"drop_{drop}"
+        extra = ("--objective", *objective, "--do_train", "--do_eval", "--max_steps", "4", "--max_train_samples",
+                 "16", "--max_eval_samples", "8", "--perplexity_max_documents", "1", "--save_strategy", "no",
+                 "--seed", "5", "--drop_unread_content", drop)
+        argv = args(tokenizer_dir, out, *extra)
+        argv[argv.index(TINY)] = no_dropout
+        evals[drop] = run(*parse_args(argv))["eval_loss"]
+        curves[drop] = losses(out)
+        assert bool(widths) == (drop == "true")  # the flag, and only the flag, compacts the batches
+    assert all(after < before for before, after in widths)  # rows were really left out
+    assert sorted(curves["true"]) == [1, 2, 3, 4]
+    assert len({round(v, 4) for v in curves["false"].values()}) > 1  # the model trains: a curve, not a constant
+    assert [curves["true"][s] for s in range(1, 5)] == pytest.approx([curves["false"][s] for s in range(1, 5)], abs=2e-4)
+    assert evals["true"] == pytest.approx(evals["false"], abs=2e-4)

@@ -213,6 +213,12 @@ class LookAroundTrainingArguments(TrainingArguments):
                           "process collates). Plans are the same for any number of workers"},
     )
     dataloader_workers_by_default: bool = field(default=False, init=False, repr=False)
+    drop_unread_content: bool = field(
+        default=False,
+        metadata={"help": "two-stream training: leave out the content rows no prediction reads (a masked plan's "
+                          "masked tokens, GVP's last group, padding) before each step; same loss and gradients, "
+                          "less work (MAE's encoder on the visible tokens)"},
+    )
 
     def __post_init__(self):
         if self.dataloader_num_workers is None:
@@ -288,6 +294,11 @@ class LookAroundTrainer(Trainer):
             checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
 
     def compute_loss(self, model, inputs, *args, **kwargs):
+        if getattr(self.args, "drop_unread_content", False) and "group_ids" in inputs and "labels" in inputs:
+            from .modeling_lookaround import drop_unread_content
+
+            # a compiled step sees a few widths only (one graph each), an eager one the exact width
+            inputs = drop_unread_content(inputs, width_multiple=64 if self.args.torch_compile else None)
         # under --torch_compile the attention masks (a FlexAttention BlockMask above all) are built here, once per
         # batch and outside the compiled graph, which cannot build a BlockMask inside itself
         if self.args.torch_compile and "group_ids" in inputs and "prepared_attention" not in inputs:

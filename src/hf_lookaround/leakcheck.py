@@ -40,8 +40,7 @@ def audit_two_stream(model, input_ids, attention_mask, group_ids, is_target, com
     if compiled:
         from .plans import target_positions_from_mask
 
-        slots = target_positions_from_mask(is_target.cpu(), pad_to=input_ids.shape[1])  # a host-side helper
-        batch["target_positions"] = slots.to(input_ids.device)
+        batch["target_positions"] = target_positions_from_mask(is_target, pad_to=input_ids.shape[1])
         batch["prepared_attention"] = model.prepare_attention(**batch)
         forward = compiled_model if compiled_model is not None else torch.compile(model, **(compile_kwargs or {}))
     out = forward(**batch)

@@ -890,11 +890,16 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=No
 def positions_of(is_target: torch.Tensor, width: int | None = None) -> torch.Tensor:
     """(B, T) bool -> (B, M) indices of the True entries of each row, in order, padded with -1.
 
-    M is the largest count in the batch (a host sync), or `width` if given (at least that count)."""
+    M is the largest count in the batch (a host sync), or `width` if given (entries past it are left out), at most
+    T. No sort: each True entry goes to the slot given by the number of True entries before it."""
     if width is None:
         width = int(is_target.sum(-1).max()) if is_target.numel() else 0
-    order = torch.argsort((~is_target).to(torch.int8), dim=-1, stable=True)[:, :width]
-    return torch.where(is_target.gather(1, order), order, -1)
+    width = min(width, is_target.shape[1])
+    slot = is_target.long().cumsum(-1) - 1
+    slot = torch.where(is_target & (slot < width), slot, width)  # the rest go to a spare column
+    positions = torch.full((is_target.shape[0], width + 1), -1, dtype=torch.long, device=is_target.device)
+    indices = torch.arange(is_target.shape[1], device=is_target.device).expand_as(slot)
+    return positions.scatter_(1, slot, indices)[:, :width]
 
 
 def drop_unread_content(batch: dict, content_width: int | None = None, width_multiple: int | None = None) -> dict:

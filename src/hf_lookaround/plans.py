@@ -54,20 +54,15 @@ class Plan:
 
 
 def target_positions_from_mask(is_target: torch.Tensor, pad_to: int | None = None) -> torch.Tensor:
-    """(B, T) bool -> (B, M) target indices in order, padded with -1; ``M`` = the largest count or ``pad_to``.
+    """(B, T) bool -> (B, M) target indices in order, padded with -1; ``M`` = the largest count or ``pad_to``."""
+    from .modeling_lookaround import positions_of  # the model derives target slots from labels the same way
 
-    The same indices as ``modeling_lookaround.positions_of`` (which the model uses on labels), without a sort:
-    each target goes to the slot given by the number of targets before it."""
-    batch, seq_len = is_target.shape
-    width = int(is_target.sum(-1).max()) if is_target.numel() else 0
+    positions = positions_of(is_target)
     if pad_to is not None:
-        if pad_to < width:
-            raise ValueError(f"pad_to={pad_to} is smaller than the largest target count {width} in the batch")
-        width = pad_to
-    slot = torch.where(is_target, is_target.cumsum(-1) - 1, width)  # non-targets go to a spare column
-    positions = torch.full((batch, width + 1), -1, dtype=torch.long, device=is_target.device)
-    positions.scatter_(1, slot, torch.arange(seq_len, device=is_target.device).expand(batch, seq_len))
-    return positions[:, :width]
+        if pad_to < positions.shape[1]:
+            raise ValueError(f"pad_to={pad_to} is smaller than the largest target count {positions.shape[1]} in the batch")
+        positions = torch.nn.functional.pad(positions, (0, pad_to - positions.shape[1]), value=-1)
+    return positions
 
 
 def _check_lengths(lengths, seq_len: int, num_condition_tokens: int) -> torch.Tensor:

@@ -14,7 +14,10 @@ cannot pass with a smaller suite than the one a user runs.
 
 import gzip
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -103,3 +106,18 @@ def digits_idx_dir(tmp_path_factory) -> Path:
         _write_idx(out / f"{prefix}-images-idx3-ubyte.gz", images[rows].round(), 0x00000803)
         _write_idx(out / f"{prefix}-labels-idx1-ubyte.gz", digits.target[rows], 0x00000801)
     return out
+
+
+@pytest.fixture
+def run_without_package(tmp_path):
+    """Run a Python script in a fresh interpreter that cannot import ``hf_lookaround`` (isolated mode, no
+    PYTHONPATH, started in ``tmp_path``), offline and with its own Hugging Face cache: a user with a checkpoint
+    and ``trust_remote_code`` but not the package."""
+
+    def run(script: str) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"))
+        return subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    return run

@@ -1,8 +1,5 @@
 """The LookAround model, tested from the outside: leaks, backends, heads, save/load, bad input."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -289,7 +286,7 @@ def test_a_pretraining_checkpoint_loads_into_every_head(tmp_path):
         assert torch.isfinite(head_output(loaded.eval(), ids, mask, torch.zeros_like(ids))).all()
 
 
-def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path):
+def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path, run_without_package):
     ids, mask, lengths = batch_inputs()
     plan = make_plan("mlm", lengths, ids.shape[1], generator=torch.Generator().manual_seed(0))
     expected = {}
@@ -316,11 +313,7 @@ def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path):
         assert not any(m.startswith("hf_lookaround") for m in sys.modules)
         print("REMOTE-OK")
     """)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"))
-    # run from a folder where `hf_lookaround` cannot be imported from source either
-    result = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = run_without_package(script)
     assert "REMOTE-OK" in result.stdout, result.stderr[-3000:]
 
 

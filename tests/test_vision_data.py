@@ -146,11 +146,10 @@ def test_a_grey_processor_turns_rgb_into_one_channel():
 
 
 # ------------------------------------------------------------------------------------------ pipeline
-def test_the_image_classification_pipeline_uses_the_saved_processor_and_labels(tmp_path):
-    from transformers import pipeline
-
+def save_tiny_classifier(tmp_path):
+    """An untrained 3-class classifier of 12x12 grey images and its fitted processor, both saved in tmp_path/ckpt."""
     train, _ = load_image_splits(str(write_image_folder(tmp_path / "shapes", per_class=3)))
-    processor, pixels = fit_image_processor(train, image_size=12)
+    processor, _ = fit_image_processor(train, image_size=12)
     torch.manual_seed(0)
     config = LookAroundViTConfig(image_size=12, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=1,
                                  num_attention_heads=2, intermediate_size=64, num_labels=3,
@@ -158,6 +157,13 @@ def test_the_image_classification_pipeline_uses_the_saved_processor_and_labels(t
     model = LookAroundViTForImageClassification(config).eval()
     model.save_pretrained(tmp_path / "ckpt")
     processor.save_pretrained(tmp_path / "ckpt")
+    return model, processor
+
+
+def test_the_image_classification_pipeline_uses_the_saved_processor_and_labels(tmp_path):
+    from transformers import pipeline
+
+    model, processor = save_tiny_classifier(tmp_path)
 
     classifier = pipeline("image-classification", model=str(tmp_path / "ckpt"))
     image = drawing("square", 7, mode="RGB")  # the pipeline opens every image as RGB; the processor makes it grey
@@ -359,37 +365,25 @@ def test_the_command_fits_a_codebook_for_visual_token_modes_on_digits(tmp_path, 
         assert grid.mode == "L" and grid.size[0] > 2 * 8
 
 
-def test_without_the_package_the_pipeline_loads_the_processor_and_model_as_remote_code(tmp_path):
+def test_without_the_package_the_pipeline_loads_the_processor_and_model_as_remote_code(tmp_path, run_without_package):
     """save_pretrained copies the processor's module next to the checkpoint (auto_map): a process that cannot
     import hf_lookaround still runs the pipeline with trust_remote_code and gets the same scores."""
-    import subprocess
-    import sys
     import textwrap
 
     from transformers import pipeline
 
-    train, _ = load_image_splits(str(write_image_folder(tmp_path / "shapes", per_class=3)))
-    processor, _ = fit_image_processor(train, image_size=12)
-    torch.manual_seed(0)
-    config = LookAroundViTConfig(image_size=12, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, intermediate_size=64, num_labels=3,
-                                 id2label=dict(enumerate(CLASSES)))
-    LookAroundViTForImageClassification(config).save_pretrained(tmp_path / "ckpt")
-    processor.save_pretrained(tmp_path / "ckpt")
+    save_tiny_classifier(tmp_path)
     assert (tmp_path / "ckpt" / "image_processing_lookaround_vit.py").exists()
     image_path = tmp_path / "stripes.png"
     drawing("stripes", 5, mode="RGB").save(image_path)
-    child = textwrap.dedent('''
+    done = run_without_package(textwrap.dedent(f'''
         import json, sys
         sys.modules["hf_lookaround"] = None  # any import of the package fails
         from transformers import pipeline
-        classifier = pipeline("image-classification", model=sys.argv[1], trust_remote_code=True)
-        print(json.dumps({"processor": type(classifier.image_processor).__module__,
-                          "result": classifier(sys.argv[2], top_k=3)}))
-    ''')
-    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-c", child, str(tmp_path / "ckpt"), str(image_path)], capture_output=True,
-                          text=True, env={**env, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}, timeout=300)
+        classifier = pipeline("image-classification", model={str(tmp_path / "ckpt")!r}, trust_remote_code=True)
+        print(json.dumps({{"processor": type(classifier.image_processor).__module__,
+                          "result": classifier({str(image_path)!r}, top_k=3)}}))
+    '''))
     assert done.returncode == 0, done.stderr[-2000:]
     remote = json.loads(done.stdout.strip().splitlines()[-1])
     assert not remote["processor"].startswith("hf_lookaround")  # the copied module, loaded as remote code

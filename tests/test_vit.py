@@ -1,8 +1,5 @@
 """The two-stream ViT, tested from the outside: pixel-level leaks, backends, save/load, remote code, training."""
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -37,12 +34,6 @@ HEADS = {
     "AutoModelForImageClassification": (AutoModelForImageClassification, LookAroundViTForImageClassification),
 }
 
-# The lead registers these in hf_lookaround/__init__.py; registering again is harmless (exist_ok).
-AutoConfig.register("lookaround_vit", LookAroundViTConfig, exist_ok=True)
-LookAroundViTConfig.register_for_auto_class()
-for _name, (_auto, _cls) in HEADS.items():
-    _auto.register(LookAroundViTConfig, _cls, exist_ok=True)
-    _cls.register_for_auto_class(_name)
 
 
 @pytest.fixture
@@ -174,7 +165,7 @@ def test_a_pretraining_checkpoint_loads_into_the_classifier(tmp_path):
     assert out.logits.shape == (2, 10) and torch.isfinite(out.loss)
 
 
-def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path):
+def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path, run_without_package):
     x, plan = images(), plan_for("vmlm")
     expected = {}
     for name, (_, cls) in HEADS.items():
@@ -200,10 +191,7 @@ def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path):
         assert not any(m.startswith("hf_lookaround") for m in sys.modules)
         print("REMOTE-OK")
     """)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"))
-    result = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = run_without_package(script)
     assert "REMOTE-OK" in result.stdout, result.stderr[-3000:]
 
 

@@ -1,15 +1,12 @@
 """Target modes (p2p, p2d, d2d), the visual codebook and condition tokens of the ViT, tested from the outside:
 gradient leaks, losses against an outside computation, save/load of the codebook, clear errors."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 from torch.nn import functional as F
-from transformers import AutoConfig, AutoModel, AutoModelForImageClassification, AutoModelForPreTraining
+from transformers import AutoModel, AutoModelForImageClassification, AutoModelForPreTraining
 
 from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
 from hf_lookaround.modeling_lookaround_vit import (
@@ -23,16 +20,6 @@ from hf_lookaround.vision_generation import vit_plan
 from hf_lookaround.visual_tokenizer import encode, encode_images, fit_codebook, fit_pixel_decoder
 
 PATCH, SIDE, K = 7, 28, 16  # 16 patches of 7x7, 16 visual tokens
-HEADS = {
-    "AutoModel": (AutoModel, LookAroundViTModel),
-    "AutoModelForPreTraining": (AutoModelForPreTraining, LookAroundViTForPreTraining),
-    "AutoModelForImageClassification": (AutoModelForImageClassification, LookAroundViTForImageClassification),
-}
-AutoConfig.register("lookaround_vit", LookAroundViTConfig, exist_ok=True)
-LookAroundViTConfig.register_for_auto_class()
-for _name, (_auto, _cls) in HEADS.items():
-    _auto.register(LookAroundViTConfig, _cls, exist_ok=True)
-    _cls.register_for_auto_class(_name)
 
 
 def tiny_config(**overrides):
@@ -305,7 +292,7 @@ def test_the_codebook_is_saved_and_loaded_by_from_pretrained_and_the_auto_classe
     assert clf(pixel_values=x, class_labels=torch.tensor([-1, -1])).logits.shape == (2, 4)
 
 
-def test_the_codebook_travels_with_remote_code_in_a_fresh_process(tmp_path):
+def test_the_codebook_travels_with_remote_code_in_a_fresh_process(tmp_path, run_without_package):
     model = make(impl="sdpa", target_mode="d2d", num_condition_tokens=1, num_condition_classes=3)
     model.save_pretrained(tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / "modeling_lookaround_vit.py").exists()
@@ -327,10 +314,7 @@ def test_the_codebook_travels_with_remote_code_in_a_fresh_process(tmp_path):
         assert not any(m.startswith("hf_lookaround") for m in sys.modules)
         print("REMOTE-OK")
     """)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"))
-    result = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = run_without_package(script)
     assert "REMOTE-OK" in result.stdout, result.stderr[-3000:]
 
 

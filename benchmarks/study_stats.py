@@ -166,7 +166,15 @@ def power_paired_t(effect: float, sd_diff: float, n: int, alpha: float = CALL_LE
         return _phi(ncp - z) + _phi(-ncp - z)
     df = n - 1
     crit = float(_stats.t.ppf(1 - alpha / 2, df))
-    return float(_stats.nct.sf(crit, df, ncp) + _stats.nct.cdf(-crit, df, ncp))
+    upper = float(_stats.nct.sf(crit, df, ncp))
+    if math.isnan(upper):
+        upper = 1.0 - float(_stats.nct.cdf(crit, df, ncp))
+    lower = float(_stats.nct.cdf(-crit, df, ncp))  # the wrong-sign rejections: below P(T < 0) = Phi(-ncp)
+    if math.isnan(lower):  # scipy's nct can return NaN deep in the tail: bound it by the normal tail
+        lower = _phi(-ncp)
+    if math.isnan(upper):  # pragma: no cover
+        upper = _phi(ncp - _z(1 - alpha / 2))
+    return min(1.0, max(0.0, upper + lower))
 
 
 def seeds_for_power(effect: float, sd_diff: float, target: float = 0.8, alpha: float = CALL_LEVEL,
@@ -264,18 +272,19 @@ class BootstrapResult:
 
 
 def paired_bootstrap(differences, sizes, n_boot: int = 2000, seed: int = 0, level: float = 0.95,
-                     null: float = 0.0) -> BootstrapResult:
+                     null: float = 0.0, indices=None) -> BootstrapResult:
     """Per-example bootstrap of a difference, pooled over seeds.
 
     ``differences``: one callable per seed, taking a list of index matrices (one per stratum, rows = replicates)
     and returning the difference a - b per replicate (e.g. ``lambda I: acc_a(I[0]) - acc_b(I[0])``). Every seed
     and both objectives see the same resampled test examples (they were scored on the same ones), so the
     replicate's statistic is the mean over seeds of the per-seed difference: the interval shows the test-sample
-    error of the seed-averaged difference, with the seeds held fixed.
+    error of the seed-averaged difference, with the seeds held fixed. ``indices``: the draws of
+    ``bootstrap_indices(sizes, n_boot, seed)`` when the caller already holds them (to reuse cached replicates).
     """
     if not differences:
         raise ValueError("a bootstrap over no seeds")
-    idxs = bootstrap_indices(sizes, n_boot, seed)
+    idxs = bootstrap_indices(sizes, n_boot, seed) if indices is None else indices
     draws = np.mean([np.asarray(fn(idxs), dtype=float) for fn in differences], axis=0)
     observed = float(np.mean([float(np.asarray(fn(identity_indices(sizes)))[0]) for fn in differences]))
     draws = draws[~np.isnan(draws)]

@@ -190,22 +190,7 @@ def test_report_refuses_cells_of_different_settings(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # resume
 # ---------------------------------------------------------------------------------------------
-def test_resume_runs_no_finished_cell(tmp_path, monkeypatch):
-    results = tmp_path / "results"
-    results.mkdir()
-    for path in FIXTURES.glob("tiny__*.json"):
-        shutil.copy(path, results / path.name)
-
-    def no_process(*args, **kwargs):
-        raise AssertionError("a finished cell was started again")
-
-    monkeypatch.setattr(study.subprocess, "Popen", no_process)
-    # the smoke grid (ar and mlm-0.15, seed 0, smoke sizes) is all in the fixture: nothing runs, the report is written
-    code = study.main(["--smoke", "--results_dir", str(results), "--output", str(tmp_path / "R.md"),
-                       "--work_dir", str(tmp_path / "work"), "--no_plots"])
-    assert code == 0
-    assert not (tmp_path / "work").exists()  # not even the data was prepared
-    assert "| ar | 2 |" in (tmp_path / "R.md").read_text()  # both seeds of the fixture are reported
+# (resume of a finished grid: tests/test_study_runtime.py, on the new cells' JSON)
 
 
 def test_resume_refuses_other_settings(tmp_path):

@@ -32,11 +32,11 @@ Rules, applied in this order (each dropped book is counted under its reason in `
    (counted as ``no_ebook_number``).  The same ebook number in several author folders is one book:
    the copy in the first folder (sorted by path) is kept, the others are ``same_ebook``.
 4. Duplicate editions: books with the same author (header ``Author:``, else the folder name) and
-   the same normalised title (the file name's main title, before any subtitle, lower-cased,
-   accents, punctuation, a leading "the/a/an" and the words "complete"/"edition"/"unabridged"
-   removed) are one work: the one with the most words is kept (ties: the lowest ebook number), the
+   the same normalised title (the header's ``Title:`` line, else the file name's main title before
+   any subtitle; lower-cased, accents, punctuation, a leading "the/a/an" and the words
+   "complete"/"edition"/"unabridged" removed) are one work: the one with the most words is kept (ties: the lowest ebook number), the
    others are ``duplicate_edition``.
-5. Single volumes: a book whose main title is ``<work> <sep> Volume/Vol./Part/Book <n>`` (or an
+5. Single volumes: a book whose title (as in rule 4) is ``<work> <sep> Volume/Vol./Part/Book <n>`` (or an
    ordinal "First Part"...) or names a part of a work (``<work>, <part>``) is dropped as
    ``single_volume`` when the same author has a complete edition of ``<work>``: a title containing
    the word "Complete" whose normalised title, with "complete" removed, is a prefix of the volume's.
@@ -96,7 +96,7 @@ LANGUAGE_RE = re.compile(r"^Language:\s*(.+?)\s*$", re.M)
 TITLE_RE = re.compile(r"^Title:\s*(.+?)\s*$", re.M)
 AUTHOR_RE = re.compile(r"^Author:\s*(.+?)\s*$", re.M)
 VOLUME_RE = re.compile(
-    r"^(?P<work>.+?)\s*(?:[,;:\-\u2014\u2013]+|\s)\s*(?:\[?\s*)"
+    r"^(?P<work>.+?)\s*(?:[,;:\-\u2014\u2013]+|\s)\s*(?:[\[(]?\s*)"
     r"(?:(?:volume|vol\.?|part|book)\s+(?:\d+|[ivxlc]+|one|two|three|four|five|six|seven|eight|nine|ten)\b"
     r"|(?:first|second|third|fourth|fifth|sixth) (?:part|volume)\b).*$",
     re.I,
@@ -312,7 +312,7 @@ def load_books(root: str, counts: dict) -> list[dict]:
                 "title": title,
                 "author": author,
                 "path": rel,
-                "main_title": main_title(rel),
+                "key_title": header_field(TITLE_RE, header) or main_title(rel),
                 "words": words,
                 "text": cleaned,
             }
@@ -337,7 +337,7 @@ def drop_duplicates(books: list[dict], counts: dict, log: list) -> list[dict]:
 
     groups: dict = {}
     for b in unique:
-        groups.setdefault((normalise(b["author"]), normalise(b["main_title"])), []).append(b)
+        groups.setdefault((normalise(b["author"]), normalise(b["key_title"])), []).append(b)
     kept = []
     for group in groups.values():
         group.sort(key=rank)
@@ -349,12 +349,12 @@ def drop_duplicates(books: list[dict], counts: dict, log: list) -> list[dict]:
     # rule 5: volumes / parts of a work whose complete edition is present
     complete_bases: dict = {}
     for b in kept:
-        if is_complete(b["main_title"]):
-            complete_bases.setdefault(normalise(b["author"]), []).append((normalise(b["main_title"]), b["path"]))
+        if is_complete(b["key_title"]):
+            complete_bases.setdefault(normalise(b["author"]), []).append((normalise(b["key_title"]), b["path"]))
     result = []
     for b in kept:
         bases = complete_bases.get(normalise(b["author"]), [])
-        work = volume_work(b["main_title"]) if not is_complete(b["main_title"]) else None
+        work = volume_work(b["key_title"]) if not is_complete(b["key_title"]) else None
         holder = None
         if work is not None:
             norm_work = normalise(work)
@@ -362,11 +362,11 @@ def drop_duplicates(books: list[dict], counts: dict, log: list) -> list[dict]:
                 if base and (norm_work == base or norm_work.startswith(base + " ")):
                     holder = path
                     break
-        if holder is None and not is_complete(b["main_title"]):
+        if holder is None and not is_complete(b["key_title"]):
             # parts named by name ("Divine Comedy, Longfellow's Translation, Paradise")
-            norm = normalise(b["main_title"])
+            norm = normalise(b["key_title"])
             for base, path in bases:
-                if base and norm.startswith(base + " ") and "," in b["main_title"]:
+                if base and norm.startswith(base + " ") and "," in b["key_title"]:
                     holder = path
                     break
         if holder is not None:

@@ -350,6 +350,13 @@ CLAIMS = {
 }
 
 
+SHORT_TITLES = {"C1": "C1: dar-t2 vs ar, representation quality", "C2": "C2: the variable ratio beats both fixed ratios (NLL)",
+                "C3a": "C3, first half: masked models' short-long gap exceeds AR's",
+                "C3b": "C3, second half: the variable ratio narrows the gap",
+                "C4": "C4: masked pretraining probes / fine-tunes better than AR",
+                "M": f"{MIXTURE}: AR-level perplexity and masked-level probes"}
+
+
 def claim_tests() -> list[Test]:
     probe, full = score_measure("probe"), score_measure("full")
     masked_prefix, natural_p, ar_plan = _protocol("masked_prefix"), _protocol("natural"), _protocol("ar_plan")
@@ -949,10 +956,12 @@ def plot_claim(key: str, claim: dict, preset: str, path: Path) -> Path:
     the per-example bootstrap interval (orange), 0 / the margin (grey line) and the effect powered for (green)."""
     plt = _pyplot()
     tests = claim["tests"]
-    fig, axes = plt.subplots(len(tests), 1, figsize=(7.5, 0.4 + 1.05 * len(tests)), squeeze=False)
+    share = len({(t.measure.unit, t.null) for t in tests}) == 1  # one scale: the tests compare at a glance
+    height = 0.9 + 1.0 * len(tests)
+    fig, axes = plt.subplots(len(tests), 1, figsize=(7.5, height), squeeze=False, sharex=share)
     for ax, t in zip(axes[:, 0], tests):
         r = t.result
-        ax.axvline(t.null, color="0.4", lw=1)
+        ax.axvline(t.null, color="0.4", lw=1, label="margin" if t.null else "no difference")
         target = t.null + t.expected * t.effect if t.null == 0 else None
         if target is not None:
             ax.axvline(target, color="C2", lw=1, ls="--", label="effect powered for")
@@ -976,10 +985,12 @@ def plot_claim(key: str, claim: dict, preset: str, path: Path) -> Path:
             if l not in labels:
                 handles.append(h)
                 labels.append(l)
+    for ax in axes[:, 0]:
+        ax.tick_params(axis="x", labelbottom=True)
     if handles:
-        axes[0, 0].legend(handles, labels, fontsize=6, loc="upper right", ncol=2)
-    fig.suptitle(f"{preset} — {claim['title'].split(':')[0].split(' (')[0][:70]}: {claim['verdict']}", fontsize=8)
-    fig.tight_layout()
+        fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=len(handles), frameon=False)
+    fig.suptitle(f"{preset} — {SHORT_TITLES.get(key, key)}: {claim['verdict']}", fontsize=8)
+    fig.tight_layout(rect=(0, 0.45 / height, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)

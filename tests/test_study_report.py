@@ -58,6 +58,18 @@ def test_paired_t_matches_scipy_and_tests_a_margin():
         paired_comparison([1, 2], [1])
 
 
+def test_the_old_called_field_and_the_sign_test():
+    # paired_comparison's own `called` (interval excludes 0 and every difference has the same sign) is kept for
+    # information; the report's rule is report.decide (Holm and the bootstrap)
+    r = paired_comparison([5.0, 5.2, 5.1], [4.0, 4.1, 4.05])
+    assert r.called and r.direction == 1 and r.p_t < 0.05
+    r = paired_comparison([10.0, 10.0, 10.0, 10.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.1])
+    assert r.ci_low > 0 and not r.same_sign and not r.called
+    assert not paired_comparison([2.0], [1.0]).called
+    assert paired_comparison([1, 2, 3], [0, 0, 0]).p_sign == pytest.approx(0.25)  # 2 * (1/2)^3
+    assert paired_comparison([1, 2, 3, 4, 5, 6], [0] * 6).p_sign == pytest.approx(2 / 64)
+
+
 def test_holm_against_a_hand_computed_example():
     # sorted: 0.005 (x4 = 0.02), 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1 = 0.04 -> monotone: 0.06)
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])

@@ -702,47 +702,74 @@ def _lr_text(lr) -> str:
     return f"{lr:g}"
 
 
+def _sweep_field(s: dict, name: str):
+    """A sweep run's field, top level first, then under ``pretrain`` (the cell worker's record)."""
+    value = s.get(name)
+    return _get(s, "pretrain", name) if value is None else value
+
+
+def _sweep_lr(s: dict):
+    lr = _sweep_field(s, "learning_rate")
+    if lr is None and "__lr" in s.get("key", ""):
+        try:
+            lr = float(s["key"].split("__lr", 1)[1].split("__", 1)[0])
+        except ValueError:
+            lr = None
+    return None if lr is None else float(lr)
+
+
+def _source_text(source) -> str:
+    if isinstance(source, dict):
+        return str(source.get("method") or "recorded")
+    return str(source)
+
+
 def sweep_lines(sweeps: list[dict], cells: list[dict], preset: str) -> list[str]:
     """Objective x learning rate -> validation loss; the learning rate the grid's cells used in bold, diverged marked."""
     def preset_of(s):
         return s.get("preset") or _get(s, "settings", "preset") or (s["key"].split("__") + ["", ""])[1]
 
-    mine = [s for s in sweeps if preset_of(s) == preset and s.get("objective") and s.get("learning_rate") is not None]
+    mine = [s for s in sweeps if preset_of(s) == preset and s.get("objective") and _sweep_lr(s) is not None]
     if not mine:
         return []
-    lrs = sorted({float(s["learning_rate"]) for s in mine})
+    lrs = sorted({_sweep_lr(s) for s in mine})
     objectives = [o for o in OBJECTIVES if any(s["objective"] == o for s in mine)]
     objectives += sorted({s["objective"] for s in mine} - set(objectives))
     chosen = {}
     for c in cells:
-        lr = c.get("pretrain", {}).get("learning_rate")
+        lr = _get(c, "pretrain", "learning_rate")
         if lr is not None:
             chosen.setdefault(c["objective"], set()).add(float(lr))
-    sources = sorted({c["pretrain"].get("learning_rate_source") for c in cells
-                      if c.get("pretrain", {}).get("learning_rate_source")})
+    sources = sorted({_source_text(_get(c, "pretrain", "learning_rate_source")) for c in cells
+                      if _get(c, "pretrain", "learning_rate_source")})
     lines = ["| objective | " + " | ".join(f"lr {_lr_text(lr)}" for lr in lrs) + " | chosen |",
              "| --- | " + " | ".join("---:" for _ in lrs) + " | ---: |"]
     for o in objectives:
         row = [o]
         for lr in lrs:
-            runs = [s for s in mine if s["objective"] == o and math.isclose(float(s["learning_rate"]), lr)]
+            runs = [s for s in mine if s["objective"] == o and math.isclose(_sweep_lr(s), lr)]
+            runs.sort(key=lambda s: s.get("status", "ok") != "ok")  # a finished run before a failed one
             if not runs:
                 row.append("–")
                 continue
             s = runs[0]
-            loss = s.get("validation_loss")
-            text = "diverged" if s.get("diverged") else ("–" if loss is None or (isinstance(loss, float) and math.isnan(loss))
-                                                          else f"{loss:.3f}")
-            if s.get("diverged") and loss is not None and not (isinstance(loss, float) and math.isnan(loss)):
-                text = f"{loss:.3f} (diverged)"
+            loss = _sweep_field(s, "validation_loss")
+            finite = isinstance(loss, (int, float)) and math.isfinite(loss)
+            if s.get("status", "ok") != "ok":
+                text = s.get("status", "failed")
+            elif s.get("diverged"):
+                text = f"{loss:.3f} (diverged)" if finite else "diverged"
+            else:
+                text = f"{loss:.3f}" if finite else "–"
             if any(math.isclose(lr, x) for x in chosen.get(o, ())):
                 text = f"**{text}** ✓"
             row.append(text)
         row.append(", ".join(_lr_text(x) for x in sorted(chosen.get(o, ()))) or "–")
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Validation loss of each objective's own training loss after the sweep's pretraining; ✓ (bold): the "
-                  "learning rate the grid's cells used" + (f" (source: {', '.join(sources)})" if sources else "")
-              + "; *diverged*: the run's loss became non-finite or blew up."]
+    lines += ["", "Validation loss of the objective's own loss after each sweep run's pretraining; ✓ (bold): the "
+                  "learning rate the grid's cells used" + (f" ({'; '.join(sources)})" if sources else "")
+              + "; *diverged*: non-finite losses, or a final training loss above the first logged one or above 1.5 × "
+                "the best rate's (the sweep's rule)."]
     return lines
 
 

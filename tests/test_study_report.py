@@ -219,7 +219,9 @@ def make_cell(objective: str, seed: int, *, level=5.0, gap=1.0, probe=0.7, full=
                  "train_corpora": {"gutenberg": {"documents": 10, "characters": 10**6}},
                  "heldout_sizes": {n: {"passages": N_PASSAGES, "characters": 24000, "documents_in_split": 5} for n in SETS}},
         "pretrain": {"parameters": 8_000_000, "tokens": 6_400_000, "epochs": 1.0, "learning_rate": 1e-3,
-                     "learning_rate_source": "sweep", "tokens_per_second": 250_000.0},
+                     "learning_rate_source": {"method": "sweep: lowest validation objective loss among runs that did "
+                                                        "not diverge", "runs": []},
+                     "tokens_per_second": 250_000.0},
         "perplexity": {"natural_protocol": natural, "sets": sets},
         "probe": probes,
         "finetune": {"full": full_ft, "skipped": []},
@@ -249,11 +251,17 @@ def write_grid(folder: Path, profile: dict, seeds=range(3), preset="syn") -> Pat
     (folder / "run__syn-a.json").write_text(json.dumps({
         "run_label": "syn-a", "wall_seconds": 540.0, "started_utc": "2026-12-01T09:59:00Z", "cells_ok": keys,
         "cells_failed": [], "cells_not_started": [], "machine": {"gpu_count": 1, "gpu_names": ["NVIDIA H100 80GB HBM3"]}}))
-    for objective, lrs in (("ar", (3e-4, 1e-3, 3e-3)), ("mlm-0.15", (3e-4, 1e-3, 3e-3))):
-        for lr in lrs:
-            (folder / f"sweep__{preset}__{objective}__lr{lr:g}.json").write_text(json.dumps({
-                "objective": objective, "learning_rate": lr, "validation_loss": float("nan") if lr == 3e-3 else 5.0 + lr,
-                "diverged": lr == 3e-3, "logged_losses": [7.0, 6.0], "settings": {"preset": preset}}))
+    for lr in (3e-4, 1e-3, 3e-3):  # the brief's flat layout (ar) and the cell worker's (mlm-0.15: under pretrain)
+        loss = float("nan") if lr == 3e-3 else 5.0 + lr
+        (folder / f"sweep__{preset}__ar__lr{lr:g}.json").write_text(json.dumps({
+            "objective": "ar", "learning_rate": lr, "validation_loss": loss, "diverged": lr == 3e-3,
+            "logged_losses": [7.0, 6.0], "settings": {"preset": preset}}))
+        (folder / f"sweep__{preset}__mlm-0.15__lr{lr:g}.json").write_text(json.dumps({
+            "key": f"sweep__{preset}__mlm-0.15__lr{lr:g}", "kind": "sweep", "preset": preset, "objective": "mlm-0.15",
+            "learning_rate": lr, "status": "ok", "run_label": "syn-a", "wall_seconds": 60.0,
+            "started_utc": "2026-12-01T09:59:30Z", "finished_utc": "2026-12-01T10:00:30Z",
+            "pretrain": {"validation_loss": 6.0 + lr if lr < 3e-3 else 9.5, "logged_losses": [7.0, 6.0]},
+            "diverged": lr == 3e-3, "diverged_reasons": ["final training loss above 1.5 x"] if lr == 3e-3 else []}))
     return folder
 
 
@@ -289,8 +297,10 @@ def test_report_of_synthetic_new_schema_cells(synthetic):
     # the sweep table: the chosen LR marked, a diverged run marked
     sweep = text.split("### Pretraining learning-rate sweep", 1)[1].split("\n### ", 1)[0]
     assert "| ar | 5.000 | **5.001** ✓ | diverged | 0.001 |" in sweep
+    assert "| mlm-0.15 | 6.000 | **6.001** ✓ | 9.500 (diverged) | 0.001 |" in sweep
+    assert "(sweep: lowest validation objective loss" in sweep
     # the GPU runs: machine, minutes, cells
-    assert "| syn-a | 1 × NVIDIA H100 80GB HBM3 | 18 |" in text
+    assert "| syn-a | 1 × NVIDIA H100 80GB HBM3 | 18 | 0 | 0 | 3 |" in text  # 3 sweep runs carry a run label
     assert "- `syn-a` (1 × NVIDIA H100 80GB HBM3, 9.0 min" in text and "syn ar s0,1,2" in text
     # plots: one per claim, linked, and the prefix / probe plots
     plots = folder.parent / "docs" / "plots"

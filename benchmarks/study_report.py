@@ -1080,7 +1080,7 @@ def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plot
         mine = [c for c in cells if c["preset"] == preset]
         group = by_objective(mine)
         analysis = analyses[preset]
-        out += ["", f"## Preset `{preset}`", "", "### The claims", ""]
+        out += [f"## Preset `{preset}`", "", "### The claims", ""]
         for key, claim in analysis["claims"].items():
             plot_rel = None
             if plots:

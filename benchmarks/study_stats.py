@@ -23,7 +23,7 @@ import numpy as np
 
 __all__ = ["mean", "sd", "PairedComparison", "paired_comparison", "holm", "power_paired_t", "seeds_for_power",
            "POWER_METHOD", "bootstrap_indices", "accuracy_metric", "pearson_metric", "ratio_metric",
-           "pooled_ratio_metric", "BootstrapResult", "paired_bootstrap", "CALL_LEVEL"]
+           "identity_indices", "BootstrapResult", "paired_bootstrap", "CALL_LEVEL"]
 
 CALL_LEVEL = 0.05  # two-sided
 
@@ -234,20 +234,6 @@ def ratio_metric(numerator, denominator):
         d = den[idx].sum(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(d > 0, num[idx].sum(axis=1) / d, np.nan)
-
-    return fn
-
-
-def pooled_ratio_metric(numerators, denominators):
-    """list of index matrices (one per stratum) -> token-weighted ratio over all strata per replicate."""
-    nums = [np.asarray(n, dtype=float) for n in numerators]
-    dens = [np.asarray(d, dtype=float) for d in denominators]
-
-    def fn(idxs):
-        top = sum(n[i].sum(axis=1) for n, i in zip(nums, idxs))
-        bottom = sum(d[i].sum(axis=1) for d, i in zip(dens, idxs))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(bottom > 0, top / bottom, np.nan)
 
     return fn
 

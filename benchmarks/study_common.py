@@ -54,7 +54,7 @@ PRESET_SETTINGS = {
 }
 DEFAULTS = dict(
     block_size=256, vocab_size=8192, val_blocks=256, warmup_fraction=0.05, eval_batch_size=256,
-    ppl_passages=256, ppl_passage_chars=1000, probe_train=None, probe_eval=None, max_seq_length=128,
+    ppl_passages=128, ppl_passage_chars=1000, probe_train=None, probe_eval=None, max_seq_length=128,
     ft_train=None, ft_eval=None, ft_epochs=3.0, ft_batch_size=32,
     max_train_docs=None, train_doc_chars=None,
 )

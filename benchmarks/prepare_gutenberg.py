@@ -34,12 +34,15 @@ Rules, applied in this order (each dropped book is counted under its reason in `
 4. Duplicate editions: books with the same author (header ``Author:``, else the folder name) and
    the same normalised title (the header's ``Title:`` line, else the file name's main title before
    any subtitle; lower-cased, accents, punctuation, a leading "the/a/an" and the words
-   "complete"/"edition"/"unabridged" removed) are one work: the one with the most words is kept (ties: the lowest ebook number), the
+   "complete"/"edition"/"unabridged" removed) and the same volume designation ("Volume 2", "Part
+   III", "Second Series", read in the file name, else the header title; file names keep it where
+   the header's title often drops it) are one work: the one with the most words is kept (ties: the lowest ebook number), the
    others are ``duplicate_edition``.
 5. Single volumes: a book whose title (as in rule 4) is ``<work> <sep> Volume/Vol./Part/Book <n>`` (or an
    ordinal "First Part"...) or names a part of a work (``<work>, <part>``) is dropped as
    ``single_volume`` when the same author has a complete edition of ``<work>``: a title containing
-   the word "Complete" whose normalised title, with "complete" removed, is a prefix of the volume's.
+   the word "Complete" whose normalised title, with "complete" removed, is a prefix of the volume's;
+   or a longer book by the same author with the work's title and no volume designation.
 6. Line breaks.  Paragraphs are separated by blank lines.  A paragraph of several lines is *prose*
    (its lines are joined with single spaces) when it is hard-wrapped: its longest line has 55 to 80
    characters, at least 60 % of its lines except the last reach 75 % of that length, and fewer than
@@ -99,6 +102,11 @@ VOLUME_RE = re.compile(
     r"^(?P<work>.+?)\s*(?:[,;:\-\u2014\u2013]+|\s)\s*(?:[\[(]?\s*)"
     r"(?:(?:volume|vol\.?|part|book)\s+(?:\d+|[ivxlc]+|one|two|three|four|five|six|seven|eight|nine|ten)\b"
     r"|(?:first|second|third|fourth|fifth|sixth) (?:part|volume)\b).*$",
+    re.I,
+)
+VOLUME_TAG_RE = re.compile(
+    r"\b(?:volume|vol\.?|part|book|series|chapters)(?:\s*\d+|\s+(?:[ivxlc]+|one|two|three|four|five|six|seven|eight|nine|ten)\b)"
+    r"|\b(?:first|second|third|fourth|fifth|sixth) (?:part|volume|series)\b",
     re.I,
 )
 ENGLISH_WORDS = {"the", "and", "of", "to", "a", "in"}
@@ -255,6 +263,15 @@ def volume_work(title: str) -> str | None:
     return m.group("work") if m else None
 
 
+def volume_tag(*names: str) -> str:
+    """The volume designation ("volume 2", "part iii", "second series", "chapters 01") of the first name that has one."""
+    for name in names:
+        m = VOLUME_TAG_RE.search(name.replace("\r", " "))
+        if m:
+            return " ".join(m.group(0).lower().replace(".", " ").split())
+    return ""
+
+
 def split_of(key: str) -> str:
     h = int(hashlib.sha256((SPLIT_SALT + key).encode()).hexdigest()[:8], 16) % 10000
     if h < VALIDATION_BELOW:
@@ -313,6 +330,7 @@ def load_books(root: str, counts: dict) -> list[dict]:
                 "author": author,
                 "path": rel,
                 "key_title": header_field(TITLE_RE, header) or main_title(rel),
+                "volume": volume_tag(rel.split(os.sep, 1)[1], header_field(TITLE_RE, header) or ""),
                 "words": words,
                 "text": cleaned,
             }
@@ -337,7 +355,7 @@ def drop_duplicates(books: list[dict], counts: dict, log: list) -> list[dict]:
 
     groups: dict = {}
     for b in unique:
-        groups.setdefault((normalise(b["author"]), normalise(b["key_title"])), []).append(b)
+        groups.setdefault((normalise(b["author"]), normalise(b["key_title"]), b["volume"]), []).append(b)
     kept = []
     for group in groups.values():
         group.sort(key=rank)
@@ -348,9 +366,12 @@ def drop_duplicates(books: list[dict], counts: dict, log: list) -> list[dict]:
 
     # rule 5: volumes / parts of a work whose complete edition is present
     complete_bases: dict = {}
+    whole_books: dict = {}  # (author, normalised title) -> the book without a volume designation
     for b in kept:
         if is_complete(b["key_title"]):
             complete_bases.setdefault(normalise(b["author"]), []).append((normalise(b["key_title"]), b["path"]))
+        if not b["volume"]:
+            whole_books[(normalise(b["author"]), normalise(b["key_title"]))] = b
     result = []
     for b in kept:
         bases = complete_bases.get(normalise(b["author"]), [])
@@ -369,6 +390,11 @@ def drop_duplicates(books: list[dict], counts: dict, log: list) -> list[dict]:
                 if base and norm.startswith(base + " ") and "," in b["key_title"]:
                     holder = path
                     break
+        if holder is None and b["volume"] and not is_complete(b["key_title"]):
+            # "A Tramp Abroad — Volume 01" (its header title: "A Tramp Abroad") next to a longer "A Tramp Abroad"
+            whole = whole_books.get((normalise(b["author"]), normalise(work or b["key_title"])))
+            if whole is not None and whole is not b and whole["words"] > b["words"]:
+                holder = whole["path"]
         if holder is not None:
             counts["dropped"]["single_volume"] += 1
             log.append(("single_volume", b["path"], "complete " + holder))

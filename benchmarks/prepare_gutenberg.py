@@ -4,7 +4,7 @@ Usage (see docs/gutenberg.md)::
 
     git clone https://github.com/rcdm-uga/Gutenberg_Text
     python benchmarks/prepare_gutenberg.py Gutenberg_Text --out gutenberg_clean \
-        --slice_out gutenberg_slice --slice_words 19000000
+        --slice_out gutenberg_slice --slice_words 17500000
 
 Input: a folder laid out ``Author, Name/Title.txt`` (every regular file one folder deep that does
 not start with a dot is read as a book, whatever its extension: a few names were cut before ``.txt``).
@@ -532,7 +532,7 @@ def main(argv=None) -> None:
     parser.add_argument("source", help="the cloned Gutenberg_Text folder (Author/Title.txt)")
     parser.add_argument("--out", required=True, help="output folder for {train,validation,test}.jsonl.gz and manifest.json")
     parser.add_argument("--slice_out", default=None, help="also write a small fixed slice into this folder")
-    parser.add_argument("--slice_words", type=int, default=19_000_000, help="train words of the slice (whole books)")
+    parser.add_argument("--slice_words", type=int, default=17_500_000, help="train words of the slice (whole books)")
     parser.add_argument("--slice_eval_words", type=int, default=400_000, help="validation and test words of the slice, each")
     parser.add_argument("--measure_tokens", action="store_true", help="train an 8192-entry byte-level BPE on the slice and count its tokens")
     parser.add_argument("--log", default=None, help="write one line per dropped duplicate / volume (reason, path, kept)")

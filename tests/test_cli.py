@@ -51,7 +51,7 @@ def test_names_are_imported_on_first_use_and_auto_classes_still_work(tmp_path):
     assert (tmp_path / "modeling_lookaround.py").exists(), "registration must still write the remote code"
     for imports in ("import hf_lookaround\nfrom transformers import AutoModel, AutoConfig",
                     "from transformers import AutoModel, AutoConfig\nimport hf_lookaround",
-                    "import hf_lookaround.pretraining\nfrom transformers import AutoModel, AutoConfig"):
+                    "import hf_lookaround.training.pretraining\nfrom transformers import AutoModel, AutoConfig"):
         code = (
             f"import sys\n{imports}\n"
             f"config = AutoConfig.from_pretrained({str(tmp_path)!r})\n"

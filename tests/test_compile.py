@@ -294,7 +294,7 @@ def test_a_prepared_mask_of_another_batch_is_refused():
 def test_trainer_under_torch_compile_builds_the_masks_outside_the_model(tmp_path):
     from transformers import TrainingArguments
 
-    from hf_lookaround.pretraining import LookAroundTrainer
+    from hf_lookaround.training.pretraining import LookAroundTrainer
 
     model = make().train()
     batch = batch_for("dar")

@@ -10,17 +10,11 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor, pipeline
 
 from hf_lookaround import LookAroundConfig, LookAroundForCausalLM, LookAroundForMaskedLM, LookAroundForPreTraining
-from hf_lookaround.generation import (
-    GroupDecodingMixin,
-    UntrainedDecodingError,
-    commit_schedule,
-    group_generate,
-    infill,
-    main,
-    semi_ar_ranks,
-)
+from hf_lookaround.generation import GroupDecodingMixin, UntrainedDecodingError, group_generate, semi_ar_ranks
+from hf_lookaround.decoding.infill import commit_schedule, infill
+from hf_lookaround.cli.generate import main
 from hf_lookaround.plans import autoregressive_plan
-from hf_lookaround.tokenization import train_tokenizer
+from hf_lookaround.data.tokenization import train_tokenizer
 
 CORPUS = [
     "The committee met on Tuesday and agreed that the budget would be revised before spring.",

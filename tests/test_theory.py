@@ -15,21 +15,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from hf_lookaround.plans import make_plan  # noqa: E402
-from hf_lookaround.theory import (  # noqa: E402
-    check_theorem_31,
-    closed_form_spectrum,
-    cooccurrence_matrix,
-    derived_spectrum,
-    factorisation_loss,
-    main,
-    normalised_matrix,
-    pairs_from_plan,
-    plan_distribution,
-    spectral_loss,
-    spectrum,
-    toy_cooccurrence,
-    toy_dataset,
-)
+
 
 OBJECTIVES = [("ar", {}), ("dar", {"t": 2}), ("dar", {"t": [1, 3]}), ("mlm", {"mask_ratio": 0.4}),
               ("vmlm", {"mask_ratio_range": (0.15, 0.6)})]
@@ -252,7 +238,7 @@ def test_cli_spectrum_on_a_text_file(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_checkpoints(tmp_path_factory):
     from hf_lookaround import LookAroundConfig, LookAroundModel
-    from hf_lookaround.tokenization import train_tokenizer
+    from hf_lookaround.data.tokenization import train_tokenizer
 
     texts = [f"sample {i} of the text about topic {i % 3}" for i in range(60)]
     paths = {}

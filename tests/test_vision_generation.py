@@ -8,7 +8,8 @@ from PIL import Image
 
 from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
 from hf_lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining, LookAroundViTModel, patchify
-from hf_lookaround.vision_generation import inference_ranks, sample_images, sample_main, to_display_pixels
+from hf_lookaround.decoding.images import inference_ranks, sample_images, to_display_pixels
+from hf_lookaround.cli.vision import sample_main
 from test_vit_modes import PATCH, SIDE, images, make, tokenizer  # one tiny model for the ViT-mode tests
 
 N_PATCHES = (SIDE // PATCH) ** 2

@@ -16,8 +16,8 @@ from hf_lookaround.modeling_lookaround_vit import (
     normalise_patches,
     patchify,
 )
-from hf_lookaround.vision_generation import vit_plan
-from hf_lookaround.visual_tokenizer import encode, encode_images, fit_codebook, fit_pixel_decoder
+from hf_lookaround.decoding.images import vit_plan
+from hf_lookaround.data.visual_tokenizer import encode, encode_images, fit_codebook, fit_pixel_decoder
 
 PATCH, SIDE, K = 7, 28, 16  # 16 patches of 7x7, 16 visual tokens
 

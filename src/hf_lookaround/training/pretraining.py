@@ -32,14 +32,12 @@ import json
 import logging
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import (
     AutoConfig,
     AutoTokenizer,
-    HfArgumentParser,
     Trainer,
     TrainerCallback,
     TrainingArguments,
@@ -47,9 +45,18 @@ from transformers import (
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from . import checkpointing, plans
-from .collators import MASKED_FORMS, PlanCollator, make_collator, max_targets
-from .data import build_blocks, is_split_by_node, iter_dataset_texts, load_text_dataset, rank_local_prepare, split_for_rank
+from .. import plans
+from . import checkpointing
+from .. import objectives
+from ..data.collators import MASKED_FORMS, PlanCollator, make_collator, max_targets
+from ..data.text import (
+    build_blocks,
+    is_split_by_node,
+    iter_dataset_texts,
+    load_text_dataset,
+    rank_local_prepare,
+    split_for_rank,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +68,10 @@ __all__ = [
     "gradient_accumulation_for",
     "LookAroundTrainer",
     "CollatorEpochCallback",
-    "parse_args",
     "run",
-    "main",
 ]
 
-MASKED = ("mlm", "vmlm")
+MASKED = objectives.names(objectives.MASKED)  # the objectives with a single-stream [MASK] form
 
 
 @dataclass
@@ -295,7 +300,7 @@ class LookAroundTrainer(Trainer):
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         if getattr(self.args, "drop_unread_content", False) and "group_ids" in inputs and "labels" in inputs:
-            from .modeling_lookaround import drop_unread_content
+            from ..modeling_lookaround import drop_unread_content
 
             # a compiled step sees a few widths only (one graph each), an eager one the exact width
             inputs = drop_unread_content(inputs, width_multiple=64 if self.args.torch_compile else None)
@@ -339,7 +344,7 @@ def load_tokenizer(model_args: ModelArguments, train_texts=None, save_dir=None, 
     """The tokenizer named by ``--tokenizer_name`` (or the checkpoint's), or one trained on ``train_texts``
     (any iterable of documents: a generator over the dataset's text column, never a list of the corpus)."""
     if model_args.train_tokenizer:
-        from .tokenization import train_tokenizer
+        from ..data.tokenization import train_tokenizer
 
         if train_texts is None:
             raise ValueError("--train_tokenizer needs training text")
@@ -386,7 +391,7 @@ def check_tokenizer(tokenizer, objective_args: ObjectiveArguments) -> None:
 
 
 def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments, tokenizer, block_size: int):
-    from .configuration_lookaround import LookAroundConfig
+    from ..configuration_lookaround import LookAroundConfig
 
     if model_args.model_name_or_path:
         config = AutoConfig.from_pretrained(model_args.model_name_or_path)
@@ -415,14 +420,14 @@ def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments,
         )
     config.objective = objective_args.objective
     config.plan_params = objective_args.plan_params()
-    config.default_attention = "causal" if objective_args.objective in ("ar", "dar") else "bidirectional"
+    config.default_attention = objectives.get(objective_args.objective).default_attention
     config.prediction_stream = "content" if objective_args.single_stream else "query"  # the stream trained to predict
     config.validate_lookaround()
     return config
 
 
 def build_model(config, model_args: ModelArguments, objective_args: ObjectiveArguments):
-    from .modeling_lookaround import LookAroundForMaskedLM, LookAroundForPreTraining
+    from ..modeling_lookaround import LookAroundForMaskedLM, LookAroundForPreTraining
 
     cls = LookAroundForMaskedLM if objective_args.single_stream else LookAroundForPreTraining
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
@@ -559,7 +564,7 @@ def build_training_data(data_args: DataArguments, training_args: TrainingArgumen
 
 def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments, block_size: int, batch_size: int):
     """``p(x_k | x_<k)`` on held-out documents with the protocol of hf_lookaround.evaluation.perplexity."""
-    from .evaluation.perplexity import masked_perplexity
+    from ..evaluation.perplexity import masked_perplexity
 
     # auto: the AR plan for (semi-)AR checkpoints, the bidirectional prefix for masked/GVP ones,
     # [MASK] inputs for single-stream masked LMs (see evaluation.perplexity.default_masked_mode)
@@ -580,7 +585,7 @@ def card_kwargs(objective_args: ObjectiveArguments, dataset) -> dict:
 
 
 def write_card(output_dir, objective_args: ObjectiveArguments, dataset) -> None:
-    from .hub import write_model_card
+    from ..hub.cards import write_model_card
 
     write_model_card(output_dir, **card_kwargs(objective_args, dataset))
 
@@ -588,16 +593,6 @@ def write_card(output_dir, objective_args: ObjectiveArguments, dataset) -> None:
 # ---------------------------------------------------------------------------------------------
 # The job
 # ---------------------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None):
-    parser = HfArgumentParser((ModelArguments, DataArguments, ObjectiveArguments, LookAroundTrainingArguments))
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    if not any(a == "--report_to" or a.startswith("--report_to=") for a in argv):
-        argv += ["--report_to", "tensorboard"]  # TensorBoard logs under output_dir/runs by default
-    if not any(a.split("=")[0] in ("--do_train", "--do_eval", "--do_predict") for a in argv):
-        argv += ["--do_train", "--do_eval"]  # a pretraining command that names no stage trains and evaluates
-    return parser.parse_args_into_dataclasses(args=argv)
 
 
 def run(model_args: ModelArguments, data_args: DataArguments, objective_args: ObjectiveArguments,
@@ -670,20 +665,14 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
     dataset = data_args.dataset_name or [str(f) for f in data_args.train_files]
     if training_args.do_train and trainer.is_world_process_zero():
         write_card(training_args.output_dir, objective_args, dataset)
-        from .hub import ensure_remote_code
+        from ..hub.remote_code import ensure_remote_code
 
         # save_model maps only the trained head in auto_map: map every head, so that the output loads as a
         # causal or masked LM with trust_remote_code too
         ensure_remote_code(training_args.output_dir)
     if training_args.push_to_hub:
-        from .hub import push_trainer_output
+        from ..hub.push import push_trainer_output
 
         # not trainer.push_to_hub(): that replaces our card and maps only the saved head in auto_map
         push_trainer_output(trainer, **card_kwargs(objective_args, dataset))
     return metrics
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    run(*parse_args(argv))
-    return 0

@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from . import plans
+from .. import objectives, plans
 
 __all__ = [
     "PlanCollator",
@@ -432,7 +432,4 @@ def make_collator(objective: str, tokenizer=None, **params) -> PlanCollator:
 
 def max_targets(objective: str, seq_len: int, **params) -> int:
     """An upper bound on the number of loss positions per sequence: a static ``pad_targets_to``."""
-    if objective in ("mlm", "vmlm"):
-        ratio = params.get("mask_ratio", 0.15) if objective == "mlm" else max(params.get("mask_ratio_range", (0.15, 0.3)))
-        return max(1, math.ceil(float(ratio) * seq_len))
-    return seq_len
+    return max(1, math.ceil(objectives.max_target_ratio(objective, params) * seq_len))

@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from .modeling_lookaround_vit import decode_ids, encode_patches, normalise_patches, patchify
+from ..modeling_lookaround_vit import decode_ids, encode_patches, normalise_patches, patchify
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
-from hf_lookaround.hub import cards, remote_code, results
-from hf_lookaround.configuration_lookaround import LookAroundConfig
+from hf_lookaround.hub import cards, remote_code
+from hf_lookaround.hub.results import collect_results
+from hf_lookaround.models.lookaround.configuration_lookaround import LookAroundConfig
 
 MODEL_CARDS = Path(__file__).resolve().parents[1] / "model_cards"
 
@@ -21,19 +22,19 @@ def make_checkpoint(folder: Path, **config) -> Path:
 
 
 def test_collect_results_reads_every_file_and_tolerates_gaps(tmp_path):
-    assert results.collect_results(tmp_path) == []
+    assert collect_results(tmp_path) == []
     (tmp_path / "all_results.json").write_text(json.dumps(
         {"eval_loss": 2.5, "eval_ar_perplexity": 12.25, "eval_runtime": 3.0, "epoch": 1.0, "train_loss": 3.0,
          "eval_accuracy": None}))
     (tmp_path / "probe_results.json").write_text(json.dumps(
         [{"task": "trec", "dataset": "trec", "metric": "accuracy", "test_accuracy": 0.75}, {"task": "sst2"}]))
     (tmp_path / "perplexity.json").write_text(json.dumps({"dataset": "brown", "bits_per_byte": 1.5}))
-    results = results.collect_results(tmp_path, dataset="sotu")
+    results = collect_results(tmp_path, dataset="sotu")
     got = sorted((r.dataset_name, r.metric_type, r.metric_value, r.dataset_split) for r in results)
     assert got == [("brown", "bits_per_byte", 1.5, "test"), ("sotu", "loss", 2.5, "validation"),
                    ("sotu", "perplexity", 12.25, "validation"), ("trec", "accuracy", 0.75, "test")]
     (tmp_path / "perplexity.json").write_text("{not json")
-    assert len(results.collect_results(tmp_path)) == 3  # a malformed file is skipped, not fatal
+    assert len(collect_results(tmp_path)) == 3  # a malformed file is skipped, not fatal
 
 
 def test_masked_card_from_config_with_results(tmp_path):
@@ -113,7 +114,7 @@ def test_remote_code_must_be_self_contained(tmp_path, monkeypatch, line, problem
     assert line not in (folder / "modeling_lookaround.py").read_text()
 
     # if the package's own modules are not self-contained, push refuses and says why
-    monkeypatch.setattr(hub, "_package_module_files", lambda model_module="modeling_lookaround": sorted(package.iterdir()))
+    monkeypatch.setattr(remote_code, "_package_module_files", lambda model_module="modeling_lookaround": sorted(package.iterdir()))
     (folder / "modeling_lookaround.py").unlink()
     with pytest.raises(ValueError, match=problem):
         remote_code.ensure_remote_code(folder)

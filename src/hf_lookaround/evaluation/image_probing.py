@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import torch
 
-from ..modeling_lookaround_vit import (
+from ..models.lookaround.modeling_lookaround_vit import (
     LookAroundViTModel,
 )
 
@@ -56,7 +56,7 @@ def torch_logistic_probe(train_feats, train_y, val_feats, val_y, test_feats=None
     ``max_iter`` caps L-BFGS iterations per ``C`` (scikit-learn's default, 100; each fit starts from the last):
     several probes sharing one GPU time-slice every small kernel, and 1,000 iterations per ``C`` took 200 s
     per probe with 11 processes on one H100 for a 0.001 change in accuracy."""
-    from .evaluation.probing import DEFAULT_CS
+    from .probing import DEFAULT_CS
 
     Cs = list(DEFAULT_CS if Cs is None else Cs)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -111,7 +111,7 @@ def warm_path_probe(train_feats, train_y, val_feats, val_y, test_feats=None, tes
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from .evaluation.probing import DEFAULT_CS
+    from .probing import DEFAULT_CS
 
     Cs = sorted(DEFAULT_CS if Cs is None else Cs)
     train_y, val_y = np.asarray(train_y), np.asarray(val_y)
@@ -143,7 +143,7 @@ def linear_probe_images(model, images, labels, test_images=None, test_labels=Non
     ``sklearn`` (:func:`hf_lookaround.evaluation.probing.linear_probe`), ``sklearn_path``
     (:func:`warm_path_probe`: the same, warm-started along the ``C`` grid) or ``torch``
     (:func:`torch_logistic_probe`, the same objective on the model's device)."""
-    from .evaluation.probing import linear_probe
+    from .probing import linear_probe
 
     if backend not in PROBE_BACKENDS:
         raise ValueError(f"backend must be one of {PROBE_BACKENDS}, got {backend!r}")

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import objectives
+
 __all__ = [
     "Plan",
     "PLAN_NAMES",
@@ -37,7 +39,7 @@ __all__ = [
     "make_plan",
 ]
 
-PLAN_NAMES = ("ar", "dar", "mlm", "vmlm", "gvp")
+PLAN_NAMES = objectives.PLAN_NAMES  # the objectives table (objectives.py) names every plan
 SEGMENTATIONS = ("fixed", "random", "mixed")
 
 
@@ -55,7 +57,7 @@ class Plan:
 
 def target_positions_from_mask(is_target: torch.Tensor, pad_to: int | None = None) -> torch.Tensor:
     """(B, T) bool -> (B, M) target indices in order, padded with -1; ``M`` = the largest count or ``pad_to``."""
-    from .modeling_lookaround import positions_of  # the model derives target slots from labels the same way
+    from .models.lookaround.modeling_lookaround import positions_of  # the model derives target slots from labels the same way
 
     positions = positions_of(is_target)
     if pad_to is not None:
@@ -332,17 +334,7 @@ def gvp_plan(
 
 def make_plan(objective: str, lengths, seq_len: int, generator=None, **params) -> Plan:
     """Draw the plan of ``objective`` (one of :data:`PLAN_NAMES`) with its parameters."""
-    if objective == "ar":
-        return autoregressive_plan(lengths, seq_len, generator=generator, **params)
-    if objective == "dar":
-        return semi_autoregressive_plan(lengths, seq_len, generator=generator, **params)
-    if objective == "mlm":
-        return masked_plan(lengths, seq_len, generator=generator, **params)
-    if objective == "vmlm":
-        return variable_masked_plan(lengths, seq_len, generator=generator, **params)
-    if objective == "gvp":
-        return gvp_plan(lengths, seq_len, generator=generator, **params)
-    raise ValueError(f"unknown objective {objective!r}; choose one of {PLAN_NAMES}")
+    return globals()[objectives.get(objective).plan_function](lengths, seq_len, generator=generator, **params)
 
 
 def expected_masked_count(ratio: float, n: int) -> int:

@@ -23,8 +23,8 @@ from hub_server import HubServer
 
 from hf_lookaround.cli import push as push_command
 from hf_lookaround.hub import cards, load, push
-from hf_lookaround.configuration_lookaround import LookAroundConfig
-from hf_lookaround.modeling_lookaround import LookAroundForPreTraining
+from hf_lookaround.models.lookaround.configuration_lookaround import LookAroundConfig
+from hf_lookaround.models.lookaround.modeling_lookaround import LookAroundForPreTraining
 from hf_lookaround.plans import make_plan
 from hf_lookaround.data.tokenization import train_tokenizer
 
@@ -175,7 +175,7 @@ def test_push_and_load_round_trip(server, online, checkpoint, tmp_path):
     inputs = torch.load(checkpoint.parent / "inputs.pt")
     import transformers
     reference = head_outputs(lambda n: getattr(transformers, n), str(checkpoint), inputs)
-    assert reference["AutoModelForPreTraining.module"] == "hf_lookaround.modeling_lookaround"
+    assert reference["AutoModelForPreTraining.module"] == "hf_lookaround.models.lookaround.modeling_lookaround"
 
     # 2. a fresh process without the package, online, with trust_remote_code
     workdir, hf_home = checkpoint.parent, tmp_path / "hf_home"
@@ -192,7 +192,7 @@ def test_push_and_load_round_trip(server, online, checkpoint, tmp_path):
             assert result[name + ".module"].startswith("transformers_modules."), result[name + ".module"]
             assert torch.equal(result[name], reference[name]), f"{name}: outputs differ after the round trip"
     for name in HEAD_CLASSES:
-        assert offline[f"package.{name}.module"] == "hf_lookaround.modeling_lookaround"
+        assert offline[f"package.{name}.module"] == "hf_lookaround.models.lookaround.modeling_lookaround"
         assert torch.equal(offline[f"package.{name}"], reference[name])
     assert torch.equal(offline["package.load_pretrained"], reference["AutoModelForCausalLM"])
 

@@ -27,7 +27,7 @@ import torch
 from scipy import stats
 
 from hf_lookaround import plans
-from hf_lookaround.modeling_lookaround import positions_of
+from hf_lookaround.models.lookaround.modeling_lookaround import positions_of
 from hf_lookaround.plans import Plan, make_plan
 from hf_lookaround.theory.cooccurrence import plan_distribution
 from hf_lookaround.data.image_collator import image_plan

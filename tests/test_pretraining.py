@@ -163,7 +163,7 @@ def test_demo_runs_on_a_small_labelled_corpus(tmp_path):
 
 @pytest.mark.parametrize("objective", [("vmlm",), ("gvp", "--num_groups", "4")])
 def test_dropping_unread_content_rows_keeps_the_loss_curve(tokenizer_dir, tmp_path, objective, monkeypatch):
-    import hf_lookaround.modeling_lookaround as modeling
+    import hf_lookaround.training.unread_content as modeling
 
     widths = []  # (content columns before, after) of every batch the trainer compacted
     original = modeling.drop_unread_content

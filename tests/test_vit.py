@@ -12,8 +12,8 @@ from transformers import (
     AutoModelForPreTraining,
 )
 
-from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
-from hf_lookaround.modeling_lookaround_vit import (
+from hf_lookaround.models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
+from hf_lookaround.models.lookaround.modeling_lookaround_vit import (
     LookAroundViTForImageClassification,
     LookAroundViTForPreTraining,
     LookAroundViTModel,

@@ -8,8 +8,8 @@ import torch
 from torch.nn import functional as F
 from transformers import AutoModel, AutoModelForImageClassification, AutoModelForPreTraining
 
-from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
-from hf_lookaround.modeling_lookaround_vit import (
+from hf_lookaround.models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
+from hf_lookaround.models.lookaround.modeling_lookaround_vit import (
     LookAroundViTForImageClassification,
     LookAroundViTForPreTraining,
     LookAroundViTModel,

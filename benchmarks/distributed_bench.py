@@ -79,7 +79,7 @@ def worker(args) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        from hf_lookaround.modeling_lookaround import LookAroundLayer
+        from hf_lookaround.models.lookaround.modeling_lookaround import LookAroundLayer
 
         mesh = init_device_mesh(device.type, (world,))
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

@@ -12,9 +12,9 @@ import torch
 from PIL import Image
 
 import hf_lookaround  # noqa: F401  (registers the Auto classes)
-from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
-from hf_lookaround.image_processing_lookaround_vit import LookAroundViTImageProcessor
-from hf_lookaround.modeling_lookaround_vit import LookAroundViTForImageClassification
+from hf_lookaround.models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
+from hf_lookaround.models.lookaround.image_processing_lookaround_vit import LookAroundViTImageProcessor
+from hf_lookaround.models.lookaround.modeling_lookaround_vit import LookAroundViTForImageClassification
 from hf_lookaround.data.images import (
     ImageSource,
     fit_image_processor,
@@ -280,7 +280,7 @@ def test_the_torch_and_warm_started_probes_solve_the_same_logistic_regression_as
 def test_a_codebook_oracle_scores_the_codebook_floor(tmp_path):
     """A model that predicts every true visual token reaches exactly the nearest-centroid error, with token
     accuracy 1; the class condition token shifts the patches by one position."""
-    from hf_lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining
+    from hf_lookaround.models.lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining
     from hf_lookaround.evaluation.reconstruction import reconstruction_l2
     from hf_lookaround.data.visual_tokenizer import fit_codebook
 

@@ -388,7 +388,7 @@ def run(args) -> list[Row]:
     pretrain_texts = [a[2] for a in splits["train"]]
     print(f"[demo] {sum(map(len, splits.values()))} articles: "
           + ", ".join(f"{k} {len(v)}" for k, v in splits.items()), flush=True)
-    from .configuration_lookaround import LookAroundConfig
+    from .models.lookaround.configuration_lookaround import LookAroundConfig
 
     # model_max_length: what the model accepts (probes read more than a block); blocks are chunked anyway
     positions = LookAroundConfig.from_preset(args.preset).max_position_embeddings
@@ -404,7 +404,7 @@ def run(args) -> list[Row]:
 
     rows, num_parameters = [], 0
     if not args.no_baseline:
-        from .modeling_lookaround import LookAroundForPreTraining
+        from .models.lookaround.modeling_lookaround import LookAroundForPreTraining
         from .training.pretraining import ModelArguments, ObjectiveArguments, build_config
 
         config = build_config(ModelArguments(preset=args.preset), ObjectiveArguments("ar"), tokenizer, args.block_size)

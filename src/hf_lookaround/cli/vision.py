@@ -16,7 +16,7 @@ from ..data.image_collator import IMAGE_OBJECTIVES
 from ..data.images import TARGET_MODES
 from ..decoding.images import sample_images, save_image_grid, to_display_pixels
 from ..evaluation.image_probing import PROBE_BACKENDS
-from ..modeling_lookaround_vit import LookAroundViTForPreTraining
+from ..models.lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining
 from ..training.vision import run
 
 DESCRIPTION = """Pretrain the two-stream ViT on images (masked, variable-masked or GVP plans; target modes p2p, p2d,

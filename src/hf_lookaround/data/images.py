@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..image_processing_lookaround_vit import LookAroundViTImageProcessor
+from ..models.lookaround.image_processing_lookaround_vit import LookAroundViTImageProcessor
 
 logger = logging.getLogger(__name__)
 

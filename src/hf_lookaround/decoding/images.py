@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from .. import plans
-from ..modeling_lookaround_vit import LookAroundViTForPreTraining, patchify, unpatchify
+from ..models.lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining, patchify, unpatchify
 
 __all__ = ["sample_images", "inference_ranks", "vit_plan", "save_image_grid", "to_display_pixels"]
 
@@ -274,7 +274,7 @@ def to_display_pixels(images: torch.Tensor, model_path) -> torch.Tensor:
     the pixels are taken as they are."""
     if not (Path(model_path) / "preprocessor_config.json").is_file():
         return images
-    from ..image_processing_lookaround_vit import LookAroundViTImageProcessor
+    from ..models.lookaround.image_processing_lookaround_vit import LookAroundViTImageProcessor
 
     processor = LookAroundViTImageProcessor.from_pretrained(model_path)
     if not getattr(processor, "do_normalize", False):

@@ -229,7 +229,7 @@ def infill(
 
     batch = ids.shape[0]
     commit_step = torch.zeros_like(ids)
-    from ..modeling_lookaround import positions_of  # the model's own (B, T) bool -> (B, M) slots
+    from ..models.lookaround.modeling_lookaround import positions_of  # the model's own (B, T) bool -> (B, M) slots
 
     ran = 0
     for step in range(1, steps + 1):

@@ -66,7 +66,7 @@ def extract_features(
     ``attention_pattern`` (``causal`` / ``bidirectional``; None = as pretrained) needs a LookAround
     model; other ``AutoModel`` backbones run as they are.
     """
-    from hf_lookaround.modeling_lookaround import pool
+    from hf_lookaround.models.lookaround.modeling_lookaround import pool
 
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")

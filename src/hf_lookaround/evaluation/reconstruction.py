@@ -16,7 +16,7 @@ import torch
 
 from .. import plans
 from ..data.image_collator import DEFAULT_IMAGE_PLAN_PARAMS, image_plan
-from ..modeling_lookaround_vit import (
+from ..models.lookaround.modeling_lookaround_vit import (
     LookAroundViTForPreTraining,
     encode_patches,
     normalise_patches,

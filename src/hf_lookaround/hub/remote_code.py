@@ -46,7 +46,7 @@ def _package_module_files(model_module: str = MODEL_MODULE) -> list[Path]:
 
     from transformers.dynamic_module_utils import get_relative_import_files
 
-    model_file = Path(importlib.import_module(f"hf_lookaround.{model_module}").__file__)
+    model_file = Path(importlib.import_module(f"hf_lookaround.models.lookaround.{model_module}").__file__)
     return [model_file] + [Path(f) for f in get_relative_import_files(model_file)]
 
 

@@ -300,7 +300,7 @@ class LookAroundTrainer(Trainer):
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         if getattr(self.args, "drop_unread_content", False) and "group_ids" in inputs and "labels" in inputs:
-            from ..modeling_lookaround import drop_unread_content
+            from .unread_content import drop_unread_content
 
             # a compiled step sees a few widths only (one graph each), an eager one the exact width
             inputs = drop_unread_content(inputs, width_multiple=64 if self.args.torch_compile else None)
@@ -391,7 +391,7 @@ def check_tokenizer(tokenizer, objective_args: ObjectiveArguments) -> None:
 
 
 def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments, tokenizer, block_size: int):
-    from ..configuration_lookaround import LookAroundConfig
+    from ..models.lookaround.configuration_lookaround import LookAroundConfig
 
     if model_args.model_name_or_path:
         config = AutoConfig.from_pretrained(model_args.model_name_or_path)
@@ -427,7 +427,7 @@ def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments,
 
 
 def build_model(config, model_args: ModelArguments, objective_args: ObjectiveArguments):
-    from ..modeling_lookaround import LookAroundForMaskedLM, LookAroundForPreTraining
+    from ..models.lookaround.modeling_lookaround import LookAroundForMaskedLM, LookAroundForPreTraining
 
     cls = LookAroundForMaskedLM if objective_args.single_stream else LookAroundForPreTraining
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}

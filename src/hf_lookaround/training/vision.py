@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..configuration_lookaround_vit import LookAroundViTConfig
+from ..models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
 from ..data.image_collator import make_image_collator
 from ..data.images import (
     BUILTIN_GEOMETRY,
@@ -22,7 +22,7 @@ from ..data.images import (
 )
 from ..evaluation.image_probing import linear_probe_images, no_class_labels
 from ..evaluation.reconstruction import MeanPatchPredictor, reconstruction_l2, uses_codebook
-from ..modeling_lookaround_vit import (
+from ..models.lookaround.modeling_lookaround_vit import (
     LookAroundViTForImageClassification,
     LookAroundViTForPreTraining,
 )
@@ -141,7 +141,7 @@ def run(args) -> dict:
     sizes = {k: getattr(args, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                            "intermediate_size")}
     if args.preset:
-        from ..configuration_lookaround import PRESETS
+        from ..models.lookaround.configuration_lookaround import PRESETS
 
         sizes = dict(PRESETS[args.preset])
     config = LookAroundViTConfig(

@@ -14,8 +14,22 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from hf_lookaround.cli.theory import main  # noqa: E402
 from hf_lookaround.plans import make_plan  # noqa: E402
-
+from hf_lookaround.theory import (  # noqa: E402
+    check_theorem_31,
+    closed_form_spectrum,
+    cooccurrence_matrix,
+    derived_spectrum,
+    factorisation_loss,
+    normalised_matrix,
+    pairs_from_plan,
+    plan_distribution,
+    spectral_loss,
+    spectrum,
+    toy_cooccurrence,
+    toy_dataset,
+)
 
 OBJECTIVES = [("ar", {}), ("dar", {"t": 2}), ("dar", {"t": [1, 3]}), ("mlm", {"mask_ratio": 0.4}),
               ("vmlm", {"mask_ratio_range": (0.15, 0.6)})]

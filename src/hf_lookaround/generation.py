@@ -34,7 +34,7 @@ def check_infill_objective(config, allow_untrained: bool = False) -> None:
     objective = getattr(config, "objective", None)
     if objective is None:
         logger.warning("the config records no pretraining objective: cannot check that it was trained to infill")
-    elif objectives.INFILLING not in (objectives.decoders(objective) or ()):
+    elif objectives.INFILLING not in (objectives.decoders(objective, getattr(config, "plan_params", None)) or ()):
         _refuse_or_warn(f"this checkpoint was pretrained with the {objective!r} objective, whose content stream never "
                         "saw a bidirectional context: continue text with group decoding "
                         "(model.generate(..., group_size=t)) instead of infilling", allow_untrained)

@@ -12,10 +12,13 @@ Families, after the papers' concepts:
   such checkpoints fill any set of positions (infilling).
 - ``masked`` ("look around", BERT/MAE): one hidden group predicted from the visible rest; infilling, and a
   classic single-stream ``[MASK]`` form.
+- ``mixture`` (UL2's mixture of denoisers): not a family of its own plans; each sequence gets the plan of one
+  component objective, drawn from weights, and the checkpoint has what each component family gives.
 
 A mixture objective (a collator draws one objective per sequence from weights) fits the same shape: its plan
-function takes the components and their weights as ``plan_params``, and the questions below (:func:`decoders`,
-:func:`max_target_ratio`) answer from the components it records.
+function takes the components and their weights as ``plan_params`` (``{"mixture": {name: weight},
+"components": {name: plan params}}``), and the questions below (:func:`decoders`, :func:`families`,
+:func:`max_target_ratio`, :func:`default_attention`, :func:`card_text`) answer from the components it records.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Objective", "OBJECTIVES", "PLAN_NAMES", "FAMILIES", "LOOK_AHEAD", "ANY_ORDER", "MASKED", "get",
-           "family", "names", "decoders", "default_plan_params", "max_target_ratio"]
+__all__ = ["Objective", "OBJECTIVES", "PLAN_NAMES", "FAMILIES", "LOOK_AHEAD", "ANY_ORDER", "MASKED", "MIXTURE",
+           "get", "family", "families", "names", "decoders", "default_plan_params", "max_target_ratio",
+           "default_attention", "card_text", "mixture_components"]
 
-LOOK_AHEAD, ANY_ORDER, MASKED = "look_ahead", "any_order", "masked"
-FAMILIES = (LOOK_AHEAD, ANY_ORDER, MASKED)
+LOOK_AHEAD, ANY_ORDER, MASKED, MIXTURE = "look_ahead", "any_order", "masked", "mixture"
+FAMILIES = (LOOK_AHEAD, ANY_ORDER, MASKED, MIXTURE)
 # the decoders of generation.py: group decoding (semi-AR, through the query stream) and any-order infilling
 GROUP_DECODING, INFILLING = "group", "infill"
 # the card templates of hub/cards.py (cards/*.md)
@@ -63,6 +67,8 @@ class Objective:
 
     @property
     def decoders(self) -> tuple[str, ...]:
+        if self.family == MIXTURE:
+            return ()  # those of its components: see decoders(name, params)
         return (GROUP_DECODING,) if self.family == LOOK_AHEAD else (INFILLING,)
 
     @property
@@ -104,6 +110,13 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
         "is predicted from all earlier ones (paper (b) §3.2).",
         image_defaults={"num_groups": 20, "segmentation": "mixed"},
     ),
+    Objective(
+        "mixture", "mixture_plan", MIXTURE, "mixture of objectives (UL2-style mixture of denoisers)",
+        "each sequence gets the plan of one component objective, drawn from normalised weights (seeded per "
+        "batch); the components are trained together on one backbone.",
+        target_ratio=lambda params: max(
+            max_target_ratio(name, component) for name, component in mixture_components(params).items()),
+    ),
 )}
 PLAN_NAMES = tuple(OBJECTIVES)
 
@@ -127,9 +140,66 @@ def names(*families: str, images: bool = False) -> tuple[str, ...]:
     )
 
 
-def decoders(name: str | None) -> tuple[str, ...] | None:
-    """The decoders a checkpoint of ``name`` was trained for; None when no objective is recorded."""
-    return OBJECTIVES[name].decoders if name in OBJECTIVES else None
+def mixture_components(params: dict | None) -> dict[str, dict]:
+    """A mixture's components with their plan parameters (``{name: params}``, in the order of the table), from the
+    mixture's ``plan_params``: the weighted names (``params["mixture"]``, the default mixture when absent) and their
+    parameters (``params["components"]``; a component not listed there uses its defaults)."""
+    params = params or {}
+    weights = params.get("mixture") or DEFAULT_MIXTURE
+    given = params.get("components") or {}
+    return {name: dict(given.get(name) or {}) for name in OBJECTIVES if float(weights.get(name, 0)) > 0}
+
+
+# the mixture drawn when none is given: semi-AR (t = 2) and variable-length masking, half each
+DEFAULT_MIXTURE = {"dar": 0.5, "vmlm": 0.5}
+
+
+def families(name: str | None, params: dict | None = None) -> tuple[str, ...]:
+    """The families a checkpoint of ``name`` was trained on: its own, or its components' for a mixture."""
+    if name not in OBJECTIVES:
+        return ()
+    if OBJECTIVES[name].family != MIXTURE:
+        return (OBJECTIVES[name].family,)
+    found = [OBJECTIVES[c].family for c in mixture_components(params)]
+    return tuple(f for f in FAMILIES if f in found)
+
+
+def decoders(name: str | None, params: dict | None = None) -> tuple[str, ...] | None:
+    """The decoders a checkpoint of ``name`` was trained for (a mixture: those of its components, from ``params``,
+    its ``plan_params``); None when no objective is recorded."""
+    if name not in OBJECTIVES:
+        return None
+    if OBJECTIVES[name].family != MIXTURE:
+        return OBJECTIVES[name].decoders
+    found = {d for c in mixture_components(params) for d in OBJECTIVES[c].decoders}
+    return tuple(d for d in (GROUP_DECODING, INFILLING) if d in found)
+
+
+def default_attention(name: str, params: dict | None = None) -> str:
+    """``config.default_attention`` for a checkpoint of ``name``: a mixture with a look-ahead component is causal
+    (as its perplexity protocol, the AR plan), else bidirectional."""
+    if get(name).family != MIXTURE:
+        return get(name).default_attention
+    return "causal" if LOOK_AHEAD in families(name, params) else "bidirectional"
+
+
+def card_text(name: str, params: dict | None = None) -> str:
+    """The plan in words for a model card; a mixture names its components and their normalised weights."""
+    entry = get(name)
+    if entry.family != MIXTURE:
+        return entry.card_text
+    weights = (params or {}).get("mixture") or DEFAULT_MIXTURE
+    total = float(sum(weights.values())) or 1.0
+    components = mixture_components(params)
+    parts = []
+    for component, component_params in components.items():
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(component_params.items()))
+        parts.append(f"`{component}` ({get(component).title}) with weight {weights[component] / total:.3g}"
+                     + (f" ({shown})" if shown else ""))
+    protocol = ("Perplexity uses the AR plan (`p(x_k | x_<k)` in one forward), as for a (semi-)autoregressive "
+                "checkpoint, since the mixture has a look-ahead component." if LOOK_AHEAD in families(name, params)
+                else "Perplexity uses the masked-prefix protocol, as for a masked checkpoint.")
+    return f"{entry.card_text} Components: {'; '.join(parts)}. {protocol}"
 
 
 def default_plan_params(name: str | None) -> dict:

@@ -286,7 +286,9 @@ def default_masked_mode(model) -> str:
     if not is_two_stream(model):
         return "mask_token"
     objective = getattr(model.config, "objective", None)
-    look_ahead = objective is None or objectives.family(objective) == objectives.LOOK_AHEAD
+    # a mixture with a look-ahead component was trained on the AR-like plans too: the AR plan, as natural
+    trained = objectives.families(objective, getattr(model.config, "plan_params", None))
+    look_ahead = objective is None or objectives.LOOK_AHEAD in trained
     return "two_stream" if look_ahead else "two_stream_prefix"
 
 

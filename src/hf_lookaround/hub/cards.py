@@ -175,7 +175,7 @@ def build_model_card(
         "prediction_stream",
     ) if k in config}
     entry = objectives.OBJECTIVES.get(objective)
-    name, plan_text = (entry.title, entry.card_text) if entry else (None, None)
+    name, plan_text = (entry.title, objectives.card_text(objective, given)) if entry else (None, None)
     return ModelCard.from_template(
         card_data,
         template_path=str(CARD_DIR / CARD_TEMPLATES[family]),

@@ -138,6 +138,11 @@ class ObjectiveArguments:
     masked_form: str = field(default="two_stream", metadata={"help": "mlm/vmlm: two_stream or single_stream ([MASK])"})
     mask_replace_prob: float = field(default=0.8, metadata={"help": "single_stream: share of masked tokens -> [MASK]"})
     random_replace_prob: float = field(default=0.1, metadata={"help": "single_stream: share -> a random token"})
+    mixture: list[str] = field(
+        default_factory=list,
+        metadata={"help": "--objective mixture: components and weights, e.g. 'dar=0.5 vmlm=0.5' (normalised); each "
+                          "component takes its parameters from the flags above (--group_size, --mask_ratio_range, ...)"},
+    )
 
     def __post_init__(self):
         if self.objective not in plans.PLAN_NAMES:
@@ -146,13 +151,39 @@ class ObjectiveArguments:
             raise ValueError(f"--masked_form must be one of {MASKED_FORMS}, got {self.masked_form!r}")
         if self.objective == "vmlm":
             plans.check_mask_ratio_range(self.mask_ratio_range)
+        if self.is_mixture:
+            if not self.mixture:
+                raise ValueError("--objective mixture needs its components and weights: --mixture NAME=WEIGHT ..., "
+                                 "e.g. --mixture dar=0.5 vmlm=0.5")
+            if self.masked_form != "two_stream":
+                raise ValueError("--objective mixture trains two-stream only: drop --masked_form single_stream (the "
+                                 "[MASK] form has no meaning for the rows of a look-ahead component)")
+            self.plan_params()  # parses --mixture and checks every component's parameters
+        elif self.mixture:
+            raise ValueError(f"--mixture applies only with --objective mixture (got --objective {self.objective}); "
+                             "add --objective mixture or drop --mixture")
 
     @property
-    def single_stream(self) -> bool:
-        return self.objective in MASKED and self.masked_form == "single_stream"
+    def is_mixture(self) -> bool:
+        return objectives.family(self.objective) == objectives.MIXTURE
 
-    def plan_params(self) -> dict:
-        """The keyword arguments of ``plans.make_plan`` for this objective (stored in ``config.plan_params``)."""
+    def mixture_weights(self) -> dict[str, float]:
+        """``--mixture dar=0.5 vmlm=0.5`` as ``{name: weight}`` (as given, not yet normalised)."""
+        weights: dict[str, float] = {}
+        for item in self.mixture:
+            name, sep, value = str(item).partition("=")
+            name = name.strip()
+            if not sep or not name:
+                raise ValueError(f"--mixture: {item!r} is not NAME=WEIGHT; write e.g. --mixture dar=0.5 vmlm=0.5")
+            if name in weights:
+                raise ValueError(f"--mixture: {name!r} is given twice; list each component once")
+            try:
+                weights[name] = float(value)
+            except ValueError:
+                raise ValueError(f"--mixture: the weight of {name!r} must be a number, got {value!r}") from None
+        return weights
+
+    def _component_params(self, name: str) -> dict:
         t = self.group_size[0] if len(self.group_size) == 1 else list(self.group_size)
         return {
             "ar": {},
@@ -160,7 +191,21 @@ class ObjectiveArguments:
             "mlm": {"mask_ratio": self.mask_ratio},
             "vmlm": {"mask_ratio_range": list(self.mask_ratio_range)},
             "gvp": {"num_groups": self.num_groups, "segmentation": self.segmentation},
-        }[self.objective]
+        }.get(name, {})
+
+    @property
+    def single_stream(self) -> bool:
+        return self.objective in MASKED and self.masked_form == "single_stream"
+
+    def plan_params(self) -> dict:
+        """The keyword arguments of ``plans.make_plan`` for this objective (stored in ``config.plan_params``); for a
+        mixture, ``{"mixture": normalised weights, "components": {name: that objective's plan parameters}}``."""
+        if not self.is_mixture:
+            return self._component_params(self.objective)
+        weights = self.mixture_weights()
+        weights, components = plans.check_mixture(
+            weights, {name: self._component_params(name) for name in weights if name in objectives.OBJECTIVES})
+        return {"mixture": weights, "components": components}
 
     def collator_params(self) -> dict:
         params = {"t": "group_size"}
@@ -420,7 +465,9 @@ def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments,
         )
     config.objective = objective_args.objective
     config.plan_params = objective_args.plan_params()
-    config.default_attention = objectives.get(objective_args.objective).default_attention
+    config.default_attention = objectives.default_attention(objective_args.objective, config.plan_params)
+    if objective_args.is_mixture:
+        config.mixture = dict(config.plan_params["mixture"])  # the weights, for a reader of config.json
     config.prediction_stream = "content" if objective_args.single_stream else "query"  # the stream trained to predict
     config.validate_lookaround()
     return config

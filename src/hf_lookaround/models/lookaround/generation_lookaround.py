@@ -49,6 +49,9 @@ __all__ = [
 # The look-ahead objectives and the group size their plan trains when `plan_params` has no "t". This file is remote
 # code and cannot read the package's objectives table (objectives.py); tests/test_objectives.py checks they agree.
 GROUP_DECODING_OBJECTIVES = {"ar": 1, "dar": 2}
+# The objective whose plan_params are {"mixture": {name: weight}, "components": {name: plan params}}: a checkpoint
+# trained on the look-ahead components among them decodes with their group sizes.
+MIXTURE_OBJECTIVE = "mixture"
 
 
 # sampling warpers that read only the scores, never the sequence so far
@@ -69,9 +72,21 @@ def trained_group_sizes(config) -> tuple[int, ...] | None:
     objective = getattr(config, "objective", None)
     if objective is None:
         return None
+    params = getattr(config, "plan_params", None) or {}
+    if objective == MIXTURE_OBJECTIVE:  # the union over its look-ahead components of positive weight
+        components = params.get("components") or {}
+        sizes = set()
+        for name, weight in (params.get("mixture") or {}).items():
+            if name in GROUP_DECODING_OBJECTIVES and float(weight) > 0:
+                sizes.update(_sizes_of(name, components.get(name) or {}))
+        return tuple(sorted(sizes))
     if objective not in GROUP_DECODING_OBJECTIVES:
         return ()
-    t = (getattr(config, "plan_params", None) or {}).get("t", GROUP_DECODING_OBJECTIVES[objective])
+    return _sizes_of(objective, params)
+
+
+def _sizes_of(objective: str, params: dict) -> tuple[int, ...]:
+    t = params.get("t", GROUP_DECODING_OBJECTIVES[objective])
     return (int(t),) if isinstance(t, int) else tuple(int(x) for x in t)
 
 

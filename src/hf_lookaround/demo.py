@@ -7,7 +7,7 @@ On a fresh machine with no download at run time (a few minutes on 2 CPU cores):
    each topic deterministically into pretraining / validation / test;
 2. train one byte-level BPE tokenizer on the pretraining articles;
 3. pretrain one model per objective with the same token budget, through the Trainer pipeline of
-   :mod:`hf_lookaround.pretraining`: AR, diversity-enhanced AR (t=2), masked 0.15, masked 0.3 and
+   :mod:`hf_lookaround.training.pretraining`: AR, diversity-enhanced AR (t=2), masked 0.15, masked 0.3 and
    variable-length masked [0.15, 0.3], all in the two-stream form;
 4. evaluate every model with the same protocols (DESIGN.md): held-out perplexity ``p(x_k | x_<k)``
    (AR and semi-AR models: one forward of ``LookAroundForPreTraining`` with the AR plan, whose query

@@ -26,7 +26,7 @@ them) draws exactly the plans of an uninterrupted run, whatever ``dataloader_num
 long as the number of processes is the same. The process rank (``torch.distributed``'s rank when
 it is initialised, else ``$RANK``, else 0; or ``process_rank`` if given) makes every rank of a
 multi-process run draw its own plans: two ranks never repeat the same masks, even on identical
-content. ``set_epoch`` (called by :class:`hf_lookaround.pretraining.CollatorEpochCallback`) makes
+content. ``set_epoch`` (called by :class:`hf_lookaround.training.pretraining.CollatorEpochCallback`) makes
 a repeated batch in a later epoch get a fresh plan; the epoch is held in shared memory, so that
 persistent DataLoader workers see it too. With ``per_batch_seed=False`` the generator is
 a plain stream seeded from ``(seed, rank, worker id)`` (reproducible for one uninterrupted run only).

@@ -320,7 +320,7 @@ def apply_global_batch_size(training_args: TrainingArguments) -> None:
 
 class LookAroundTrainer(Trainer):
     """``Trainer`` with a fixed-plan evaluation collator, the objective's perplexity in eval metrics, and
-    checkpoints that are complete or ignored (see :mod:`hf_lookaround.checkpointing`)."""
+    checkpoints that are complete or ignored (see :mod:`hf_lookaround.training.checkpointing`)."""
 
     def __init__(self, *args, eval_data_collator=None, **kwargs):
         super().__init__(*args, **kwargs)

@@ -7,8 +7,8 @@ import json
 
 import torch
 
-from ..decoding.infill import infill
-from ..generation import ORDERS, SCHEDULES, group_generate
+from ..decoding.infill import ORDERS, SCHEDULES, infill
+from ..generation import group_generate
 
 
 def build_parser() -> argparse.ArgumentParser:

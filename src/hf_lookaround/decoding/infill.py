@@ -17,18 +17,31 @@ from transformers.generation import (
     LogitsProcessorList,
 )
 
-from ..generation import (
-    ORDERS,
-    SCHEDULES,
+from .. import objectives
+from ..models.lookaround.generation_lookaround import (
     _backbone_and_head,
     _check_length,
     _device,
     _pick,
-    check_infill_objective,
+    _refuse_or_warn,
     make_logits_processor,
 )
 
 logger = logging.getLogger(__name__)
+
+ORDERS = ("confidence", "random", "left_to_right")
+SCHEDULES = ("cosine", "linear")
+
+
+def check_infill_objective(config, allow_untrained: bool = False) -> None:
+    """Infilling shows every visible token at rank 0 (bidirectional content), as masked and GVP pretraining do."""
+    objective = getattr(config, "objective", None)
+    if objective is None:
+        logger.warning("the config records no pretraining objective: cannot check that it was trained to infill")
+    elif objectives.INFILLING not in (objectives.decoders(objective, getattr(config, "plan_params", None)) or ()):
+        _refuse_or_warn(f"this checkpoint was pretrained with the {objective!r} objective, whose content stream never "
+                        "saw a bidirectional context: continue text with group decoding "
+                        "(model.generate(..., group_size=t)) instead of infilling", allow_untrained)
 
 
 @dataclass

@@ -14,7 +14,7 @@ The pipeline:
    masked form trains ``LookAroundForMaskedLM``. The objective and the plan's parameters are stored
    in ``config.objective`` / ``config.plan_params`` (the keyword arguments of ``plans.make_plan``),
    and ``config.default_attention`` is ``causal`` for ar/dar and ``bidirectional`` otherwise;
-4. tokenize and pack the text into BOS-prefixed blocks (cached ``.map`` calls, :mod:`hf_lookaround.data`)
+4. tokenize and pack the text into BOS-prefixed blocks (cached ``.map`` calls, :mod:`hf_lookaround.data.text`)
    and train with the objective's collator. Evaluation reports
    ``eval_loss`` and ``eval_objective_perplexity = exp(eval_loss)`` (the perplexity *of the
    objective*, which differs between objectives); at the end, if ``do_eval``, the protocol of

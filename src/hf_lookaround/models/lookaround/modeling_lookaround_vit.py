@@ -12,7 +12,7 @@ never a target).
 Target modes (``config.target_mode``, paper (b)): ``p2p`` reads pixels and regresses pixels; ``p2d``
 reads pixels and predicts visual tokens; ``d2d`` reads and predicts visual tokens. A visual token is the
 id of the nearest centroid of a k-means codebook over per-patch normalised patches
-(:mod:`hf_lookaround.visual_tokenizer` fits it); the codebook is a buffer of the model, saved with the
+(:mod:`hf_lookaround.data.visual_tokenizer` fits it); the codebook is a buffer of the model, saved with the
 weights. Encoding and decoding live here so that remote code needs nothing else.
 
 - :class:`LookAroundViTModel`: features; single-stream bidirectional without a plan, two-stream with one.

@@ -10,7 +10,7 @@ setup(
     license="Apache-2.0",
     package_dir={"": "src"},
     packages=find_packages("src"),
-    package_data={"hf_lookaround": ["metrics/*/*.py", "cards/*.md", "cli_help.json"]},
+    package_data={"hf_lookaround": ["metrics/*/*.py", "cards/*.md"]},
     python_requires=">=3.10",
     install_requires=[
         # keep the torch range bounded: a bare `torch` pulls a multi-GB CUDA build

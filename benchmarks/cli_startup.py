@@ -67,10 +67,6 @@ def main(argv=None) -> int:
              "hf-lookaround --help": (exe + ["--help"], ["--help"])}
     for name in COMMANDS:
         cases[f"hf-lookaround {name} --help"] = (exe + [name, "--help"], [name, "--help"])
-    # for comparison: what the saved pages save, the parsers themselves (they import torch and transformers)
-    for name in ("pretrain", "demo"):
-        cases[f"{name} --help through its parser"] = (
-            [sys.executable, "-c", f"from hf_lookaround.cli import parser_help; parser_help({name!r})"], None)
     rows = []
     print(f"{'case':<42} {'median s':>9} {'min':>6} {'max':>6}  imports torch/transformers")
     for label, (command, cli_args) in cases.items():

@@ -35,7 +35,7 @@ from unittest import mock
 import torch
 
 from hf_lookaround import plans
-from hf_lookaround.pretraining import ObjectiveArguments, build_collators
+from hf_lookaround.training.pretraining import ObjectiveArguments, build_collators
 
 OBJECTIVES = ("ar", "dar", "mlm", "vmlm", "gvp")
 REFERENCE_FILE = Path(__file__).resolve().parent.parent / "tests" / "test_plans_vectorised.py"

@@ -73,7 +73,7 @@ def child(args) -> None:
     import transformers
     from transformers import AutoTokenizer
 
-    from hf_lookaround.data import build_blocks, load_text_dataset
+    from hf_lookaround.data.text import build_blocks, load_text_dataset
 
     datasets.disable_progress_bars()
     transformers.logging.set_verbosity_error()
@@ -162,8 +162,8 @@ def main(argv=None) -> int:
     try:
         copies = {r: make_copies(args.text_root, args.corpora, r, work / f"x{r}", args.smoke) for r in args.repeats}
         tokenizer_dir = work / "tokenizer"
-        from hf_lookaround.data import iter_texts
-        from hf_lookaround.tokenization import train_tokenizer
+        from hf_lookaround.data.text import iter_texts
+        from hf_lookaround.data.tokenization import train_tokenizer
 
         first = min(args.repeats)
         print(f"training a {args.vocab_size}-token tokenizer on the {first}x corpus ...", flush=True)

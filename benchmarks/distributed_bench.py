@@ -53,7 +53,7 @@ class _Tokenizer:
 # ------------------------------------------------------------------------------------------------
 def worker(args) -> None:
     from hf_lookaround import LookAroundConfig, LookAroundForPreTraining
-    from hf_lookaround.collators import make_collator
+    from hf_lookaround.data.collators import make_collator
 
     cuda = torch.cuda.is_available() and not args.smoke
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -79,7 +79,7 @@ def worker(args) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        from hf_lookaround.modeling_lookaround import LookAroundLayer
+        from hf_lookaround.models.lookaround.modeling_lookaround import LookAroundLayer
 
         mesh = init_device_mesh(device.type, (world,))
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

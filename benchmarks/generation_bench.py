@@ -44,9 +44,9 @@ from pathlib import Path
 import torch
 
 import hf_lookaround as H
-from hf_lookaround.collators import make_collator
+from hf_lookaround.data.collators import make_collator
 from hf_lookaround.generation import group_generate
-from hf_lookaround.tokenization import train_tokenizer
+from hf_lookaround.data.tokenization import train_tokenizer
 
 SAMPLING = dict(do_sample=True, temperature=1.0, top_k=50, top_p=0.95)
 

@@ -278,7 +278,7 @@ class Bench:
             prepare = None
             inner = getattr(model, "_orig_mod", model)
             if two_stream:
-                from hf_lookaround.modeling_lookaround import drop_unread_content
+                from hf_lookaround.training.unread_content import drop_unread_content
 
                 def prepare(b):
                     if isinstance(content_width, int):  # the content rows no prediction reads are not computed
@@ -566,7 +566,7 @@ def report(data: dict) -> str:
 
 def auto_rule(rows) -> str:
     """What the long-context rows say about FLEX_ATTENTION_MIN_KEYS."""
-    from hf_lookaround.modeling_lookaround import FLEX_ATTENTION_MIN_KEYS
+    from hf_lookaround.models.lookaround.modeling_lookaround import FLEX_ATTENTION_MIN_KEYS
 
     faster = []
     for r in rows:

@@ -5,7 +5,7 @@ ViT ``small`` (hidden 256, 6 layers, 4 heads) on Fashion-MNIST, 3 seeds, seven c
 - GVP (K = 20 groups) with target mode p2p, p2d, d2d, each with mixed and with fixed segmentation;
 - the variable-mask MAE baseline (``vmlm``: mask ratio per image from U[0.5, 0.75]), p2p.
 
-Each run is one ``hf-lookaround vision`` command (``python -m hf_lookaround.vision``): pretrain, save the
+Each run is one ``hf-lookaround vision`` command (``python -m hf_lookaround.cli vision``): pretrain, save the
 checkpoint and its image processor, reconstruction L2 (teacher-forced, on the test images), linear probe
 (frozen mean-pooled features, logistic regression, ``C`` chosen on 20 % of the probe images) and
 fine-tuning (the whole network, on the probe images), both scored on the test images.
@@ -75,7 +75,7 @@ def slug(name: str) -> str:
 
 
 def run_command(python: str, shared: list[str], config_args: list[str], seed: int, out: Path) -> list[str]:
-    return [python, "-m", "hf_lookaround.vision", *shared, *config_args, "--seed", str(seed), "--output_dir", str(out)]
+    return [python, "-m", "hf_lookaround.cli", "vision", *shared, *config_args, "--seed", str(seed), "--output_dir", str(out)]
 
 
 def shared_args(args, sizes: dict, data_dir: str | None) -> list[str]:
@@ -365,7 +365,7 @@ def main(argv=None) -> int:
             grid.deadline and time.monotonic() > grid.deadline - 20):
         checkpoint = str(out_dir / json.loads(sample_record.read_text())["checkpoint"])
         # 100 images, image i of class i mod 10: one class per column of the 10 x 10 grid
-        cmd = [args.python, "-m", "hf_lookaround.vision", "sample", "--model", checkpoint, "--out", str(png),
+        cmd = [args.python, "-m", "hf_lookaround.cli", "vision", "sample", "--model", checkpoint, "--out", str(png),
                "--num_images", "100", "--seed", "0"]
         print("sampling:", " ".join(cmd[1:]), flush=True)
         timeout = None if grid.deadline is None else max(1.0, grid.deadline - time.monotonic())

@@ -26,7 +26,7 @@ saves its adapter in ``out/reviews-lora/adapter``.
 
 import sys
 
-from hf_lookaround.evaluation.glue import main
+from hf_lookaround.cli.glue import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,13 +9,14 @@
     accelerate launch examples/run_pretraining.py ...      # several GPUs / hosts
     python examples/run_pretraining.py args.json           # arguments from a file
 
-All of transformers' TrainingArguments work. The code lives in hf_lookaround.pretraining
+All of transformers' TrainingArguments work. The code lives in hf_lookaround.training.pretraining (and its options in hf_lookaround.cli.pretrain)
 (`hf-lookaround pretrain` is the same job); see docs/pretraining.md.
 """
 
 import sys
 
-from hf_lookaround.pretraining import parse_args, run
+from hf_lookaround.cli.pretrain import parse_args
+from hf_lookaround.training.pretraining import run
 
 
 def main() -> int:

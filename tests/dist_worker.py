@@ -3,7 +3,7 @@
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/dist_worker.py pretrain ARGS...
     ... tests/dist_worker.py ddp GRADS.json HEADS.json
 
-``pretrain`` runs ``hf-lookaround pretrain`` (``pretraining.main``) unchanged, except that its Trainer
+``pretrain`` runs ``hf-lookaround pretrain`` (``hf_lookaround.cli.pretrain.main``) unchanged, except that its Trainer
 records what each rank trained on, and can SIGKILL itself at a chosen moment:
 
 - ``LOOKAROUND_TEST_RECORD=DIR``: every rank appends its batches to ``DIR/rank{r}.jsonl``;
@@ -33,7 +33,8 @@ def _kill_point():
 
 
 def pretrain(argv):
-    from hf_lookaround import pretraining
+    from hf_lookaround.cli.pretrain import main
+    from hf_lookaround.training import pretraining
 
     where, kill_step = _kill_point()
     record_dir = os.environ.get("LOOKAROUND_TEST_RECORD")
@@ -71,7 +72,7 @@ def pretrain(argv):
             return super()._save(output_dir, state_dict)
 
     pretraining.LookAroundTrainer = InstrumentedTrainer
-    return pretraining.main(argv)
+    return main(argv)
 
 
 def _tiny_config(**overrides):
@@ -109,7 +110,7 @@ def grads(out):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from hf_lookaround import LookAroundForPreTraining
-    from hf_lookaround.collators import make_collator
+    from hf_lookaround.data.collators import make_collator
 
     rank, world = dist.get_rank(), dist.get_world_size()
     b = 3
@@ -154,7 +155,7 @@ def heads(out):
         LookAroundForPreTraining,
         LookAroundForSequenceClassification,
     )
-    from hf_lookaround.collators import make_collator
+    from hf_lookaround.data.collators import make_collator
 
     rank, world = dist.get_rank(), dist.get_world_size()
     tok = _Tokenizer()

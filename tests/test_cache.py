@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import hf_lookaround as H
-from hf_lookaround.modeling_lookaround import NO_TARGET_RANK
+from hf_lookaround.models.lookaround.modeling_lookaround import NO_TARGET_RANK
 from hf_lookaround.plans import make_plan
 
 VOCAB = 61

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from hf_lookaround.collators import (
+from hf_lookaround.data.collators import (
     AutoregressiveCollator,
     GVPCollator,
     MaskedCollator,
@@ -275,7 +275,8 @@ def test_plans_do_not_depend_on_the_number_of_workers(objective):
 
 
 def test_pretraining_collates_in_workers_on_a_gpu_only(monkeypatch, tmp_path):
-    from hf_lookaround import pretraining
+    from hf_lookaround.cli.pretrain import parse_args
+    from hf_lookaround.training import pretraining
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert pretraining.default_dataloader_workers(use_cpu=False) == pretraining.GPU_DATALOADER_WORKERS == 2
@@ -284,7 +285,7 @@ def test_pretraining_collates_in_workers_on_a_gpu_only(monkeypatch, tmp_path):
     assert pretraining.default_dataloader_workers(use_cpu=False) == 0
 
     base = ["--train_files", "x.txt", "--output_dir", str(tmp_path), "--do_train"]
-    parsed = lambda *extra: pretraining.parse_args(base + list(extra))  # noqa: E731
+    parsed = lambda *extra: parse_args(base + list(extra))  # noqa: E731
     assert parsed()[3].dataloader_num_workers == 0 and parsed()[3].dataloader_workers_by_default
     assert parsed("--dataloader_num_workers", "5")[3].dataloader_num_workers == 5
     assert not parsed("--dataloader_num_workers", "5")[3].dataloader_workers_by_default

@@ -13,8 +13,10 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 import hf_lookaround as H
-import hf_lookaround.modeling_lookaround as modeling
+import hf_lookaround.models.lookaround.masking_lookaround as masking  # the one mask rule
+import hf_lookaround.models.lookaround.modeling_lookaround as modeling
 from hf_lookaround.leakcheck import audit_two_stream
+from hf_lookaround.training.unread_content import drop_unread_content
 from hf_lookaround.plans import make_plan
 
 VOCAB = 61
@@ -160,7 +162,7 @@ def test_compiled_step_leaks_nothing(objective):
 
 def test_the_compiled_audit_catches_a_leak(monkeypatch):
     """The compiled path reads the one mask rule too: a rule that lets the query stream see its own rank is caught."""
-    monkeypatch.setattr(modeling, "may_attend", lambda q, k, strict, valid: valid & (k <= q))
+    monkeypatch.setattr(masking, "may_attend", lambda q, k, strict, valid: valid & (k <= q))
     model = make(seq_len=40).eval()
     ids, mask = torch.randint(4, VOCAB, (1, 40), generator=torch.Generator().manual_seed(0)), torch.ones(1, 40).long()
     plan = make_plan("dar", [40], 40, t=2, generator=torch.Generator().manual_seed(0))
@@ -271,7 +273,7 @@ def test_skipping_with_flex_keeps_the_logits(eager_flex):
 # ------------------------------------------------------------------------------------ kernel by length
 @torch.no_grad()
 def test_auto_attention_picks_flex_from_the_threshold(monkeypatch, eager_flex):
-    monkeypatch.setattr(modeling, "FLEX_ATTENTION_MIN_KEYS", 48)
+    monkeypatch.setattr(masking, "FLEX_ATTENTION_MIN_KEYS", 48)
     model = make(impl=modeling.AUTO_ATTENTION, seq_len=64).eval()
     reference = make(impl="sdpa", seq_len=64).eval()
     for seq_len, kind in [(32, torch.Tensor), (64, BlockMask)]:
@@ -294,7 +296,7 @@ def test_a_prepared_mask_of_another_batch_is_refused():
 def test_trainer_under_torch_compile_builds_the_masks_outside_the_model(tmp_path):
     from transformers import TrainingArguments
 
-    from hf_lookaround.pretraining import LookAroundTrainer
+    from hf_lookaround.training.pretraining import LookAroundTrainer
 
     model = make().train()
     batch = batch_for("dar")
@@ -320,7 +322,7 @@ def test_dropping_unread_content_rows_keeps_loss_and_gradients(config, objective
     """The top rank's content rows (masked tokens, GVP's last group) and padding feed no prediction."""
     model = make(config).train()
     batch = batch_for(objective, seed=5)
-    compact = modeling.drop_unread_content(batch)
+    compact = drop_unread_content(batch)
     top = torch.where(batch["attention_mask"] != 0, batch["group_ids"], -1).amax(-1)
     kept = ((batch["group_ids"] < top[:, None]) & (batch["attention_mask"] != 0)).sum(-1)
     assert compact["input_ids"].shape[1] == int(kept.max()) < batch["input_ids"].shape[1]
@@ -345,13 +347,13 @@ def test_dropped_content_batch_compiles_with_a_fixed_width_and_refuses_a_narrow_
     width = 32 - round(0.15 * 27)  # every sequence of these lengths keeps at most this many rows
     for seed in range(2):
         batch = batch_for("mlm", seed=seed)
-        compact = modeling.drop_unread_content(batch, content_width=width)
+        compact = drop_unread_content(batch, content_width=width)
         assert compact["input_ids"].shape[1] == width
         with torch._dynamo.config.patch(error_on_recompile=seed > 0):
             got = compiled(**compact, prepared_attention=model.prepare_attention(**compact)).loss
         torch.testing.assert_close(got, model(**batch).loss, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="content_width=10 is smaller"):
-        modeling.drop_unread_content(batch, content_width=10)
+        drop_unread_content(batch, content_width=10)
 
 
 def test_trainer_finds_only_the_labels_argument():
@@ -363,6 +365,6 @@ def test_trainer_finds_only_the_labels_argument():
 
 def test_dropped_content_width_rounds_up_to_a_multiple():
     batch = batch_for("gvp", seed=2)
-    exact = modeling.drop_unread_content(batch)["input_ids"].shape[1]
-    rounded = modeling.drop_unread_content(batch, width_multiple=8)["input_ids"].shape[1]
+    exact = drop_unread_content(batch)["input_ids"].shape[1]
+    rounded = drop_unread_content(batch, width_multiple=8)["input_ids"].shape[1]
     assert rounded % 8 == 0 and exact <= rounded < exact + 8

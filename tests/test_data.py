@@ -17,14 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hf_lookaround.data import (
-    build_blocks,
-    chunk_into_blocks,
-    load_text_dataset,
-    split_for_rank,
-)
-from hf_lookaround.pretraining import parse_args, run
-from hf_lookaround.tokenization import train_tokenizer
+from hf_lookaround.data.text import build_blocks, chunk_into_blocks, load_text_dataset, split_for_rank
+from hf_lookaround.cli.pretrain import parse_args
+from hf_lookaround.training.pretraining import run
+from hf_lookaround.data.tokenization import train_tokenizer
 
 WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
 
@@ -232,7 +228,9 @@ WORKER = textwrap.dedent('''
     """Run `pretrain` on 2 processes; record what each rank trained on and who trained the tokenizer."""
     import json, os, sys
     import torch.distributed as dist
-    from hf_lookaround import pretraining, tokenization
+    from hf_lookaround.cli.pretrain import main
+    from hf_lookaround.data import tokenization
+    from hf_lookaround.training import pretraining
 
     record = os.environ["RECORD_DIR"]
     rank = int(os.environ["RANK"])
@@ -251,7 +249,7 @@ WORKER = textwrap.dedent('''
             return super().training_step(model, inputs, num_items_in_batch)
 
     pretraining.LookAroundTrainer = Recording
-    pretraining.main(sys.argv[1:])
+    main(sys.argv[1:])
 ''')
 
 
@@ -297,7 +295,7 @@ def test_two_processes_streaming_with_a_tokenizer_trained_once(tmp_path):
 
 def test_streaming_resume_within_the_first_pass_sees_the_same_blocks(tmp_path, tokenizer, monkeypatch):
     # Trainer skips the batches already trained on by reading them again (an IterableDataset cannot seek)
-    from hf_lookaround import pretraining
+    from hf_lookaround.training import pretraining
 
     write_jsonl(tmp_path / "train.jsonl", documents(40, seed=13))
     tokenizer.save_pretrained(tmp_path / "tok")

@@ -17,9 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_lookaround import checkpointing
-from hf_lookaround.collators import make_collator
-from hf_lookaround.pretraining import gradient_accumulation_for, parse_args, run
+from hf_lookaround.training import checkpointing
+from hf_lookaround.data.collators import make_collator
+from hf_lookaround.training.pretraining import gradient_accumulation_for, run
+from hf_lookaround.cli.pretrain import parse_args
 
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
 TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,hidden_dropout_prob=0.1"
@@ -43,7 +44,7 @@ def torchrun(*args, env=None, check=True, timeout=240):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """A small JSON Lines corpus of made-up sentences and a BPE tokenizer trained on it."""
-    from hf_lookaround.tokenization import train_tokenizer
+    from hf_lookaround.data.tokenization import train_tokenizer
 
     root = tmp_path_factory.mktemp("corpus")
     rng = random.Random(0)
@@ -263,7 +264,7 @@ def test_resuming_with_another_world_size_warns(tmp_path, caplog):
     folder.mkdir()
     config.save_pretrained(folder)
     checkpointing.mark_complete(folder, 4, world_size=2)
-    with caplog.at_level("WARNING", logger="hf_lookaround.checkpointing"):
+    with caplog.at_level("WARNING", logger="hf_lookaround.training.checkpointing"):
         checkpointing.check_resume_compatible(folder, config, world_size=2)
         assert not caplog.records
         checkpointing.check_resume_compatible(folder, config, world_size=4)

@@ -10,17 +10,11 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor, pipeline
 
 from hf_lookaround import LookAroundConfig, LookAroundForCausalLM, LookAroundForMaskedLM, LookAroundForPreTraining
-from hf_lookaround.generation import (
-    GroupDecodingMixin,
-    UntrainedDecodingError,
-    commit_schedule,
-    group_generate,
-    infill,
-    main,
-    semi_ar_ranks,
-)
+from hf_lookaround.generation import GroupDecodingMixin, UntrainedDecodingError, group_generate, semi_ar_ranks
+from hf_lookaround.decoding.infill import commit_schedule, infill
+from hf_lookaround.cli.generate import main
 from hf_lookaround.plans import autoregressive_plan
-from hf_lookaround.tokenization import train_tokenizer
+from hf_lookaround.data.tokenization import train_tokenizer
 
 CORPUS = [
     "The committee met on Tuesday and agreed that the budget would be revised before spring.",
@@ -251,7 +245,7 @@ def test_generate_and_text_generation_pipeline(dar, tokenizer, caplog):
                   return_full_text=False, add_special_tokens=False)
     assert result[0]["generated_text"] == tokenizer.decode(expected[0, enc["input_ids"].shape[1]:])
     # the pipeline's default encoding (<s> ... </s>) ends the prompt with EOS: a warning says how to fix it
-    with caplog.at_level(logging.WARNING, logger="hf_lookaround.generation"):
+    with caplog.at_level(logging.WARNING, logger="hf_lookaround.models.lookaround.generation_lookaround"):
         pipe("The committee met on", group_size=2, max_new_tokens=2)
     assert "ends with the EOS token" in caplog.text
     # several sequences per prompt, sampled
@@ -266,7 +260,7 @@ def test_group_size_the_checkpoint_was_not_trained_for(tokenizer, caplog):
     prompt = _prompt(tokenizer)
     with pytest.raises(UntrainedDecodingError, match="group_size=4 was not trained.*allow_untrained"):
         group_generate(model, prompt, group_size=4, max_new_tokens=4)
-    with caplog.at_level(logging.WARNING, logger="hf_lookaround.generation"):
+    with caplog.at_level(logging.WARNING, logger="hf_lookaround.models.lookaround.generation_lookaround"):
         out = group_generate(model, prompt, group_size=4, max_new_tokens=4, allow_untrained=True)
     assert out.shape[1] == len(prompt) + 4 and "decoding anyway" in caplog.text
     masked = _model(LookAroundForPreTraining, tokenizer, objective="mlm", plan_params={"mask_ratio": 0.15})

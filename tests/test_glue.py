@@ -17,9 +17,9 @@ from hf_lookaround.evaluation.glue import (
     glue_metric_path,
     head_module_names,
     load_glue_metric,
-    main,
 )
-from hf_lookaround.tokenization import train_tokenizer
+from hf_lookaround.cli.glue import main
+from hf_lookaround.data.tokenization import train_tokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"  # reviews (binary, label names), review_scores (regression)
 BBC_TOPICS = ["business", "entertainment", "politics", "sports", "tech"]

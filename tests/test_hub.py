@@ -21,11 +21,12 @@ import torch
 
 from hub_server import HubServer
 
-from hf_lookaround import hub as hub_module
-from hf_lookaround.configuration_lookaround import LookAroundConfig
-from hf_lookaround.modeling_lookaround import LookAroundForPreTraining
+from hf_lookaround.cli import push as push_command
+from hf_lookaround.hub import cards, load, push
+from hf_lookaround.models.lookaround.configuration_lookaround import LookAroundConfig
+from hf_lookaround.models.lookaround.modeling_lookaround import LookAroundForPreTraining
 from hf_lookaround.plans import make_plan
-from hf_lookaround.tokenization import train_tokenizer
+from hf_lookaround.data.tokenization import train_tokenizer
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 REPO = "lab/tiny-lookaround"
@@ -76,7 +77,7 @@ CHILD = textwrap.dedent('''
         del sys.modules["hf_lookaround"]
         sys.path.insert(0, sys.argv[4])
         import hf_lookaround
-        from hf_lookaround.hub import load_pretrained
+        from hf_lookaround.hub.load import load_pretrained
         plain = head_outputs(lambda n: getattr(transformers, n), repo, inputs)
         result.update({"package." + k: v for k, v in plain.items()})
         checked = load_pretrained(repo, head="causal-lm").eval()
@@ -136,7 +137,7 @@ def checkpoint(tmp_path_factory):
     (folder / "all_results.json").write_text(json.dumps({"eval_loss": 5.25, "eval_runtime": 1.0, "epoch": 1.0}))
     (folder / "probe_results.json").write_text(
         json.dumps({"task": "trec", "dataset": "trec", "metric": "accuracy", "test_accuracy": 0.5}))
-    hub_module.write_model_card(folder, dataset="sotu")
+    cards.write_model_card(folder, dataset="sotu")
 
     batch = tok(["the people of the union", "a nation"], return_tensors="pt", padding=True)
     plan = make_plan("dar", batch["attention_mask"].sum(-1), batch["input_ids"].shape[1],
@@ -152,7 +153,7 @@ def test_push_and_load_round_trip(server, online, checkpoint, tmp_path):
     assert set(local_config["auto_map"]) == {"AutoConfig", "AutoModelForPreTraining"}  # what save_pretrained wrote
 
     # 1. push with the real client, through the CLI entry point
-    assert hub_module.main([str(checkpoint), REPO, "--token", "hf_test_token", "--commit-message", "first"]) == 0
+    assert push_command.main([str(checkpoint), REPO, "--token", "hf_test_token", "--commit-message", "first"]) == 0
     assert tree_hashes(checkpoint) == before, "push must not modify the local checkpoint"
     repo = server.repo(REPO)
     files = repo.files("main")
@@ -168,13 +169,13 @@ def test_push_and_load_round_trip(server, online, checkpoint, tmp_path):
     assert set(auto_map) == {"AutoConfig", *HEAD_CLASSES}
     readme = files["README.md"].decode()
     assert f'from_pretrained("{REPO}", trust_remote_code=True)' in readme
-    assert hub_module.REPO_PLACEHOLDER not in readme and "name: lab/tiny-lookaround" in readme
+    assert cards.REPO_PLACEHOLDER not in readme and "name: lab/tiny-lookaround" in readme
 
     # reference outputs: the package's classes on the local folder
     inputs = torch.load(checkpoint.parent / "inputs.pt")
     import transformers
     reference = head_outputs(lambda n: getattr(transformers, n), str(checkpoint), inputs)
-    assert reference["AutoModelForPreTraining.module"] == "hf_lookaround.modeling_lookaround"
+    assert reference["AutoModelForPreTraining.module"] == "hf_lookaround.models.lookaround.modeling_lookaround"
 
     # 2. a fresh process without the package, online, with trust_remote_code
     workdir, hf_home = checkpoint.parent, tmp_path / "hf_home"
@@ -191,13 +192,13 @@ def test_push_and_load_round_trip(server, online, checkpoint, tmp_path):
             assert result[name + ".module"].startswith("transformers_modules."), result[name + ".module"]
             assert torch.equal(result[name], reference[name]), f"{name}: outputs differ after the round trip"
     for name in HEAD_CLASSES:
-        assert offline[f"package.{name}.module"] == "hf_lookaround.modeling_lookaround"
+        assert offline[f"package.{name}.module"] == "hf_lookaround.models.lookaround.modeling_lookaround"
         assert torch.equal(offline[f"package.{name}"], reference[name])
     assert torch.equal(offline["package.load_pretrained"], reference["AutoModelForCausalLM"])
 
     # pushing the same checkpoint again commits nothing: every file is unchanged
     head = repo.branches["main"]
-    hub_module.push_checkpoint(checkpoint, REPO)
+    push.push_checkpoint(checkpoint, REPO)
     assert repo.branches["main"] == head
 
 
@@ -208,11 +209,11 @@ def test_failed_push_is_clear_and_leaves_checkpoint_intact(server, online, check
     before = tree_hashes(checkpoint)
     server.fail_commits = 100
     try:
-        with pytest.raises(hub_module.HubPushError) as err:
-            hub_module.push_checkpoint(checkpoint, "lab/failing")
+        with pytest.raises(push.HubPushError) as err:
+            push.push_checkpoint(checkpoint, "lab/failing")
         message = str(err.value)
         assert "lab/failing" in message and "500" in message and "not modified" in message
-        assert hub_module.main([str(checkpoint), "lab/failing"]) == 1
+        assert push_command.main([str(checkpoint), "lab/failing"]) == 1
         assert "error: pushing" in capsys.readouterr().out
     finally:
         server.fail_commits = 0
@@ -221,23 +222,23 @@ def test_failed_push_is_clear_and_leaves_checkpoint_intact(server, online, check
     repo = server.repo("lab/failing")
     assert set(repo.files("main")) == {".gitattributes"}  # nothing half-committed
     # once the server is back, the same push goes through
-    hub_module.push_checkpoint(checkpoint, "lab/failing")
+    push.push_checkpoint(checkpoint, "lab/failing")
     assert "model.safetensors" in repo.files("main")
 
 
 def test_broken_weights_give_a_clear_error(server, online, checkpoint, tmp_path):
-    hub_module.push_checkpoint(checkpoint, "lab/broken", private=True)
+    push.push_checkpoint(checkpoint, "lab/broken", private=True)
     assert server.repo("lab/broken").private
     weights = (checkpoint / "model.safetensors").read_bytes()
     cache = str(tmp_path / "cache")
 
     server.commit_files("lab/broken", {"model.safetensors": weights[: len(weights) // 2]})
     with pytest.raises(ValueError, match=r"model\.safetensors in the Hub repo lab/broken .*not a valid safetensors"):
-        hub_module.load_pretrained("lab/broken", head="causal-lm", cache_dir=cache)
+        load.load_pretrained("lab/broken", head="causal-lm", cache_dir=cache)
 
     server.commit_files("lab/broken", {}, deletions=["model.safetensors"])
     with pytest.raises(ValueError, match=r"no weights in the Hub repo lab/broken.*hf-lookaround push"):
-        hub_module.load_pretrained("lab/broken", head="causal-lm", cache_dir=cache)
+        load.load_pretrained("lab/broken", head="causal-lm", cache_dir=cache)
 
     # a broken local checkpoint is refused before anything is sent
     local = tmp_path / "local"
@@ -246,20 +247,20 @@ def test_broken_weights_give_a_clear_error(server, online, checkpoint, tmp_path)
     (local / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
     n = len(server.requests)
     with pytest.raises(ValueError, match=r"model\.safetensors in .*local is not a valid safetensors"):
-        hub_module.push_checkpoint(local, "lab/never")
+        push.push_checkpoint(local, "lab/never")
     assert len(server.requests) == n
     with pytest.raises(ValueError, match="unknown head"):
-        hub_module.load_pretrained(str(checkpoint), head="decoder")
+        load.load_pretrained(str(checkpoint), head="decoder")
 
 
 def test_push_requires_network_mode(checkpoint, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(hub_module.HubPushError, match="HF_HUB_OFFLINE"):
-        hub_module.push_checkpoint(checkpoint, "lab/offline")
+    with pytest.raises(push.HubPushError, match="HF_HUB_OFFLINE"):
+        push.push_checkpoint(checkpoint, "lab/offline")
     with pytest.raises(ValueError, match="no config.json"):
-        hub_module.push_checkpoint(checkpoint.parent, "lab/offline")
+        push.push_checkpoint(checkpoint.parent, "lab/offline")
 
 
 def test_push_trainer_output_uses_the_trainer_hub_arguments(server, online, checkpoint, tmp_path):
@@ -268,7 +269,7 @@ def test_push_trainer_output_uses_the_trainer_hub_arguments(server, online, chec
     model = LookAroundForPreTraining.from_pretrained(checkpoint)
     args = TrainingArguments(output_dir=str(tmp_path / "out"), hub_model_id="lab/from-trainer", hub_private_repo=True,
                              hub_token="hf_trainer_token", report_to=[])
-    hub_module.push_trainer_output(Trainer(model=model, args=args), dataset="sotu")
+    push.push_trainer_output(Trainer(model=model, args=args), dataset="sotu")
     repo = server.repo("lab/from-trainer")
     assert repo.private and server.auth_headers[-1] == "Bearer hf_trainer_token"
     files = repo.files("main")
@@ -310,7 +311,7 @@ def test_vision_checkpoint_push_and_remote_load(server, online, tmp_path):
     model = LookAroundViTForPreTraining(config).eval()
     folder = tmp_path / "vit"
     model.save_pretrained(folder)
-    hub_module.push_checkpoint(folder, "lab/tiny-vit")
+    push.push_checkpoint(folder, "lab/tiny-vit")
     pixels = torch.rand(2, 1, 28, 28)
     plan = make_plan("gvp", [17, 17], 17, num_groups=4, segmentation="mixed", num_condition_tokens=1,
                      generator=torch.Generator().manual_seed(0))

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
-from hf_lookaround import hub
-from hf_lookaround.configuration_lookaround import LookAroundConfig
+from hf_lookaround.hub import cards, remote_code
+from hf_lookaround.hub.results import collect_results
+from hf_lookaround.models.lookaround.configuration_lookaround import LookAroundConfig
 
 MODEL_CARDS = Path(__file__).resolve().parents[1] / "model_cards"
 
@@ -21,26 +22,26 @@ def make_checkpoint(folder: Path, **config) -> Path:
 
 
 def test_collect_results_reads_every_file_and_tolerates_gaps(tmp_path):
-    assert hub.collect_results(tmp_path) == []
+    assert collect_results(tmp_path) == []
     (tmp_path / "all_results.json").write_text(json.dumps(
         {"eval_loss": 2.5, "eval_ar_perplexity": 12.25, "eval_runtime": 3.0, "epoch": 1.0, "train_loss": 3.0,
          "eval_accuracy": None}))
     (tmp_path / "probe_results.json").write_text(json.dumps(
         [{"task": "trec", "dataset": "trec", "metric": "accuracy", "test_accuracy": 0.75}, {"task": "sst2"}]))
     (tmp_path / "perplexity.json").write_text(json.dumps({"dataset": "brown", "bits_per_byte": 1.5}))
-    results = hub.collect_results(tmp_path, dataset="sotu")
+    results = collect_results(tmp_path, dataset="sotu")
     got = sorted((r.dataset_name, r.metric_type, r.metric_value, r.dataset_split) for r in results)
     assert got == [("brown", "bits_per_byte", 1.5, "test"), ("sotu", "loss", 2.5, "validation"),
                    ("sotu", "perplexity", 12.25, "validation"), ("trec", "accuracy", 0.75, "test")]
     (tmp_path / "perplexity.json").write_text("{not json")
-    assert len(hub.collect_results(tmp_path)) == 3  # a malformed file is skipped, not fatal
+    assert len(collect_results(tmp_path)) == 3  # a malformed file is skipped, not fatal
 
 
 def test_masked_card_from_config_with_results(tmp_path):
     folder = make_checkpoint(tmp_path / "ckpt", objective="vmlm", plan_params={})
     (folder / "perplexity.json").write_text(json.dumps(
         {"dataset": "sotu", "ar_perplexity": None, "masked_perplexity": 31.5, "bits_per_byte": 1.25}))
-    path = hub.write_model_card(folder, dataset="sotu", dataset_description="State of the Union addresses.")
+    path = cards.write_model_card(folder, dataset="sotu", dataset_description="State of the Union addresses.")
     card = ModelCard.load(path)
     assert card.data.pipeline_tag == "fill-mask" and card.data.library_name == "transformers"
     assert {"vmlm", "masked", "custom_code"} <= set(card.data.tags)
@@ -57,7 +58,7 @@ def test_masked_card_from_config_with_results(tmp_path):
 
 
 def test_family_and_template_choice(tmp_path):
-    two_stream = hub.build_model_card(make_checkpoint(tmp_path / "a", objective="gvp",
+    two_stream = cards.build_model_card(make_checkpoint(tmp_path / "a", objective="gvp",
                                                       plan_params={"num_groups": 4}), model_id="me/gvp")
     assert two_stream.data.pipeline_tag == "text-generation"
     assert "| `num_groups` | `4` |  |" in two_stream.text and "| `segmentation` | `mixed` | default |" in two_stream.text
@@ -67,12 +68,12 @@ def test_family_and_template_choice(tmp_path):
     config = {"model_type": "lookaround", "patch_size": 16, "objective": "gvp"}
     (tmp_path / "v").mkdir()
     (tmp_path / "v" / "config.json").write_text(json.dumps(config))
-    vision = hub.build_model_card(tmp_path / "v")
+    vision = cards.build_model_card(tmp_path / "v")
     assert "a two-stream ViT on the LookAround" in vision.text
     with pytest.raises(ValueError, match="unknown objective 'bert'"):
-        hub.build_model_card(tmp_path / "v", objective="bert")
+        cards.build_model_card(tmp_path / "v", objective="bert")
     with pytest.raises(ValueError, match="save the checkpoint"):
-        hub.write_model_card(tmp_path / "missing")
+        cards.write_model_card(tmp_path / "missing")
 
 
 def test_ensure_remote_code_adds_modules_and_completes_auto_map(tmp_path):
@@ -82,14 +83,14 @@ def test_ensure_remote_code_adds_modules_and_completes_auto_map(tmp_path):
     (folder / "config.json").unlink()
     (folder / "config.json").symlink_to(original)  # as in push's staging folder
 
-    written = hub.ensure_remote_code(folder)
+    written = remote_code.ensure_remote_code(folder)
     assert {"configuration_lookaround.py", "modeling_lookaround.py", "config.json"} <= set(written)
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
     assert auto_map["AutoConfig"] == "configuration_lookaround.LookAroundConfig"
     assert auto_map["AutoModelForCausalLM"] == "modeling_lookaround.LookAroundForCausalLM"
-    assert set(auto_map) == {"AutoConfig", *(auto for auto, _ in hub.HEADS.values())}
+    assert set(auto_map) == {"AutoConfig", *(auto for auto, _ in remote_code.HEADS.values())}
     assert "auto_map" not in json.loads(original.read_text()), "wrote through the symlink"
-    assert hub.ensure_remote_code(folder) == []  # complete: nothing to do
+    assert remote_code.ensure_remote_code(folder) == []  # complete: nothing to do
 
 
 @pytest.mark.parametrize("line, problem", [
@@ -100,29 +101,29 @@ def test_ensure_remote_code_adds_modules_and_completes_auto_map(tmp_path):
 def test_remote_code_must_be_self_contained(tmp_path, monkeypatch, line, problem):
     package = tmp_path / "package"
     package.mkdir()
-    for source in hub._package_module_files():
+    for source in remote_code._package_module_files():
         (package / source.name).write_text(source.read_text())
     bad = package / "modeling_lookaround.py"
     bad.write_text(line + "\n" + bad.read_text())
 
     # a checkpoint whose own copy is broken gets the package's modules instead
     folder = make_checkpoint(tmp_path / "c")
-    hub.ensure_remote_code(folder)
+    remote_code.ensure_remote_code(folder)
     (folder / "modeling_lookaround.py").write_text(bad.read_text())
-    hub.ensure_remote_code(folder)
+    remote_code.ensure_remote_code(folder)
     assert line not in (folder / "modeling_lookaround.py").read_text()
 
     # if the package's own modules are not self-contained, push refuses and says why
-    monkeypatch.setattr(hub, "_package_module_files", lambda model_module="modeling_lookaround": sorted(package.iterdir()))
+    monkeypatch.setattr(remote_code, "_package_module_files", lambda model_module="modeling_lookaround": sorted(package.iterdir()))
     (folder / "modeling_lookaround.py").unlink()
     with pytest.raises(ValueError, match=problem):
-        hub.ensure_remote_code(folder)
+        remote_code.ensure_remote_code(folder)
 
 
 def test_ensure_remote_code_refuses_other_models(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(ValueError, match="not a LookAround checkpoint"):
-        hub.ensure_remote_code(tmp_path)
+        remote_code.ensure_remote_code(tmp_path)
 
 
 def test_example_cards_are_valid():

@@ -84,7 +84,7 @@ def test_two_stream_loss_sees_exactly_lower_ranks(impl, plan_name):
 
 def test_the_audit_catches_a_leak():
     """The audit can fail: a model whose query stream also sees its own rank is caught."""
-    import hf_lookaround.modeling_lookaround as modeling
+    import hf_lookaround.models.lookaround.masking_lookaround as modeling  # the mask rule lives here
 
     model = make(H.LookAroundForPreTraining)
     ids, mask, lengths = batch_inputs()

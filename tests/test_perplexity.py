@@ -14,11 +14,11 @@ from hf_lookaround.evaluation.perplexity import (
     ar_perplexity,
     bucket_by_prefix_length,
     encode_documents,
-    main,
     masked_perplexity,
     sliding_windows,
 )
-from hf_lookaround.tokenization import train_tokenizer
+from hf_lookaround.cli.perplexity import main
+from hf_lookaround.data.tokenization import train_tokenizer
 
 TEXTS = [
     "The committee met on Tuesday and agreed that the budget would be revised before spring.",

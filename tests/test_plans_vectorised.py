@@ -27,10 +27,10 @@ import torch
 from scipy import stats
 
 from hf_lookaround import plans
-from hf_lookaround.modeling_lookaround import positions_of
+from hf_lookaround.models.lookaround.modeling_lookaround import positions_of
 from hf_lookaround.plans import Plan, make_plan
 from hf_lookaround.theory.cooccurrence import plan_distribution
-from hf_lookaround.vision import image_plan
+from hf_lookaround.data.image_collator import image_plan
 
 
 # =============================================================================================
@@ -575,7 +575,7 @@ def test_clear_errors():
 
 def test_the_semi_ar_collator_draws_the_plans_of_the_reference(monkeypatch):
     # through the collator (per-batch seed, condition prefix, padding): the same batches as with the loop
-    from hf_lookaround.collators import make_collator
+    from hf_lookaround.data.collators import make_collator
 
     class Tokenizer:
         pad_token_id, bos_token_id, eos_token_id, mask_token_id = 0, 1, 2, 3

@@ -284,8 +284,8 @@ def test_every_trainable_parameter_gets_a_gradient(cls, stream, tmp_path):
 
 @pytest.mark.parametrize("head", ["pretraining", "classification"])
 def test_every_trainable_vit_parameter_gets_a_gradient(head, tmp_path):
-    from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
-    from hf_lookaround.modeling_lookaround_vit import (
+    from hf_lookaround.models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
+    from hf_lookaround.models.lookaround.modeling_lookaround_vit import (
         LookAroundViTForImageClassification,
         LookAroundViTForPreTraining,
     )

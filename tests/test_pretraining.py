@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_lookaround.pretraining import parse_args, run
-from hf_lookaround.tokenization import train_tokenizer
+from hf_lookaround.cli.pretrain import parse_args
+from hf_lookaround.training.pretraining import run
+from hf_lookaround.data.tokenization import train_tokenizer
 
 
 TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,hidden_dropout_prob=0.1"
@@ -25,7 +26,7 @@ def text_file(bbc_text_dir):
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory, text_file):
-    from hf_lookaround.data import load_texts
+    from hf_lookaround.data.text import load_texts
 
     out = tmp_path_factory.mktemp("tok")
     train_tokenizer(load_texts(text_file)[:8], vocab_size=400, output_dir=out)
@@ -87,7 +88,7 @@ def test_end_to_end_records_objective_and_evaluates(tokenizer_dir, tmp_path):
     model = AutoModelForPreTraining.from_pretrained(out)
     assert model.config.vocab_size == len(AutoTokenizer.from_pretrained(out)) == 400
     try:
-        from hf_lookaround.hub import write_model_card  # noqa: F401  (written by another module's owner)
+        from hf_lookaround.hub.cards import write_model_card
     except ImportError:
         return
     assert "dar" in (out / "README.md").read_text()  # the model card
@@ -122,7 +123,8 @@ def test_clear_errors(tokenizer_dir, tmp_path):
 
 
 def test_demo_runs_on_a_small_labelled_corpus(tmp_path):
-    from hf_lookaround.demo import bbc_news_dir, main as demo_main, read_bbc_news, split_articles
+    from hf_lookaround.demo import bbc_news_dir, read_bbc_news, split_articles
+    from hf_lookaround.cli.demo import main as demo_main
 
     source = bbc_news_dir()  # installed by the test extra: a missing corpus fails with what to install
     articles = read_bbc_news(source)
@@ -161,7 +163,7 @@ def test_demo_runs_on_a_small_labelled_corpus(tmp_path):
 
 @pytest.mark.parametrize("objective", [("vmlm",), ("gvp", "--num_groups", "4")])
 def test_dropping_unread_content_rows_keeps_the_loss_curve(tokenizer_dir, tmp_path, objective, monkeypatch):
-    import hf_lookaround.modeling_lookaround as modeling
+    import hf_lookaround.training.unread_content as modeling
 
     widths = []  # (content columns before, after) of every batch the trainer compacted
     original = modeling.drop_unread_content

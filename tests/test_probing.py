@@ -12,8 +12,9 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from hf_lookaround import LookAroundConfig, LookAroundForPreTraining, LookAroundModel
-from hf_lookaround.evaluation.probing import extract_features, linear_probe, main
-from hf_lookaround.tokenization import train_tokenizer
+from hf_lookaround.evaluation.probing import extract_features, linear_probe
+from hf_lookaround.cli.probe import main
+from hf_lookaround.data.tokenization import train_tokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TEXTS = ["a good film", "the worst plot I have seen in years", "fine", "an utterly wonderful cast and a great story"]

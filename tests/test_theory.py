@@ -14,6 +14,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from hf_lookaround.cli.theory import main  # noqa: E402
 from hf_lookaround.plans import make_plan  # noqa: E402
 from hf_lookaround.theory import (  # noqa: E402
     check_theorem_31,
@@ -21,7 +22,6 @@ from hf_lookaround.theory import (  # noqa: E402
     cooccurrence_matrix,
     derived_spectrum,
     factorisation_loss,
-    main,
     normalised_matrix,
     pairs_from_plan,
     plan_distribution,
@@ -252,7 +252,7 @@ def test_cli_spectrum_on_a_text_file(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_checkpoints(tmp_path_factory):
     from hf_lookaround import LookAroundConfig, LookAroundModel
-    from hf_lookaround.tokenization import train_tokenizer
+    from hf_lookaround.data.tokenization import train_tokenizer
 
     texts = [f"sample {i} of the text about topic {i % 3}" for i in range(60)]
     paths = {}

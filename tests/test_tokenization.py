@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from hf_lookaround.data import chunk_into_blocks, iter_texts, load_texts
-from hf_lookaround.tokenization import main, train_tokenizer
+from hf_lookaround.data.text import chunk_into_blocks, iter_texts, load_texts
+from hf_lookaround.cli.train_tokenizer import main
+from hf_lookaround.data.tokenization import train_tokenizer
 
 
 def test_cli_trains_a_tokenizer_that_autotokenizer_loads(tmp_path, bbc_text_dir):

@@ -12,17 +12,17 @@ import torch
 from PIL import Image
 
 import hf_lookaround  # noqa: F401  (registers the Auto classes)
-from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
-from hf_lookaround.image_processing_lookaround_vit import LookAroundViTImageProcessor
-from hf_lookaround.modeling_lookaround_vit import LookAroundViTForImageClassification
-from hf_lookaround.vision import (
+from hf_lookaround.models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
+from hf_lookaround.models.lookaround.image_processing_lookaround_vit import LookAroundViTImageProcessor
+from hf_lookaround.models.lookaround.modeling_lookaround_vit import LookAroundViTForImageClassification
+from hf_lookaround.data.images import (
     ImageSource,
     fit_image_processor,
     load_digits_images,
     load_image_splits,
-    main,
     pixel_values_of,
 )
+from hf_lookaround.cli.vision import main
 
 # transformers 5.17 exposes `transformers.AutoImageProcessor` only with torchvision installed; the class
 # itself (which the pipelines use) works with the PIL backend
@@ -264,7 +264,7 @@ def test_sources_keep_their_split_names():
 # ------------------------------------------------------------------------------------------ probes, modes
 def test_the_torch_and_warm_started_probes_solve_the_same_logistic_regression_as_scikit_learn():
     from hf_lookaround.evaluation.probing import linear_probe
-    from hf_lookaround.vision import torch_logistic_probe, warm_path_probe
+    from hf_lookaround.evaluation.image_probing import torch_logistic_probe, warm_path_probe
 
     train, test = load_digits_images()
     x = train.images.reshape(len(train), -1).astype(np.float64) / 255
@@ -280,9 +280,9 @@ def test_the_torch_and_warm_started_probes_solve_the_same_logistic_regression_as
 def test_a_codebook_oracle_scores_the_codebook_floor(tmp_path):
     """A model that predicts every true visual token reaches exactly the nearest-centroid error, with token
     accuracy 1; the class condition token shifts the patches by one position."""
-    from hf_lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining
-    from hf_lookaround.vision import reconstruction_l2
-    from hf_lookaround.visual_tokenizer import fit_codebook
+    from hf_lookaround.models.lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining
+    from hf_lookaround.evaluation.reconstruction import reconstruction_l2
+    from hf_lookaround.data.visual_tokenizer import fit_codebook
 
     train, _ = load_digits_images()
     _, pixels = fit_image_processor(train.select(0, 200), image_size=16)
@@ -316,7 +316,7 @@ def test_a_codebook_oracle_scores_the_codebook_floor(tmp_path):
 
 
 def test_the_class_conditional_collator_passes_classes_behind_the_prefix():
-    from hf_lookaround.vision import make_image_collator
+    from hf_lookaround.data.image_collator import make_image_collator
 
     features = [{"pixel_values": torch.zeros(1, 8, 8), "labels": torch.tensor(i % 3)} for i in range(400)]
     collator = make_image_collator("gvp", 16, seed=0, num_prefix_tokens=2, class_conditional=True,

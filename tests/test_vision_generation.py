@@ -6,9 +6,10 @@ import pytest
 import torch
 from PIL import Image
 
-from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
-from hf_lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining, LookAroundViTModel, patchify
-from hf_lookaround.vision_generation import inference_ranks, sample_images, sample_main, to_display_pixels
+from hf_lookaround.models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
+from hf_lookaround.models.lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining, LookAroundViTModel, patchify
+from hf_lookaround.decoding.images import inference_ranks, sample_images, to_display_pixels
+from hf_lookaround.cli.vision import sample_main
 from test_vit_modes import PATCH, SIDE, images, make, tokenizer  # one tiny model for the ViT-mode tests
 
 N_PATCHES = (SIDE // PATCH) ** 2
@@ -148,7 +149,7 @@ def test_the_sample_command_writes_a_reproducible_png_grid(tmp_path):
 
 
 def test_the_sample_command_undoes_the_image_processors_normalisation(tmp_path):
-    from hf_lookaround.image_processing_lookaround_vit import LookAroundViTImageProcessor
+    from hf_lookaround.models.lookaround.image_processing_lookaround_vit import LookAroundViTImageProcessor
 
     model = make(impl="sdpa", target_mode="p2p")
     model.save_pretrained(tmp_path / "ckpt")

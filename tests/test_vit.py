@@ -12,20 +12,17 @@ from transformers import (
     AutoModelForPreTraining,
 )
 
-from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
-from hf_lookaround.modeling_lookaround_vit import (
+from hf_lookaround.models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
+from hf_lookaround.models.lookaround.modeling_lookaround_vit import (
     LookAroundViTForImageClassification,
     LookAroundViTForPreTraining,
     LookAroundViTModel,
     patchify,
     unpatchify,
 )
-from hf_lookaround.vision import (
-    image_plan,
-    load_fashion_mnist,
-    make_image_collator,
-    reconstruction_l2,
-)
+from hf_lookaround.data.image_collator import image_plan, make_image_collator
+from hf_lookaround.data.images import load_fashion_mnist
+from hf_lookaround.evaluation.reconstruction import reconstruction_l2
 
 PATCH, SIDE = 7, 28  # 16 patches
 HEADS = {
@@ -326,7 +323,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 def test_the_vision_command_end_to_end(tmp_path, digits_idx_dir):
     import json
 
-    from hf_lookaround.vision import main
+    from hf_lookaround.cli.vision import main
 
     argv = ["--data", str(digits_idx_dir), "--output_dir", str(tmp_path), "--objective", "gvp", "--num_groups", "4",
             "--patch_size", "7", "--hidden_size", "32", "--num_hidden_layers", "1", "--num_attention_heads", "2",

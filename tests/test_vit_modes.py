@@ -8,16 +8,16 @@ import torch
 from torch.nn import functional as F
 from transformers import AutoModel, AutoModelForImageClassification, AutoModelForPreTraining
 
-from hf_lookaround.configuration_lookaround_vit import LookAroundViTConfig
-from hf_lookaround.modeling_lookaround_vit import (
+from hf_lookaround.models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
+from hf_lookaround.models.lookaround.modeling_lookaround_vit import (
     LookAroundViTForImageClassification,
     LookAroundViTForPreTraining,
     LookAroundViTModel,
     normalise_patches,
     patchify,
 )
-from hf_lookaround.vision_generation import vit_plan
-from hf_lookaround.visual_tokenizer import encode, encode_images, fit_codebook, fit_pixel_decoder
+from hf_lookaround.decoding.images import vit_plan
+from hf_lookaround.data.visual_tokenizer import encode, encode_images, fit_codebook, fit_pixel_decoder
 
 PATCH, SIDE, K = 7, 28, 16  # 16 patches of 7x7, 16 visual tokens
 

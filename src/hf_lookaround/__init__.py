@@ -16,29 +16,29 @@ __version__ = "0.1.0"
 
 # public name -> submodule that defines it
 _EXPORTS = {
-    "LookAroundConfig": "configuration_lookaround",
-    "PRESETS": "configuration_lookaround",
-    "LookAroundViTConfig": "configuration_lookaround_vit",
-    "LookAroundPreTrainedModel": "modeling_lookaround",
-    "LookAroundModel": "modeling_lookaround",
-    "LookAroundForPreTraining": "modeling_lookaround",
-    "LookAroundForMaskedLM": "modeling_lookaround",
-    "LookAroundForCausalLM": "modeling_lookaround",
-    "LookAroundForSequenceClassification": "modeling_lookaround",
-    "LookAroundViTPreTrainedModel": "modeling_lookaround_vit",
-    "LookAroundViTModel": "modeling_lookaround_vit",
-    "LookAroundViTForPreTraining": "modeling_lookaround_vit",
-    "LookAroundViTForImageClassification": "modeling_lookaround_vit",
+    "LookAroundConfig": "models.lookaround.configuration_lookaround",
+    "PRESETS": "models.lookaround.configuration_lookaround",
+    "LookAroundViTConfig": "models.lookaround.configuration_lookaround_vit",
+    "LookAroundPreTrainedModel": "models.lookaround.modeling_lookaround",
+    "LookAroundModel": "models.lookaround.modeling_lookaround",
+    "LookAroundForPreTraining": "models.lookaround.modeling_lookaround",
+    "LookAroundForMaskedLM": "models.lookaround.modeling_lookaround",
+    "LookAroundForCausalLM": "models.lookaround.modeling_lookaround",
+    "LookAroundForSequenceClassification": "models.lookaround.modeling_lookaround",
+    "LookAroundViTPreTrainedModel": "models.lookaround.modeling_lookaround_vit",
+    "LookAroundViTModel": "models.lookaround.modeling_lookaround_vit",
+    "LookAroundViTForPreTraining": "models.lookaround.modeling_lookaround_vit",
+    "LookAroundViTForImageClassification": "models.lookaround.modeling_lookaround_vit",
     "Plan": "plans",
-    "PLAN_NAMES": "plans",
+    "PLAN_NAMES": "objectives",
     "make_plan": "plans",
 }
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
-    from .configuration_lookaround import PRESETS, LookAroundConfig
-    from .configuration_lookaround_vit import LookAroundViTConfig
-    from .modeling_lookaround import (
+    from .models.lookaround.configuration_lookaround import PRESETS, LookAroundConfig
+    from .models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
+    from .models.lookaround.modeling_lookaround import (
         LookAroundForCausalLM,
         LookAroundForMaskedLM,
         LookAroundForPreTraining,
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerl
         LookAroundModel,
         LookAroundPreTrainedModel,
     )
-    from .modeling_lookaround_vit import (
+    from .models.lookaround.modeling_lookaround_vit import (
         LookAroundViTForImageClassification,
         LookAroundViTForPreTraining,
         LookAroundViTModel,

@@ -39,6 +39,7 @@ FAMILIES = {
 # family -> (module, class) of its image processor
 IMAGE_PROCESSORS = {"vit": ("image_processing_lookaround_vit", "LookAroundViTImageProcessor")}
 _PACKAGE = __name__.rpartition(".")[0]
+_BUNDLE = _PACKAGE + ".models.lookaround"  # the remote-code files of both families
 _requested: set[str] = set()  # "config" and family names asked for
 _done: set[str] = set()  # ... and registered
 _flushing = False
@@ -75,7 +76,7 @@ def _register_configs() -> None:
     from transformers import AutoConfig
 
     for module, config_name, _ in FAMILIES.values():
-        config = getattr(importlib.import_module(f"{_PACKAGE}.{module}"), config_name)
+        config = getattr(importlib.import_module(f"{_BUNDLE}.{module}"), config_name)
         AutoConfig.register(config.model_type, config, exist_ok=True)
         config.register_for_auto_class()  # save_pretrained writes auto_map and copies the code
 
@@ -84,16 +85,16 @@ def _register_models(family: str) -> None:
     import transformers
 
     config_module, config_name, heads = FAMILIES[family]
-    config = getattr(importlib.import_module(f"{_PACKAGE}.{config_module}"), config_name)
+    config = getattr(importlib.import_module(f"{_BUNDLE}.{config_module}"), config_name)
     for auto_name, (module, model_name) in heads.items():
-        model = getattr(importlib.import_module(f"{_PACKAGE}.{module}"), model_name)
+        model = getattr(importlib.import_module(f"{_BUNDLE}.{module}"), model_name)
         getattr(transformers, auto_name).register(config, model, exist_ok=True)
         # a process that never imported this package loads any head with trust_remote_code=True
         model.register_for_auto_class(auto_name)
     if family in IMAGE_PROCESSORS:  # AutoImageProcessor and the image pipelines find the family's processor
         from transformers.models.auto.image_processing_auto import AutoImageProcessor
 
-        processor = getattr(importlib.import_module(f"{_PACKAGE}.{IMAGE_PROCESSORS[family][0]}"),
+        processor = getattr(importlib.import_module(f"{_BUNDLE}.{IMAGE_PROCESSORS[family][0]}"),
                             IMAGE_PROCESSORS[family][1])
         AutoImageProcessor.register(config, image_processor_classes={"pil": processor}, exist_ok=True)
         processor.register_for_auto_class()
@@ -121,8 +122,8 @@ TRIGGERS = {
     "transformers.models.auto.configuration_auto": {"config"},
     "transformers.models.auto.modeling_auto": {"config", *FAMILIES},
     "transformers.models.auto.image_processing_auto": {"config", *IMAGE_PROCESSORS},
-    **{f"{_PACKAGE}.{config_module}": {"config"} for config_module, _, _ in FAMILIES.values()},
-    **{f"{_PACKAGE}.{module}": {"config", family}
+    **{f"{_BUNDLE}.{config_module}": {"config"} for config_module, _, _ in FAMILIES.values()},
+    **{f"{_BUNDLE}.{module}": {"config", family}
        for family, (_, _, heads) in FAMILIES.items() for module, _ in heads.values()},
 }
 

@@ -7,7 +7,7 @@ On a fresh machine with no download at run time (a few minutes on 2 CPU cores):
    each topic deterministically into pretraining / validation / test;
 2. train one byte-level BPE tokenizer on the pretraining articles;
 3. pretrain one model per objective with the same token budget, through the Trainer pipeline of
-   :mod:`hf_lookaround.pretraining`: AR, diversity-enhanced AR (t=2), masked 0.15, masked 0.3 and
+   :mod:`hf_lookaround.training.pretraining`: AR, diversity-enhanced AR (t=2), masked 0.15, masked 0.3 and
    variable-length masked [0.15, 0.3], all in the two-stream form;
 4. evaluate every model with the same protocols (DESIGN.md): held-out perplexity ``p(x_k | x_<k)``
    (AR and semi-AR models: one forward of ``LookAroundForPreTraining`` with the AR plan, whose query
@@ -23,7 +23,6 @@ The table is printed and written to ``<output-dir>/results.md`` and ``results.js
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import logging
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DEMO_OBJECTIVES", "read_bbc_news", "split_articles", "main"]
+__all__ = ["DEMO_OBJECTIVES", "read_bbc_news", "split_articles", "run"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +125,7 @@ class Row:
 def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tuple[torch.nn.Module, Row]:
     from transformers import TrainingArguments
 
-    from .pretraining import (
+    from .training.pretraining import (
         CollatorEpochCallback,
         LookAroundTrainer,
         ModelArguments,
@@ -150,7 +149,7 @@ def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tup
     torch.manual_seed(args.seed)  # the same initial weights for every objective
     model = build_model(config, model_args, objective_args)
 
-    from .collators import make_collator
+    from .data.collators import make_collator
 
     collator = make_collator(objective, tokenizer, seed=args.seed, **objective_args.collator_params())
     eval_collator = make_collator(objective, tokenizer, seed=args.seed + 1, **objective_args.collator_params())
@@ -371,38 +370,17 @@ def write_results(rows, info, output_dir: Path) -> str:
 # ---------------------------------------------------------------------------------------------
 # main
 # ---------------------------------------------------------------------------------------------
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hf-lookaround demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--objectives", nargs="+", default=list(DEFAULT_OBJECTIVES), choices=list(DEMO_OBJECTIVES))
-    p.add_argument("--preset", default="tiny", help="model size (LookAroundConfig.from_preset); try small or base on a GPU")
-    p.add_argument("--tokens-per-objective", type=int, default=1_000_000, help="training tokens for each objective")
-    p.add_argument("--block-size", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--learning-rate", type=float, default=3e-3)
-    # 2,048 tokens: the LM head (hidden x vocab per target) is most of a tiny model's compute
-    p.add_argument("--vocab-size", type=int, default=2048)
-    p.add_argument("--perplexity-documents", type=int, default=20, help="test articles scored for perplexity")
-    p.add_argument("--probe-max-length", type=int, default=128, help="tokens of each article the probe sees")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--corpus-dir", default=None, help="a folder of <label>/*.txt instead of the BBC news corpus")
-    p.add_argument("--output-dir", default="outputs/demo")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-baseline", action="store_true", help="skip the untrained reference row")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(format="%(asctime)s %(message)s", level=logging.WARNING)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
+def run(args) -> list[Row]:
+    """Train a tokenizer, pretrain one model per objective, evaluate each; write results.md, results.json and the
+    plots to ``args.output_dir`` (``args``: the options of ``hf-lookaround demo``). Returns the table's rows."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
 
-    from .data import chunk_into_blocks
-    from .tokenization import train_tokenizer
+    from .data.text import chunk_into_blocks
+    from .data.tokenization import train_tokenizer
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     output_dir = Path(args.output_dir)
@@ -410,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     pretrain_texts = [a[2] for a in splits["train"]]
     print(f"[demo] {sum(map(len, splits.values()))} articles: "
           + ", ".join(f"{k} {len(v)}" for k, v in splits.items()), flush=True)
-    from .configuration_lookaround import LookAroundConfig
+    from .models.lookaround.configuration_lookaround import LookAroundConfig
 
     # model_max_length: what the model accepts (probes read more than a block); blocks are chunked anyway
     positions = LookAroundConfig.from_preset(args.preset).max_position_embeddings
@@ -426,8 +404,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rows, num_parameters = [], 0
     if not args.no_baseline:
-        from .modeling_lookaround import LookAroundForPreTraining
-        from .pretraining import ModelArguments, ObjectiveArguments, build_config
+        from .models.lookaround.modeling_lookaround import LookAroundForPreTraining
+        from .training.pretraining import ModelArguments, ObjectiveArguments, build_config
 
         config = build_config(ModelArguments(preset=args.preset), ObjectiveArguments("ar"), tokenizer, args.block_size)
         config.objective, config.default_attention = None, "causal"
@@ -461,4 +439,4 @@ def main(argv: list[str] | None = None) -> int:
           f"  {plots['perplexity']}  (perplexity against prefix length, every model)\n"
           f"  {plots['probe']}  (probe accuracy, error bars ± 2 SE)\n"
           f"  {output_dir}/<objective>/  (each pretrained checkpoint with its tokenizer: from_pretrained loads it)")
-    return 0
+    return rows

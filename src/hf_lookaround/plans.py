@@ -19,11 +19,14 @@ loop over rows); ``tests/test_plans_vectorised.py`` checks it against the former
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from . import objectives
 
 __all__ = [
     "Plan",
@@ -34,10 +37,13 @@ __all__ = [
     "variable_masked_plan",
     "gvp_plan",
     "gvp_boundaries",
+    "mixture_plan",
+    "check_mixture",
+    "draw_mixture_components",
     "make_plan",
 ]
 
-PLAN_NAMES = ("ar", "dar", "mlm", "vmlm", "gvp")
+PLAN_NAMES = objectives.PLAN_NAMES  # the objectives table (objectives.py) names every plan
 SEGMENTATIONS = ("fixed", "random", "mixed")
 
 
@@ -55,7 +61,7 @@ class Plan:
 
 def target_positions_from_mask(is_target: torch.Tensor, pad_to: int | None = None) -> torch.Tensor:
     """(B, T) bool -> (B, M) target indices in order, padded with -1; ``M`` = the largest count or ``pad_to``."""
-    from .modeling_lookaround import positions_of  # the model derives target slots from labels the same way
+    from .models.lookaround.modeling_lookaround import positions_of  # the model derives target slots from labels the same way
 
     positions = positions_of(is_target)
     if pad_to is not None:
@@ -330,19 +336,106 @@ def gvp_plan(
     return Plan(group_ids, inside & (group_ids >= (2 if c else 1)))  # G0 is the condition
 
 
+def check_mixture(mixture=None, components=None) -> tuple[dict[str, float], dict[str, dict]]:
+    """A mixture's normalised weights ``{name: weight}`` and its components' plan parameters ``{name: params}``
+    (both in the order of the objectives table), or a ValueError that says what to fix.
+
+    ``mixture``: ``{name: weight}`` (weights >= 0, any positive total; default ``objectives.DEFAULT_MIXTURE``);
+    ``components``: ``{name: plan params}`` for some of them (the others use their plan's defaults)."""
+    weights = dict(objectives.DEFAULT_MIXTURE if mixture is None else mixture)
+    if not weights:
+        raise ValueError("a mixture needs at least one component, e.g. mixture={'dar': 0.5, 'vmlm': 0.5}")
+    choices = tuple(n for n, o in objectives.OBJECTIVES.items() if o.family != objectives.MIXTURE)
+    for name, weight in weights.items():
+        if name not in objectives.OBJECTIVES:
+            raise ValueError(f"mixture: unknown objective {name!r}; components are objectives of {choices}")
+        if objectives.OBJECTIVES[name].family == objectives.MIXTURE:
+            raise ValueError(f"mixture: a component cannot itself be a mixture ({name!r}); list its components instead")
+        try:
+            weight = float(weight)
+        except (TypeError, ValueError):
+            raise ValueError(f"mixture: the weight of {name!r} must be a number, got {weight!r}") from None
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"mixture: the weight of {name!r} must be a finite number >= 0, got {weight}")
+        weights[name] = weight
+    total = sum(weights.values())
+    if total <= 0:
+        raise ValueError(f"mixture: the weights {weights} sum to 0; give at least one component a positive weight")
+    components = dict(components or {})
+    extra = sorted(set(components) - set(weights))
+    if extra:
+        raise ValueError(f"mixture: parameters are given for {extra}, which are not components of {sorted(weights)}")
+    checked = {}
+    for name in objectives.OBJECTIVES:
+        if name not in weights:
+            continue
+        params = dict(components.get(name) or {})
+        try:  # the component's own plan checks its parameters (on an empty batch: nothing is drawn)
+            make_plan(name, [0], 0, **params)
+        except TypeError as error:
+            raise ValueError(f"mixture: component {name!r} takes no such parameter ({error}); it takes "
+                             f"{sorted(objectives.get(name).defaults)}") from None
+        except ValueError as error:
+            raise ValueError(f"mixture: component {name!r}: {error}") from None
+        checked[name] = params
+    return {name: weights[name] / total for name in checked}, checked
+
+
+def draw_mixture_components(batch: int, weights: dict[str, float], generator=None) -> torch.Tensor:
+    """(B,) long: the index (into ``weights``' order) of the component drawn for each row."""
+    probs = torch.tensor(list(weights.values()), dtype=torch.float64)
+    if len(weights) == 1:
+        return torch.zeros(batch, dtype=torch.long)
+    return torch.multinomial(probs, batch, replacement=True, generator=generator)
+
+
+def mixture_plan(
+    lengths,
+    seq_len: int,
+    mixture: dict | None = None,
+    components: dict | None = None,
+    num_condition_tokens: int = 0,
+    maskable=None,
+    generator=None,
+) -> Plan:
+    """A mixture of objectives (UL2's mixture of denoisers): each row gets the plan of one component, drawn from the
+    normalised weights ``mixture`` (``{name: weight}``); ``components`` holds each component's plan parameters.
+
+    Vectorised per component: the rows are grouped by the component drawn, each component's plan is drawn once for
+    its rows (with the same generator, components in table order), and the plans are scattered back. ``maskable``
+    goes to the components whose plan takes it (the masked ones)."""
+    weights, params = check_mixture(mixture, components)
+    lengths = _check_lengths(lengths, seq_len, num_condition_tokens)
+    batch = lengths.numel()
+    drawn = draw_mixture_components(batch, weights, generator)
+    group_ids = torch.zeros((batch, seq_len), dtype=torch.long)
+    is_target = torch.zeros((batch, seq_len), dtype=torch.bool)
+    if maskable is not None:
+        maskable = torch.as_tensor(maskable, dtype=torch.bool)
+    for index, name in enumerate(weights):
+        rows = torch.nonzero(drawn == index).flatten()
+        if rows.numel() == 0:
+            continue
+        extra = dict(params[name])
+        if maskable is not None and "maskable" in inspect.signature(objectives.get(name).plan).parameters:
+            extra["maskable"] = maskable[rows]
+        plan = make_plan(name, lengths[rows], seq_len, generator=generator,
+                         num_condition_tokens=num_condition_tokens, **extra)
+        group_ids[rows] = plan.group_ids
+        is_target[rows] = plan.is_target
+    return Plan(group_ids, is_target)
+
+
+def mixture_row_components(lengths, seq_len: int, mixture=None, components=None, generator=None) -> list[str]:
+    """The component each row of :func:`mixture_plan` with this generator state gets (its first draw)."""
+    weights, _ = check_mixture(mixture, components)
+    names = list(weights)
+    return [names[i] for i in draw_mixture_components(len(torch.as_tensor(lengths).flatten()), weights, generator)]
+
+
 def make_plan(objective: str, lengths, seq_len: int, generator=None, **params) -> Plan:
     """Draw the plan of ``objective`` (one of :data:`PLAN_NAMES`) with its parameters."""
-    if objective == "ar":
-        return autoregressive_plan(lengths, seq_len, generator=generator, **params)
-    if objective == "dar":
-        return semi_autoregressive_plan(lengths, seq_len, generator=generator, **params)
-    if objective == "mlm":
-        return masked_plan(lengths, seq_len, generator=generator, **params)
-    if objective == "vmlm":
-        return variable_masked_plan(lengths, seq_len, generator=generator, **params)
-    if objective == "gvp":
-        return gvp_plan(lengths, seq_len, generator=generator, **params)
-    raise ValueError(f"unknown objective {objective!r}; choose one of {PLAN_NAMES}")
+    return globals()[objectives.get(objective).plan_function](lengths, seq_len, generator=generator, **params)
 
 
 def expected_masked_count(ratio: float, n: int) -> int:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +43,6 @@ __all__ = [
     "find_lora_target_modules",
     "check_head_size",
     "run",
-    "main",
 ]
 
 
@@ -172,16 +170,6 @@ def check_head_size(checkpoint_config, num_labels: int, ignore_mismatched_sizes:
 # ---------------------------------------------------------------------------------------------
 # the job
 # ---------------------------------------------------------------------------------------------
-
-
-def parse_args(argv: list[str] | None = None):
-    from transformers import HfArgumentParser, TrainingArguments
-
-    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    return parser.parse_args_into_dataclasses(args=argv)
 
 
 def _metric_config(task_name: str | None, is_regression: bool) -> str:
@@ -360,9 +348,3 @@ def save_loadable_model(trainer, tokenizer, output_dir: str, use_lora: bool) -> 
         merged.save_pretrained(output_dir)
         tokenizer.save_pretrained(output_dir)
         logger.info("saved the LoRA adapter in %s/adapter and the merged model in %s", output_dir, output_dir)
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    run(*parse_args(argv))
-    return 0

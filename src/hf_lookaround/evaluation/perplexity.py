@@ -29,15 +29,14 @@ is also reported against the prefix length (number of text tokens visible before
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
+
+from .. import objectives
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +53,6 @@ __all__ = [
     "is_two_stream",
     "bucket_by_prefix_length",
     "plot_by_prefix_length",
-    "main",
 ]
 
 PROTOCOLS = ("ar", "masked")
@@ -288,7 +286,10 @@ def default_masked_mode(model) -> str:
     if not is_two_stream(model):
         return "mask_token"
     objective = getattr(model.config, "objective", None)
-    return "two_stream" if objective in (None, "ar", "dar") else "two_stream_prefix"
+    # a mixture with a look-ahead component was trained on the AR-like plans too: the AR plan, as natural
+    trained = objectives.families(objective, getattr(model.config, "plan_params", None))
+    look_ahead = objective is None or objectives.LOOK_AHEAD in trained
+    return "two_stream" if look_ahead else "two_stream_prefix"
 
 
 def _two_stream_ar_plan(model, windows, batch_size, pad) -> list[torch.Tensor]:
@@ -418,98 +419,3 @@ def plot_by_prefix_length(rows: list[dict], path, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-# ---------------------------------------------------------------------------------------------
-# command
-# ---------------------------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hf-lookaround perplexity", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model_name_or_path", required=True)
-    p.add_argument("--tokenizer_name", default=None, help="defaults to the model path")
-    p.add_argument("--dataset", required=True, help="a text file, a directory with <split>.jsonl(.gz), or a datasets name")
-    p.add_argument("--dataset_config_name", default=None)
-    p.add_argument("--split", default="test")
-    p.add_argument("--text_column", default="text")
-    p.add_argument("--protocol", choices=PROTOCOLS, default="ar")
-    p.add_argument(
-        "--masked_mode",
-        choices=("auto",) + MASKED_MODES,
-        default="auto",
-        help="auto: mask_token for single-stream masked LMs; for two-stream LookAround checkpoints two_stream "
-        "(AR plan) if pretrained with ar/dar, else two_stream_prefix",
-    )
-    p.add_argument("--max_length", type=int, default=None, help="window length (default: min(512, max positions))")
-    p.add_argument("--stride", type=int, default=None, help="default: max_length // 2")
-    p.add_argument("--batch_size", type=int, default=8)
-    p.add_argument("--max_documents", type=int, default=None, help="score only the first N documents")
-    p.add_argument("--no_bos", action="store_true", help="do not prepend BOS/CLS (the first token is then unscored)")
-    p.add_argument("--output_dir", required=True)
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    return p
-
-
-def _load_model(args):
-    import transformers
-
-    import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes)
-
-    config = transformers.AutoConfig.from_pretrained(args.model_name_or_path)
-    # a LookAround checkpoint pretrained with a plan (two streams) is evaluated through its query stream
-    two_stream = "LookAroundForPreTraining" in (config.architectures or [])
-    if args.protocol == "ar":
-        cls = transformers.AutoModelForPreTraining if two_stream else transformers.AutoModelForCausalLM
-    else:
-        if args.masked_mode.startswith("two_stream") and config.model_type != "lookaround":
-            raise ValueError(f"masked_mode={args.masked_mode} needs a LookAround checkpoint, got {config.model_type!r}")
-        if args.masked_mode != "auto":
-            two_stream = args.masked_mode.startswith("two_stream")
-        cls = transformers.AutoModelForPreTraining if two_stream else transformers.AutoModelForMaskedLM
-    return cls.from_pretrained(args.model_name_or_path)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from transformers import AutoTokenizer
-
-    from hf_lookaround.evaluation.tasks import load_texts
-
-    model = _load_model(args)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
-
-    texts = load_texts(args.dataset, args.split, args.text_column, args.dataset_config_name)
-    if args.max_documents is not None:
-        logger.info("scoring the first %d of %d documents (--max_documents)", min(args.max_documents, len(texts)), len(texts))
-        texts = texts[: args.max_documents]
-    max_positions = getattr(model.config, "max_position_embeddings", None) or 512
-    max_length = args.max_length or min(512, max_positions)
-    if max_length > max_positions:
-        raise ValueError(f"--max_length {max_length} exceeds the model's max_position_embeddings ({max_positions})")
-    stride = args.stride or max_length // 2
-    add_bos = False if args.no_bos else None
-
-    if args.protocol == "ar":
-        result = ar_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos)
-    else:
-        result = masked_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos, args.masked_mode)
-    mode = result.extra.get("masked_mode") or result.extra.get("ar_mode")
-    result.extra.update({"model": args.model_name_or_path, "split": args.split, "num_documents": len(texts)})
-
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    report = result.to_dict(dataset=args.dataset)
-    (out / "perplexity.json").write_text(json.dumps(report, indent=2) + "\n")
-    table = format_table(report["by_prefix_length"])
-    (out / "perplexity_by_prefix.md").write_text(table + "\n")
-    title = f"{args.protocol}" + (f" ({mode})" if mode else "") + f", {Path(args.model_name_or_path).name}"
-    plot_by_prefix_length(report["by_prefix_length"], out / "perplexity_by_prefix.png", title)
-    key = "ar_perplexity" if args.protocol == "ar" else "masked_perplexity"
-    print(f"{key} = {report[key]:.3f}  bits_per_byte = {report['bits_per_byte']:.4f}  tokens = {report['num_tokens']}")
-    print(table)
-    print(f"wrote {out / 'perplexity.json'}")
-    return 0

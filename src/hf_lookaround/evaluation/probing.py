@@ -12,24 +12,21 @@ examples is logged and written to the results.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-from pathlib import Path
 
 import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["POOLINGS", "DEFAULT_CS", "DEFAULT_ALPHAS", "count_truncated", "extract_features", "linear_probe", "main"]
+__all__ = ["POOLINGS", "DEFAULT_CS", "DEFAULT_ALPHAS", "count_truncated", "extract_features", "linear_probe"]
 
 POOLINGS = ("mean", "last", "cls")
 DEFAULT_CS = tuple(10.0**e for e in range(-4, 3))  # 1e-4 ... 1e2
 DEFAULT_ALPHAS = tuple(10.0**e for e in range(-2, 5))  # 1e-2 ... 1e4
 
 
-def _max_length(model, tokenizer, max_length: int | None) -> int:
+def max_length_for(model, tokenizer, max_length: int | None) -> int:
     limit = getattr(model.config, "max_position_embeddings", None) or 512
     tok_limit = getattr(tokenizer, "model_max_length", None)
     if tok_limit and tok_limit < 1e9:  # transformers uses a huge sentinel for "no limit"
@@ -69,7 +66,7 @@ def extract_features(
     ``attention_pattern`` (``causal`` / ``bidirectional``; None = as pretrained) needs a LookAround
     model; other ``AutoModel`` backbones run as they are.
     """
-    from hf_lookaround.modeling_lookaround import pool
+    from hf_lookaround.models.lookaround.modeling_lookaround import pool
 
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
@@ -80,7 +77,7 @@ def extract_features(
             f"attention_pattern={attention_pattern!r} needs a LookAround model; "
             f"{type(backbone).__name__} has a fixed pattern (pass None)"
         )
-    max_length = _max_length(backbone, tokenizer, max_length)
+    max_length = max_length_for(backbone, tokenizer, max_length)
     texts = list(texts)
     text_pairs = list(text_pairs) if text_pairs is not None else None
     truncated = count_truncated(tokenizer, texts, max_length, text_pairs)
@@ -196,125 +193,3 @@ def _correlations(pred, gold) -> dict:
     if np.std(pred) == 0:  # a constant prediction has no correlation; count it as 0, not NaN
         return {"pearson": 0.0, "spearman": 0.0}
     return {"pearson": float(pearsonr(pred, gold)[0]), "spearman": float(spearmanr(pred, gold)[0])}
-
-
-# ---------------------------------------------------------------------------------------------
-# command
-# ---------------------------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hf-lookaround probe", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model_name_or_path", required=True)
-    p.add_argument("--tokenizer_name", default=None)
-    p.add_argument("--dataset", default=None, help="a directory with {train,validation,test}.jsonl|csv, or a datasets name")
-    p.add_argument("--dataset_config_name", default=None)
-    p.add_argument("--task_name", default=None, help="a name for the results (default: the dataset's folder name)")
-    p.add_argument("--train_file", default=None)
-    p.add_argument("--validation_file", default=None)
-    p.add_argument("--test_file", default=None)
-    p.add_argument("--label_column", default="label")
-    p.add_argument("--pooling", choices=POOLINGS, default="mean")
-    p.add_argument(
-        "--attention_pattern",
-        choices=("pretrained", "causal", "bidirectional"),
-        default="pretrained",
-        help="pretrained = config.default_attention (LookAround models only for the others)",
-    )
-    p.add_argument("--max_length", type=int, default=None, help="default: the model's max positions")
-    p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--max_train_samples", type=int, default=None)
-    p.add_argument("--max_eval_samples", type=int, default=None, help="caps validation and test")
-    p.add_argument("--validation_fraction", type=float, default=0.1, help="held out of train when there is no validation split")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--output_dir", required=True)
-    p.add_argument("--device", default=None)
-    return p
-
-
-def _split_xy(ds, key1, key2, label_column, labels):
-    texts = list(ds[key1])  # datasets returns lazy Column objects; tokenizers want lists
-    pairs = list(ds[key2]) if key2 else None
-    y = list(ds[label_column]) if label_column in ds.column_names else None
-    if y is not None and not labels.is_regression:
-        index = {v: i for i, v in enumerate(labels.values)}
-        unknown = sorted({v for v in y if v not in index}, key=str)
-        if unknown:
-            raise ValueError(f"labels {unknown} do not occur in the train split (train labels: {labels.values})")
-        y = [index[v] for v in y]
-    return texts, pairs, (np.asarray(y) if y is not None else None)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from transformers import AutoModel, AutoTokenizer
-
-    import hf_lookaround  # noqa: F401  (registers the Auto classes)
-    from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info, load_labeled_splits
-
-    raw = load_labeled_splits(
-        task_name=None,
-        dataset=args.dataset,
-        dataset_config_name=args.dataset_config_name,
-        train_file=args.train_file,
-        validation_file=args.validation_file,
-        test_file=args.test_file,
-        label_column=args.label_column,
-    )
-    if "validation" not in raw:
-        logger.info("no validation split: holding out %.0f%% of train to choose C", 100 * args.validation_fraction)
-        parts = raw["train"].train_test_split(test_size=args.validation_fraction, seed=args.seed)
-        raw["train"], raw["validation"] = parts["train"], parts["test"]
-    caps = {"train": args.max_train_samples, "validation": args.max_eval_samples, "test": args.max_eval_samples}
-    for split, cap in caps.items():
-        if split in raw and cap is not None and cap < len(raw[split]):
-            logger.info("using the first %d of %d %s examples", cap, len(raw[split]), split)
-            raw[split] = raw[split].select(range(cap))
-
-    labels = label_info(raw, label_column=args.label_column)
-    key1, key2 = detect_sentence_columns(raw["train"], label_column=args.label_column)
-    logger.info("sentence column(s): %s; %s", (key1, key2), "regression" if labels.is_regression else f"{labels.num_labels} classes")
-
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
-    model = AutoModel.from_pretrained(args.model_name_or_path)
-    model.to(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    pattern = None if args.attention_pattern == "pretrained" else args.attention_pattern
-    max_length = _max_length(model, tokenizer, args.max_length)
-
-    feats, ys, truncated = {}, {}, {}
-    for split in ("train", "validation", "test"):
-        if split not in raw or (split == "test" and args.label_column not in raw[split].column_names):
-            continue
-        texts, pairs, ys[split] = _split_xy(raw[split], key1, key2, args.label_column, labels)
-        truncated[split] = count_truncated(tokenizer, texts, max_length, pairs)
-        feats[split] = extract_features(model, tokenizer, texts, args.pooling, pattern, args.batch_size, max_length, pairs)
-
-    result = linear_probe(
-        feats["train"], ys["train"], feats["validation"], ys["validation"], feats.get("test"), ys.get("test"),
-        task_type="regression" if labels.is_regression else "classification", seed=args.seed,
-    )
-    dataset = args.dataset or args.train_file
-    if args.task_name or not dataset:
-        task = args.task_name
-    else:  # the folder name: .../classification/trec/train.jsonl -> trec
-        path = Path(dataset.rstrip("/"))
-        task = path.parent.name if path.is_file() else path.name
-    effective_pattern = pattern or getattr(model.config, "default_attention", None)
-    report = {
-        "task": task,
-        "dataset": dataset,
-        **result,
-        "model": args.model_name_or_path,
-        "pooling": args.pooling,
-        "attention_pattern": effective_pattern,
-        "max_length": max_length,
-        "num_truncated": truncated,
-        "num_examples": {s: int(len(y)) for s, y in ys.items()},
-    }
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "probe_results.json").write_text(json.dumps(report, indent=2) + "\n")
-    shown = {k: report[k] for k in report if k.startswith(("test_", "validation_")) and k != "validation_scores"}
-    print(json.dumps(shown), f"\nwrote {out / 'probe_results.json'}")
-    return 0

@@ -3,10 +3,10 @@ their spectra, and the checks of Theorems 3.1 and 4.2. See docs/theory.md.
 
 Submodules, one job each: :mod:`.cooccurrence` (pairs, matrices, spectra, spectral loss),
 :mod:`.toy` (the toy model of §4.1.2 and its closed form), :mod:`.text` (real text),
-:mod:`.connectivity` (the Fig. 2 surrogate for checkpoints), :mod:`.cli` (``hf-lookaround theory``).
+:mod:`.connectivity` (the Fig. 2 surrogate for checkpoints). ``hf-lookaround theory`` lives in
+:mod:`hf_lookaround.cli.theory`.
 """
 
-from .cli import main, parse_objective
 from .cooccurrence import (
     Cooccurrence,
     check_theorem_31,
@@ -23,8 +23,6 @@ from .cooccurrence import (
 from .toy import ToyData, closed_form_spectrum, derived_spectrum, spectrum_bands, toy_cooccurrence, toy_dataset
 
 __all__ = [
-    "main",
-    "parse_objective",
     "Cooccurrence",
     "check_theorem_31",
     "cooccurrence_matrix",

@@ -32,6 +32,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
+from .. import objectives
 from ..plans import check_mask_ratio_range, expected_masked_count
 
 __all__ = [
@@ -49,7 +50,8 @@ __all__ = [
     "check_theorem_31",
 ]
 
-EXACT_OBJECTIVES = ("ar", "dar", "mlm", "vmlm")
+# the plans whose distribution is enumerated exactly below: the look-ahead and masked families
+EXACT_OBJECTIVES = objectives.names(objectives.LOOK_AHEAD, objectives.MASKED)
 
 # A context function maps (tokens, visible mask, target index) to a hashable conditional text.
 ContextFn = Callable[[np.ndarray, np.ndarray, int], Hashable]
@@ -117,7 +119,7 @@ def plan_distribution(objective: str, n: int, num_condition_tokens: int = 0, **p
             for s1 in range(1, size + 1):
                 ranks = _dar_ranks(n, c, int(size), s1)
                 plans.append((1.0 / len(sizes) / size, ranks, after_prefix & (ranks >= 1)))
-    elif objective in ("mlm", "vmlm"):
+    elif objectives.family(objective) == objectives.MASKED:
         if objective == "mlm":
             _reject_unknown(params, ("mask_ratio",))
             ratio = float(params.get("mask_ratio", 0.15))

@@ -77,7 +77,7 @@ def build_tokenizer(kind: str, texts: list[str], vocab_size: int = 1000) -> Call
     - ``words``: lower-cased words and punctuation; the ``vocab_size - 1`` most frequent get ids,
       the rest map to one unknown id;
     - ``bpe``: a byte-level BPE of ``vocab_size`` (>= 261) trained here by
-      :func:`hf_lookaround.tokenization.train_tokenizer`;
+      :func:`hf_lookaround.data.tokenization.train_tokenizer`;
     - anything else is a path to a tokenizer directory for ``AutoTokenizer.from_pretrained``.
     """
     if vocab_size < 2:

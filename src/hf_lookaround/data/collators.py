@@ -26,7 +26,7 @@ them) draws exactly the plans of an uninterrupted run, whatever ``dataloader_num
 long as the number of processes is the same. The process rank (``torch.distributed``'s rank when
 it is initialised, else ``$RANK``, else 0; or ``process_rank`` if given) makes every rank of a
 multi-process run draw its own plans: two ranks never repeat the same masks, even on identical
-content. ``set_epoch`` (called by :class:`hf_lookaround.pretraining.CollatorEpochCallback`) makes
+content. ``set_epoch`` (called by :class:`hf_lookaround.training.pretraining.CollatorEpochCallback`) makes
 a repeated batch in a later epoch get a fresh plan; the epoch is held in shared memory, so that
 persistent DataLoader workers see it too. With ``per_batch_seed=False`` the generator is
 a plain stream seeded from ``(seed, rank, worker id)`` (reproducible for one uninterrupted run only).
@@ -35,6 +35,7 @@ a plain stream seeded from ``(seed, rank, worker id)`` (reproducible for one uni
 from __future__ import annotations
 
 import hashlib
+import inspect
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -44,7 +45,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from . import plans
+from .. import objectives, plans
 
 __all__ = [
     "PlanCollator",
@@ -53,6 +54,7 @@ __all__ = [
     "MaskedCollator",
     "VariableMaskedCollator",
     "GVPCollator",
+    "MixtureCollator",
     "COLLATORS",
     "MASKED_FORMS",
     "make_collator",
@@ -406,12 +408,38 @@ class GVPCollator(PlanCollator):
         }
 
 
+@dataclass
+class MixtureCollator(PlanCollator):
+    """A mixture of objectives (UL2's mixture of denoisers): each sequence gets the plan of one component objective,
+    drawn from the weights ``mixture`` (``{name: weight}``, normalised), with ``components`` holding each
+    component's plan parameters (``{"dar": {"t": [1, 2]}, "vmlm": {"mask_ratio_range": (0.15, 0.3)}}``).
+
+    The plan is :func:`plans.mixture_plan` (rows grouped by component, one plan call per component). What the
+    single-objective collators add on top of their plan is kept per row: masked components never mask special
+    tokens (``maskable`` goes to their rows). Two-stream only: the single-stream ``[MASK]`` form of the masked
+    collators has no meaning for the rows of a look-ahead component."""
+
+    mixture: dict | None = None
+    components: dict | None = None
+    objective: ClassVar[str] = "mixture"
+
+    def __post_init__(self):
+        self.mixture, self.components = plans.check_mixture(self.mixture, self.components)
+
+    def uses_maskable(self) -> bool:
+        return any("maskable" in inspect.signature(objectives.get(name).plan).parameters for name in self.mixture)
+
+    def plan_params(self):
+        return {"mixture": dict(self.mixture), "components": {k: dict(v) for k, v in self.components.items()}}
+
+
 COLLATORS: dict[str, type[PlanCollator]] = {
     "ar": AutoregressiveCollator,
     "dar": SemiAutoregressiveCollator,
     "mlm": MaskedCollator,
     "vmlm": VariableMaskedCollator,
     "gvp": GVPCollator,
+    "mixture": MixtureCollator,
 }
 
 
@@ -432,7 +460,4 @@ def make_collator(objective: str, tokenizer=None, **params) -> PlanCollator:
 
 def max_targets(objective: str, seq_len: int, **params) -> int:
     """An upper bound on the number of loss positions per sequence: a static ``pad_targets_to``."""
-    if objective in ("mlm", "vmlm"):
-        ratio = params.get("mask_ratio", 0.15) if objective == "mlm" else max(params.get("mask_ratio_range", (0.15, 0.3)))
-        return max(1, math.ceil(float(ratio) * seq_len))
-    return seq_len
+    return max(1, math.ceil(objectives.max_target_ratio(objective, params) * seq_len))

@@ -38,165 +38,22 @@ from transformers.modeling_outputs import (
     ModelOutput,
     SequenceClassifierOutput,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 
-from .configuration_lookaround import GLU_ACTIVATIONS, LookAroundConfig
-
-# A rank no real token has: padded target slots get it, so they see nothing.
-NO_TARGET_RANK = -1
-
-
-# ----------------------------------------------------------------------------------------------
-# The mask rule. This is the only place that says who may see whom.
-# ----------------------------------------------------------------------------------------------
-def may_attend(query_rank, key_rank, query_is_strict, key_valid):
-    """True where a row of rank ``query_rank`` may attend to a content key of rank ``key_rank``.
-
-    Content rows (``query_is_strict`` False) see ranks ``<=`` their own; query-stream rows
-    (``query_is_strict`` True) see ranks ``<`` their target's. Invalid (padding) keys are never seen.
-    Element-wise, so it serves broadcast tensors and FlexAttention's ``mask_mod`` alike.
-    """
-    return key_valid & ((key_rank < query_rank) | ((key_rank == query_rank) & ~query_is_strict))
-
-
-# ``attn_implementation="lookaround_auto"``: SDPA with a boolean mask below this many keys, FlexAttention with a
-# block-sparse BlockMask from it on. A dense mask costs every (row, key) pair; a BlockMask skips the blocks the plan
-# leaves empty (about half of them for the AR family), which pays once attention dominates the step. The value
-# comes from benchmarks/gpu_bench.py (docs/benchmarks.md, "Choosing the attention kernel"); set it from your own
-# measurements if your card differs.
-AUTO_ATTENTION = "lookaround_auto"
-FLEX_ATTENTION_MIN_KEYS = 4096
-
-
-def resolve_attention_implementation(implementation: str, key_len: int) -> str:
-    """The kernel a forward over ``key_len`` keys uses: ``lookaround_auto`` picks SDPA or FlexAttention by length."""
-    if implementation == AUTO_ATTENTION:
-        return "flex_attention" if key_len >= FLEX_ATTENTION_MIN_KEYS else "sdpa"
-    return implementation
-
-
-@dataclass
-class AttentionPlan:
-    """Who attends to whom in one forward: ranks of the rows (content then query stream) and of the keys."""
-
-    query_rank: torch.Tensor  # (B, L) long, L = T content rows (+ M query rows)
-    query_is_strict: torch.Tensor  # (B, L) bool: True on query-stream rows
-    key_rank: torch.Tensor  # (B, K) long
-    key_valid: torch.Tensor  # (B, K) bool
-
-    def rows(self, start: int) -> "AttentionPlan":
-        """The same plan for rows ``start:`` only (e.g. the query stream, when the content stream's output is unread)."""
-        return AttentionPlan(self.query_rank[:, start:], self.query_is_strict[:, start:], self.key_rank, self.key_valid)
-
-    def dense(self) -> torch.Tensor:
-        """Boolean mask (B, 1, L, K), built on the device from the ranks."""
-        return may_attend(
-            self.query_rank[:, :, None],
-            self.key_rank[:, None, :],
-            self.query_is_strict[:, :, None],
-            self.key_valid[:, None, :],
-        )[:, None]
-
-    def row_sees_something(self) -> torch.Tensor:
-        """(B, L) bool: a row sees at least one key iff it may attend to the lowest valid key rank."""
-        big = torch.iinfo(self.key_rank.dtype).max
-        lowest = torch.where(self.key_valid, self.key_rank, big).amin(-1, keepdim=True)
-        return may_attend(self.query_rank, lowest, self.query_is_strict, self.key_valid.any(-1, keepdim=True))
-
-    def block_mask(self):
-        """A FlexAttention ``BlockMask`` from the same rule.
-
-        ``create_block_mask`` evaluates ``may_attend`` on every (row, key) pair and keeps a block only if some pair
-        in it may attend, so the BlockMask is exactly as sparse as the plan at block granularity: for the AR
-        family the content and the query-stream rows are both block-causal (query rows follow their targets'
-        order), and about half of the blocks are skipped. Build it once per batch, outside a compiled step
-        (``LookAroundModel.prepare_attention``); every layer reuses it.
-        """
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        # int32 everywhere: inductor's CPU code generation fails on bool/int64 loads inside mask_mod
-        q_rank, k_rank = self.query_rank.int(), self.key_rank.int()
-        strict, k_valid = self.query_is_strict.int(), self.key_valid.int()
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            return may_attend(q_rank[b, q_idx], k_rank[b, kv_idx], strict[b, q_idx] != 0, k_valid[b, kv_idx] != 0)
-
-        batch, rows = q_rank.shape
-        # on the GPU a compiled builder evaluates the (rows x keys) grid without materialising it (long context)
-        compile_builder = q_rank.is_cuda and not torch.compiler.is_compiling()
-        return create_block_mask(mask_mod, batch, None, rows, k_rank.shape[1], device=q_rank.device,
-                                 _compile=compile_builder)
-
-
-def prepare_attention_mask(plan: AttentionPlan, implementation: str, dtype: torch.dtype):
-    """The mask in the form the backend takes, and the (B, L, 1, 1) factor that zeroes rows that see nothing.
-
-    Rows that see nothing (a query row with no lower rank, a padded target slot) would give NaN in a
-    softmax. They are let see every key inside the kernel, then multiplied by zero: no NaN, and
-    exactly zero gradient to every key.
-    """
-    sees = plan.row_sees_something()
-    row_factor = sees[:, :, None, None].to(dtype)
-    implementation = resolve_attention_implementation(implementation, plan.key_rank.shape[1])
-    if implementation == "flex_attention":
-        return plan.block_mask(), row_factor
-    mask = plan.dense() | ~sees[:, None, :, None]
-    if implementation == "sdpa":
-        return mask, row_factor
-    # eager (and any other kernel taking an additive mask)
-    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return additive.masked_fill(~mask, torch.finfo(dtype).min), row_factor
-
-
-@dataclass
-class PreparedAttention:
-    """The masks of one batch in the backend's form, built once and reused by every layer.
-
-    Build it with ``model.prepare_attention(**batch)`` before a compiled step and pass it as
-    ``model(**batch, prepared_attention=...)``: the BlockMask is then never built inside the compiled graph.
-    ``query_mask``/``query_row_factor`` cover the query-stream rows alone; the last layer uses them when nothing
-    reads the content stream's output (``LookAroundForPreTraining`` with labels).
-    """
-
-    mask: object  # (B, 1, L, K) bool (sdpa), additive float (eager) or a BlockMask (flex)
-    row_factor: torch.Tensor  # (B, L, 1, 1)
-    num_content: int  # T: rows [0, T) are the content stream, [T, L) the query stream
-    num_keys: int  # K
-    query_mask: object | None = None
-    query_row_factor: torch.Tensor | None = None
-
-    @property
-    def num_rows(self) -> int:
-        return self.row_factor.shape[1]
-
-
-def build_prepared_attention(plan: AttentionPlan, implementation: str, dtype: torch.dtype, num_content: int,
-                             with_query_rows: bool) -> PreparedAttention:
-    mask, row_factor = prepare_attention_mask(plan, implementation, dtype)
-    prepared = PreparedAttention(mask, row_factor, num_content, plan.key_rank.shape[1])
-    if with_query_rows:
-        prepared.query_mask, prepared.query_row_factor = query_rows_of(prepared, plan, implementation, dtype)
-    return prepared
-
-
-def query_rows_of(prepared: PreparedAttention, plan: AttentionPlan, implementation: str, dtype: torch.dtype):
-    """The query-stream rows' mask: a slice of a dense mask, a BlockMask of its own (built from the same rule)."""
-    start = prepared.num_content
-    if torch.is_tensor(prepared.mask):
-        return prepared.mask[:, :, start:], prepared.row_factor[:, start:]
-    return prepare_attention_mask(plan.rows(start), implementation, dtype)
-
-
-def auto_attention_forward(module, query, key, value, attention_mask, **kwargs):
-    """``lookaround_auto``: the mask's form says the kernel (a BlockMask: FlexAttention; a tensor: SDPA)."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    kernel = "flex_attention" if isinstance(attention_mask, BlockMask) else "sdpa"
-    return ALL_ATTENTION_FUNCTIONS[kernel](module, query, key, value, attention_mask, **kwargs)
-
-
-AttentionInterface.register(AUTO_ATTENTION, auto_attention_forward)
+from .configuration_lookaround import GLU_ACTIVATIONS, LookAroundConfig, with_prediction_stream
+from .generation_lookaround import GroupDecodingMixin  # generate(..., group_size=t): semi-AR group decoding
+from .masking_lookaround import (
+    AUTO_ATTENTION,
+    FLEX_ATTENTION_MIN_KEYS,
+    NO_TARGET_RANK,
+    AttentionPlan,
+    PreparedAttention,
+    build_prepared_attention,
+    create_plan_mask,
+    may_attend,
+    resolve_attention_implementation,
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,10 +173,9 @@ class LookAroundAttention(nn.Module):
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
 
-        implementation = self.config._attn_implementation
-        if implementation == AUTO_ATTENTION and attention_mask is None:  # no mask: SDPA's own causal kernel
-            implementation = "sdpa"
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
         attn_output, attn_weights = attention_interface(
             self,
             query,
@@ -328,7 +184,7 @@ class LookAroundAttention(nn.Module):
             attention_mask,
             dropout=0.0 if not self.training else self.config.attention_dropout,
             scaling=self.scaling,
-            is_causal=kwargs.get("is_causal", False),
+            is_causal=attention_mask is None,  # no mask only on the plain causal fast path (create_plan_mask)
         )
         if row_factor is not None:
             attn_output = attn_output * row_factor
@@ -354,12 +210,23 @@ class LookAroundMLP(nn.Module):
         return self.down_proj(self.act_fn(self.up_proj(x)))
 
 
+def apply_norm(norm: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    return norm(hidden_states)
+
+
+def skip_norm(norm: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    return hidden_states
+
+
 class LookAroundLayer(GradientCheckpointingLayer):
     """One block, applied to ``[content; query]`` rows with shared weights."""
 
     def __init__(self, config: LookAroundConfig, layer_idx: int):
         super().__init__()
-        self.pre_norm = config.norm_position == "pre"
+        # pre-norm normalises a branch's input, post-norm (BERT) the residual sum after it: chosen once, here
+        pre_norm = config.norm_position == "pre"
+        self.norm_before = apply_norm if pre_norm else skip_norm
+        self.norm_after = skip_norm if pre_norm else apply_norm
         self.self_attn = LookAroundAttention(config, layer_idx)
         self.mlp = LookAroundMLP(config)
         self.attention_norm = make_norm(config)
@@ -380,20 +247,13 @@ class LookAroundLayer(GradientCheckpointingLayer):
         """Returns rows ``rows_from:`` (all by default; the last layer of a step whose content output nobody reads
         passes ``num_content`` and runs the query stream alone, its content rows still giving keys and values)."""
         residual = hidden_states[:, rows_from:] if rows_from else hidden_states
-        if self.pre_norm:
-            attn, weights = self.self_attn(
-                self.attention_norm(hidden_states), num_content, attention_mask, row_factor,
-                position_embeddings, past_key_values, rows_from=rows_from, **kwargs,
-            )
-            hidden_states = residual + self.dropout(attn)
-            hidden_states = hidden_states + self.dropout(self.mlp(self.mlp_norm(hidden_states)))
-        else:
-            attn, weights = self.self_attn(
-                hidden_states, num_content, attention_mask, row_factor, position_embeddings, past_key_values,
-                rows_from=rows_from, **kwargs,
-            )
-            hidden_states = self.attention_norm(residual + self.dropout(attn))
-            hidden_states = self.mlp_norm(hidden_states + self.dropout(self.mlp(hidden_states)))
+        attn, weights = self.self_attn(
+            self.norm_before(self.attention_norm, hidden_states), num_content, attention_mask, row_factor,
+            position_embeddings, past_key_values, rows_from=rows_from, **kwargs,
+        )
+        hidden_states = self.norm_after(self.attention_norm, residual + self.dropout(attn))
+        mlp_out = self.mlp(self.norm_before(self.mlp_norm, hidden_states))
+        hidden_states = self.norm_after(self.mlp_norm, hidden_states + self.dropout(mlp_out))
         return hidden_states, weights
 
 
@@ -514,6 +374,11 @@ class _Rows:
     key_len: int
 
 
+def layer_masks(masks: PreparedAttention | None) -> tuple:
+    """(attention_mask, row_factor) for a layer; (None, None) on the causal fast path (SDPA's own causal kernel)."""
+    return (None, None) if masks is None else (masks.mask, masks.row_factor)
+
+
 class LookAroundModel(LookAroundPreTrainedModel):
     """The shared backbone: two-stream with `group_ids`, single-stream (causal or bidirectional) without."""
 
@@ -581,54 +446,26 @@ class LookAroundModel(LookAroundPreTrainedModel):
         content_output (`bool`, default True): False when nothing reads the content stream's output (a loss on the
             query stream): the last layer then runs the query rows alone and `last_hidden_state` is None.
         """
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
-        if inputs_embeds is None:
-            self._check_token_ids(input_ids, "input_ids")
-            inputs_embeds = self.embed_tokens(input_ids)
-        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.hidden_size:
-            raise ValueError(
-                f"inputs_embeds must have shape (batch, seq_len, {self.config.hidden_size}), "
-                f"got {tuple(inputs_embeds.shape)}"
-            )
+        inputs_embeds = self.embed(input_ids, inputs_embeds)
         batch, seq_len, _ = inputs_embeds.shape
         use_cache = bool(use_cache) and not self.training
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         rows = self._rows(batch, seq_len, inputs_embeds.device, attention_mask, group_ids, target_positions,
                           position_ids, attention_pattern, past_key_values, query_position_ids, query_group_ids)
+        # nobody reads the content stream's output: the last layer runs the query rows alone
+        query_rows_alone = not content_output and rows.num_query > 0 and not output_hidden_states \
+            and not output_attentions
+        plain_causal = not rows.two_stream and rows.pattern == "causal" and attention_mask is None \
+            and rows.key_len == seq_len and not output_attentions
+        masks = create_plan_mask(rows.plan, self.config._attn_implementation, inputs_embeds.dtype, seq_len,
+                                 plain_causal=plain_causal, query_rows_alone=query_rows_alone,
+                                 prepared=prepared_attention)
 
         hidden = inputs_embeds
-        if rows.two_stream:
+        if rows.two_stream:  # the query stream starts from a learned vector
             query = self.query_embedding.to(inputs_embeds.dtype).expand(batch, rows.num_query, -1)
             hidden = torch.cat([inputs_embeds, query], dim=1)
-        # nobody reads the content stream's output: the last layer runs the query rows alone
-        query_only_last_layer = (
-            not content_output and rows.two_stream and rows.num_query > 0 and not output_hidden_states
-            and not output_attentions
-        )
-
-        implementation = self.config._attn_implementation
-        causal_fast_path = (
-            prepared_attention is None and not rows.two_stream and rows.pattern == "causal" and attention_mask is None
-            and rows.key_len == seq_len and implementation in ("sdpa", AUTO_ATTENTION) and not output_attentions
-        )
-        last_mask = last_row_factor = None
-        if causal_fast_path:  # lets SDPA pick its flash kernel
-            mask, row_factor, extra = None, None, {"is_causal": True}
-        else:
-            if prepared_attention is None:
-                prepared_attention = build_prepared_attention(rows.plan, implementation, hidden.dtype, seq_len,
-                                                              with_query_rows=query_only_last_layer)
-            else:
-                self._check_prepared_attention(prepared_attention, rows.plan, seq_len)
-            mask, row_factor, extra = prepared_attention.mask, prepared_attention.row_factor, {}
-            if query_only_last_layer:
-                last_mask, last_row_factor = prepared_attention.query_mask, prepared_attention.query_row_factor
-                if last_mask is None:
-                    last_mask, last_row_factor = query_rows_of(prepared_attention, rows.plan, implementation,
-                                                               hidden.dtype)
-
         position_embeddings = None
         if self.config.position_embedding_type == "rope":
             position_embeddings = self.rotary_emb(hidden, rows.row_positions)
@@ -639,35 +476,41 @@ class LookAroundModel(LookAroundPreTrainedModel):
         hidden = self.dropout(hidden)
 
         all_hidden, all_attn = [], []
-        last = len(self.layers) - 1
-        for index, layer in enumerate(self.layers):
-            if output_hidden_states:
-                all_hidden.append(hidden[:, :seq_len])
-            if index == last and query_only_last_layer:
-                hidden, weights = layer(hidden, seq_len, last_mask, last_row_factor, position_embeddings,
-                                        past_key_values, rows_from=seq_len)
-            else:
-                hidden, weights = layer(hidden, seq_len, mask, row_factor, position_embeddings, past_key_values,
-                                        **extra)
-            if output_attentions:
-                all_attn.append(weights)
+        for layer in self.layers[:-1] if query_rows_alone else self.layers:
+            all_hidden.append(hidden[:, :seq_len])
+            hidden, weights = layer(hidden, seq_len, *layer_masks(masks), position_embeddings, past_key_values)
+            all_attn.append(weights)
+        if query_rows_alone:
+            hidden, _ = self.layers[-1](hidden, seq_len, masks.query_mask, masks.query_row_factor,
+                                        position_embeddings, past_key_values, rows_from=seq_len)
         if self.config.norm_position == "pre":
             hidden = self.norm(hidden)
-        if output_hidden_states:
-            all_hidden.append(hidden[:, :seq_len])
-        if query_only_last_layer:
-            content_state, query_state = None, hidden
-        else:
-            content_state, query_state = hidden[:, :seq_len], (hidden[:, seq_len:] if rows.two_stream else None)
+        all_hidden.append(hidden[:, :seq_len])
 
+        content_state = None if query_rows_alone else hidden[:, :seq_len]
+        query_state = hidden[:, hidden.shape[1] - rows.num_query:]  # the last rows: the query stream
         return LookAroundModelOutput(
             last_hidden_state=content_state,
-            query_hidden_state=query_state,
+            query_hidden_state=query_state if rows.two_stream else None,
             target_positions=rows.target_positions,
             past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_attn) if output_attentions else None,
         )
+
+    def embed(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.FloatTensor | None) -> torch.Tensor:
+        """The content stream's input: token embeddings (or the given ones), checked."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            self._check_token_ids(input_ids, "input_ids")
+            inputs_embeds = self.embed_tokens(input_ids)
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.hidden_size:
+            raise ValueError(
+                f"inputs_embeds must have shape (batch, seq_len, {self.config.hidden_size}), "
+                f"got {tuple(inputs_embeds.shape)}"
+            )
+        return inputs_embeds
 
     def prepare_attention(
         self,
@@ -698,16 +541,6 @@ class LookAroundModel(LookAroundPreTrainedModel):
         dtype = dtype or self.embed_tokens.weight.dtype
         return build_prepared_attention(rows.plan, self.config._attn_implementation, dtype, seq_len,
                                         with_query_rows=not content_output and rows.two_stream and rows.num_query > 0)
-
-    @staticmethod
-    def _check_prepared_attention(prepared: PreparedAttention, plan: AttentionPlan, seq_len: int) -> None:
-        want = (plan.query_rank.shape[1], plan.key_rank.shape[1], seq_len)
-        got = (prepared.num_rows, prepared.num_keys, prepared.num_content)
-        if got != want:
-            raise ValueError(
-                f"prepared_attention was built for (rows, keys, content rows) = {got}, but this forward has {want}: "
-                "build it with model.prepare_attention(**batch) from the same batch"
-            )
 
     def _rows(self, batch, seq_len, device, attention_mask, group_ids, target_positions, position_ids,
               attention_pattern, past_key_values, query_position_ids, query_group_ids) -> "_Rows":
@@ -902,53 +735,6 @@ def positions_of(is_target: torch.Tensor, width: int | None = None) -> torch.Ten
     return positions.scatter_(1, slot, indices)[:, :width]
 
 
-def drop_unread_content(batch: dict, content_width: int | None = None, width_multiple: int | None = None) -> dict:
-    """An equivalent two-stream batch without the content rows that no prediction reads.
-
-    A query row of rank r reads content of rank < r, and a content row of rank r reads content of rank <= r; so the
-    content rows of each sequence's highest rank (the masked tokens of a masked plan, the last group of GVP) and
-    padding feed nothing that reaches a prediction. The new batch keeps the other content rows, compacted to
-    `content_width` columns (default: the largest count in the batch) with their original positions, and gives the
-    query rows explicitly at the targets (`query_position_ids`, `query_group_ids`, `query_target_ids`), so that
-    `LookAroundForPreTraining(**new_batch)` has the loss and gradients of the full batch (MAE's encoder, which sees
-    the visible tokens only, is the masked case). Takes a collator's batch (`input_ids`, `attention_mask`,
-    `group_ids`, `labels`, optionally `target_positions`, `position_ids`); call it outside a compiled step: it
-    checks on the host that `content_width` holds every sequence's kept rows (a fixed width keeps shapes static).
-    `width_multiple`: without a fixed width, round the batch's width up to a multiple of this, so that a compiled
-    step sees a few shapes only (GVP, whose top group ranges from one token to most of the sequence).
-    """
-    input_ids, group_ids, labels = batch["input_ids"], batch["group_ids"], batch["labels"]
-    attention_mask = batch.get("attention_mask")
-    valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask != 0
-    top_rank = torch.where(valid, group_ids, -1).amax(-1, keepdim=True)
-    keep = valid & (group_ids < top_rank)
-    needed = int(keep.sum(-1).max()) if keep.numel() else 0
-    width = needed if content_width is None else content_width
-    if content_width is None and width_multiple:
-        width = min(-(-needed // width_multiple) * width_multiple, input_ids.shape[1])
-    if width < needed:
-        raise ValueError(f"content_width={content_width} is smaller than the {needed} content rows a sequence of this "
-                         "batch keeps; raise it (nothing is dropped for you)")
-    kept = positions_of(keep, width)  # (B, W) original indices, -1 pads
-    is_row, at = kept >= 0, kept.clamp(min=0)
-    positions = batch.get("position_ids")
-    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids) \
-        if positions is None else positions.expand_as(input_ids)
-    targets = batch.get("target_positions")
-    if targets is None:
-        targets = positions_of(labels != -100)
-    is_slot, target_at = targets >= 0, targets.clamp(min=0)
-    return dict(
-        input_ids=input_ids.gather(1, at),
-        attention_mask=is_row.long(),
-        group_ids=torch.where(is_row, group_ids.gather(1, at), 0),
-        position_ids=torch.where(is_row, positions.gather(1, at), 0),
-        query_position_ids=torch.where(is_slot, positions.gather(1, target_at), 0),
-        query_group_ids=torch.where(is_slot, group_ids.gather(1, target_at), NO_TARGET_RANK),
-        query_target_ids=torch.where(is_slot, labels.gather(1, target_at), -100),
-    )
-
-
 def check_labels(labels: torch.Tensor, vocab_size: int) -> None:
     """Labels are token ids in [0, vocab) or -100 (no loss)."""
     if torch.compiler.is_compiling() or labels.numel() == 0:
@@ -977,9 +763,9 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
     """Two-stream pretraining: the LM head reads the query stream at the targets of the plan."""
 
     def __init__(self, config: LookAroundConfig):
+        # this head trains the query stream: its own config says so (the caller's is left alone)
+        config = with_prediction_stream(config, "query")
         super().__init__(config)
-        if config.prediction_stream is None:
-            config.prediction_stream = "query"  # this head trains the query stream: say so in the saved config
         self.model = LookAroundModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
@@ -1088,9 +874,8 @@ class LookAroundSingleOrTwoStreamLM(LookAroundLMHeadMixin, LookAroundPreTrainedM
     """An LM head that predicts with the stream the checkpoint was trained on (`config.prediction_stream`)."""
 
     def __init__(self, config: LookAroundConfig):
+        config = with_prediction_stream(config, "content")  # a fresh head trains the classic single-stream form
         super().__init__(config)
-        if config.prediction_stream is None:
-            config.prediction_stream = "content"  # a fresh head trains the classic single-stream form
         self.model = LookAroundModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
@@ -1174,9 +959,6 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         if attention_mask is not None:
             is_target = is_target & (attention_mask.to(is_target.device) != 0)
         return is_target
-
-
-from .generation import GroupDecodingMixin  # noqa: E402  (generate(..., group_size=t): semi-AR group decoding)
 
 
 class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, GenerationMixin):
@@ -1373,7 +1155,6 @@ __all__ = [
     "LookAroundForPreTrainingOutput",
     "AttentionPlan",
     "PreparedAttention",
-    "drop_unread_content",
     "may_attend",
     "resolve_attention_implementation",
     "AUTO_ATTENTION",

@@ -12,7 +12,7 @@ never a target).
 Target modes (``config.target_mode``, paper (b)): ``p2p`` reads pixels and regresses pixels; ``p2d``
 reads pixels and predicts visual tokens; ``d2d`` reads and predicts visual tokens. A visual token is the
 id of the nearest centroid of a k-means codebook over per-patch normalised patches
-(:mod:`hf_lookaround.visual_tokenizer` fits it); the codebook is a buffer of the model, saved with the
+(:mod:`hf_lookaround.data.visual_tokenizer` fits it); the codebook is a buffer of the model, saved with the
 weights. Encoding and decoding live here so that remote code needs nothing else.
 
 - :class:`LookAroundViTModel`: features; single-stream bidirectional without a plan, two-stream with one.
@@ -473,7 +473,7 @@ class LookAroundViTForPreTraining(LookAroundViTPreTrainedModel):
         r"""
         group_ids (`(B, T)`): the plan (required). target_positions (`(B, M)`): the patches to predict, as
         positions in ``[CLS, conditions, patches]`` (patch ``p`` is position ``p + config.num_prefix_tokens``),
-        -1 for padding (required: the collators in `hf_lookaround.vision` emit both). The loss is the MSE
+        -1 for padding (required: the collator in `hf_lookaround.data.image_collator` emits both). The loss is the MSE
         (p2p) or the cross-entropy of the visual tokens (p2d, d2d) over target patches only.
         input_ids (`(B, N)`, d2d only): visual-token ids instead of pixel_values (they are also the targets).
         class_labels (`(B,)`) or condition_embeds (`(B, C, D)`): what the condition tokens carry.
@@ -481,7 +481,7 @@ class LookAroundViTForPreTraining(LookAroundViTPreTrainedModel):
         if group_ids is None or target_positions is None:
             raise ValueError(
                 "LookAroundViTForPreTraining needs group_ids and target_positions (a plan); "
-                "hf_lookaround.vision.ImagePlanCollator emits them"
+                "hf_lookaround.data.image_collator.ImagePlanCollator emits them"
             )
         outputs = self.vit(
             pixel_values, group_ids=group_ids, target_positions=target_positions,

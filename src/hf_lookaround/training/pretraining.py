@@ -14,7 +14,7 @@ The pipeline:
    masked form trains ``LookAroundForMaskedLM``. The objective and the plan's parameters are stored
    in ``config.objective`` / ``config.plan_params`` (the keyword arguments of ``plans.make_plan``),
    and ``config.default_attention`` is ``causal`` for ar/dar and ``bidirectional`` otherwise;
-4. tokenize and pack the text into BOS-prefixed blocks (cached ``.map`` calls, :mod:`hf_lookaround.data`)
+4. tokenize and pack the text into BOS-prefixed blocks (cached ``.map`` calls, :mod:`hf_lookaround.data.text`)
    and train with the objective's collator. Evaluation reports
    ``eval_loss`` and ``eval_objective_perplexity = exp(eval_loss)`` (the perplexity *of the
    objective*, which differs between objectives); at the end, if ``do_eval``, the protocol of
@@ -32,14 +32,12 @@ import json
 import logging
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import (
     AutoConfig,
     AutoTokenizer,
-    HfArgumentParser,
     Trainer,
     TrainerCallback,
     TrainingArguments,
@@ -47,9 +45,18 @@ from transformers import (
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from . import checkpointing, plans
-from .collators import MASKED_FORMS, PlanCollator, make_collator, max_targets
-from .data import build_blocks, is_split_by_node, iter_dataset_texts, load_text_dataset, rank_local_prepare, split_for_rank
+from .. import plans
+from . import checkpointing
+from .. import objectives
+from ..data.collators import MASKED_FORMS, PlanCollator, make_collator, max_targets
+from ..data.text import (
+    build_blocks,
+    is_split_by_node,
+    iter_dataset_texts,
+    load_text_dataset,
+    rank_local_prepare,
+    split_for_rank,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +68,10 @@ __all__ = [
     "gradient_accumulation_for",
     "LookAroundTrainer",
     "CollatorEpochCallback",
-    "parse_args",
     "run",
-    "main",
 ]
 
-MASKED = ("mlm", "vmlm")
+MASKED = objectives.names(objectives.MASKED)  # the objectives with a single-stream [MASK] form
 
 
 @dataclass
@@ -133,6 +138,11 @@ class ObjectiveArguments:
     masked_form: str = field(default="two_stream", metadata={"help": "mlm/vmlm: two_stream or single_stream ([MASK])"})
     mask_replace_prob: float = field(default=0.8, metadata={"help": "single_stream: share of masked tokens -> [MASK]"})
     random_replace_prob: float = field(default=0.1, metadata={"help": "single_stream: share -> a random token"})
+    mixture: list[str] = field(
+        default_factory=list,
+        metadata={"help": "--objective mixture: components and weights, e.g. 'dar=0.5 vmlm=0.5' (normalised); each "
+                          "component takes its parameters from the flags above (--group_size, --mask_ratio_range, ...)"},
+    )
 
     def __post_init__(self):
         if self.objective not in plans.PLAN_NAMES:
@@ -141,13 +151,39 @@ class ObjectiveArguments:
             raise ValueError(f"--masked_form must be one of {MASKED_FORMS}, got {self.masked_form!r}")
         if self.objective == "vmlm":
             plans.check_mask_ratio_range(self.mask_ratio_range)
+        if self.is_mixture:
+            if not self.mixture:
+                raise ValueError("--objective mixture needs its components and weights: --mixture NAME=WEIGHT ..., "
+                                 "e.g. --mixture dar=0.5 vmlm=0.5")
+            if self.masked_form != "two_stream":
+                raise ValueError("--objective mixture trains two-stream only: drop --masked_form single_stream (the "
+                                 "[MASK] form has no meaning for the rows of a look-ahead component)")
+            self.plan_params()  # parses --mixture and checks every component's parameters
+        elif self.mixture:
+            raise ValueError(f"--mixture applies only with --objective mixture (got --objective {self.objective}); "
+                             "add --objective mixture or drop --mixture")
 
     @property
-    def single_stream(self) -> bool:
-        return self.objective in MASKED and self.masked_form == "single_stream"
+    def is_mixture(self) -> bool:
+        return objectives.family(self.objective) == objectives.MIXTURE
 
-    def plan_params(self) -> dict:
-        """The keyword arguments of ``plans.make_plan`` for this objective (stored in ``config.plan_params``)."""
+    def mixture_weights(self) -> dict[str, float]:
+        """``--mixture dar=0.5 vmlm=0.5`` as ``{name: weight}`` (as given, not yet normalised)."""
+        weights: dict[str, float] = {}
+        for item in self.mixture:
+            name, sep, value = str(item).partition("=")
+            name = name.strip()
+            if not sep or not name:
+                raise ValueError(f"--mixture: {item!r} is not NAME=WEIGHT; write e.g. --mixture dar=0.5 vmlm=0.5")
+            if name in weights:
+                raise ValueError(f"--mixture: {name!r} is given twice; list each component once")
+            try:
+                weights[name] = float(value)
+            except ValueError:
+                raise ValueError(f"--mixture: the weight of {name!r} must be a number, got {value!r}") from None
+        return weights
+
+    def _component_params(self, name: str) -> dict:
         t = self.group_size[0] if len(self.group_size) == 1 else list(self.group_size)
         return {
             "ar": {},
@@ -155,7 +191,21 @@ class ObjectiveArguments:
             "mlm": {"mask_ratio": self.mask_ratio},
             "vmlm": {"mask_ratio_range": list(self.mask_ratio_range)},
             "gvp": {"num_groups": self.num_groups, "segmentation": self.segmentation},
-        }[self.objective]
+        }.get(name, {})
+
+    @property
+    def single_stream(self) -> bool:
+        return self.objective in MASKED and self.masked_form == "single_stream"
+
+    def plan_params(self) -> dict:
+        """The keyword arguments of ``plans.make_plan`` for this objective (stored in ``config.plan_params``); for a
+        mixture, ``{"mixture": normalised weights, "components": {name: that objective's plan parameters}}``."""
+        if not self.is_mixture:
+            return self._component_params(self.objective)
+        weights = self.mixture_weights()
+        weights, components = plans.check_mixture(
+            weights, {name: self._component_params(name) for name in weights if name in objectives.OBJECTIVES})
+        return {"mixture": weights, "components": components}
 
     def collator_params(self) -> dict:
         params = {"t": "group_size"}
@@ -270,7 +320,7 @@ def apply_global_batch_size(training_args: TrainingArguments) -> None:
 
 class LookAroundTrainer(Trainer):
     """``Trainer`` with a fixed-plan evaluation collator, the objective's perplexity in eval metrics, and
-    checkpoints that are complete or ignored (see :mod:`hf_lookaround.checkpointing`)."""
+    checkpoints that are complete or ignored (see :mod:`hf_lookaround.training.checkpointing`)."""
 
     def __init__(self, *args, eval_data_collator=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -295,7 +345,7 @@ class LookAroundTrainer(Trainer):
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         if getattr(self.args, "drop_unread_content", False) and "group_ids" in inputs and "labels" in inputs:
-            from .modeling_lookaround import drop_unread_content
+            from .unread_content import drop_unread_content
 
             # a compiled step sees a few widths only (one graph each), an eager one the exact width
             inputs = drop_unread_content(inputs, width_multiple=64 if self.args.torch_compile else None)
@@ -339,7 +389,7 @@ def load_tokenizer(model_args: ModelArguments, train_texts=None, save_dir=None, 
     """The tokenizer named by ``--tokenizer_name`` (or the checkpoint's), or one trained on ``train_texts``
     (any iterable of documents: a generator over the dataset's text column, never a list of the corpus)."""
     if model_args.train_tokenizer:
-        from .tokenization import train_tokenizer
+        from ..data.tokenization import train_tokenizer
 
         if train_texts is None:
             raise ValueError("--train_tokenizer needs training text")
@@ -386,7 +436,7 @@ def check_tokenizer(tokenizer, objective_args: ObjectiveArguments) -> None:
 
 
 def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments, tokenizer, block_size: int):
-    from .configuration_lookaround import LookAroundConfig
+    from ..models.lookaround.configuration_lookaround import LookAroundConfig
 
     if model_args.model_name_or_path:
         config = AutoConfig.from_pretrained(model_args.model_name_or_path)
@@ -415,14 +465,16 @@ def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments,
         )
     config.objective = objective_args.objective
     config.plan_params = objective_args.plan_params()
-    config.default_attention = "causal" if objective_args.objective in ("ar", "dar") else "bidirectional"
+    config.default_attention = objectives.default_attention(objective_args.objective, config.plan_params)
+    if objective_args.is_mixture:
+        config.mixture = dict(config.plan_params["mixture"])  # the weights, for a reader of config.json
     config.prediction_stream = "content" if objective_args.single_stream else "query"  # the stream trained to predict
     config.validate_lookaround()
     return config
 
 
 def build_model(config, model_args: ModelArguments, objective_args: ObjectiveArguments):
-    from .modeling_lookaround import LookAroundForMaskedLM, LookAroundForPreTraining
+    from ..models.lookaround.modeling_lookaround import LookAroundForMaskedLM, LookAroundForPreTraining
 
     cls = LookAroundForMaskedLM if objective_args.single_stream else LookAroundForPreTraining
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
@@ -559,7 +611,7 @@ def build_training_data(data_args: DataArguments, training_args: TrainingArgumen
 
 def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments, block_size: int, batch_size: int):
     """``p(x_k | x_<k)`` on held-out documents with the protocol of hf_lookaround.evaluation.perplexity."""
-    from .evaluation.perplexity import masked_perplexity
+    from ..evaluation.perplexity import masked_perplexity
 
     # auto: the AR plan for (semi-)AR checkpoints, the bidirectional prefix for masked/GVP ones,
     # [MASK] inputs for single-stream masked LMs (see evaluation.perplexity.default_masked_mode)
@@ -580,7 +632,7 @@ def card_kwargs(objective_args: ObjectiveArguments, dataset) -> dict:
 
 
 def write_card(output_dir, objective_args: ObjectiveArguments, dataset) -> None:
-    from .hub import write_model_card
+    from ..hub.cards import write_model_card
 
     write_model_card(output_dir, **card_kwargs(objective_args, dataset))
 
@@ -588,16 +640,6 @@ def write_card(output_dir, objective_args: ObjectiveArguments, dataset) -> None:
 # ---------------------------------------------------------------------------------------------
 # The job
 # ---------------------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None):
-    parser = HfArgumentParser((ModelArguments, DataArguments, ObjectiveArguments, LookAroundTrainingArguments))
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    if not any(a == "--report_to" or a.startswith("--report_to=") for a in argv):
-        argv += ["--report_to", "tensorboard"]  # TensorBoard logs under output_dir/runs by default
-    if not any(a.split("=")[0] in ("--do_train", "--do_eval", "--do_predict") for a in argv):
-        argv += ["--do_train", "--do_eval"]  # a pretraining command that names no stage trains and evaluates
-    return parser.parse_args_into_dataclasses(args=argv)
 
 
 def run(model_args: ModelArguments, data_args: DataArguments, objective_args: ObjectiveArguments,
@@ -670,20 +712,14 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
     dataset = data_args.dataset_name or [str(f) for f in data_args.train_files]
     if training_args.do_train and trainer.is_world_process_zero():
         write_card(training_args.output_dir, objective_args, dataset)
-        from .hub import ensure_remote_code
+        from ..hub.remote_code import ensure_remote_code
 
         # save_model maps only the trained head in auto_map: map every head, so that the output loads as a
         # causal or masked LM with trust_remote_code too
         ensure_remote_code(training_args.output_dir)
     if training_args.push_to_hub:
-        from .hub import push_trainer_output
+        from ..hub.push import push_trainer_output
 
         # not trainer.push_to_hub(): that replaces our card and maps only the saved head in auto_map
         push_trainer_output(trainer, **card_kwargs(objective_args, dataset))
     return metrics
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    run(*parse_args(argv))
-    return 0

@@ -35,7 +35,7 @@ class LookAroundViTConfig(LookAroundConfig):
             patch (MSE); `p2d` reads pixels and predicts the visual-token id of each target patch
             (cross-entropy over `codebook_size` ids); `d2d` reads visual-token ids (an embedding table) and
             predicts ids. A visual token is the nearest centroid of a k-means codebook over per-patch
-            normalised patches (`hf_lookaround.visual_tokenizer`), stored in the checkpoint.
+            normalised patches (`hf_lookaround.data.visual_tokenizer`), stored in the checkpoint.
         codebook_size (`int`): the number of visual tokens K (p2d, d2d; at least 2).
         num_condition_tokens (`int`): extra tokens after CLS at rank 0, seen by every group: a class embedding
             (`class_labels`) or embeddings given at call time (`condition_embeds`).

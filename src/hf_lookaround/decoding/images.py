@@ -30,16 +30,15 @@ least one patch in G0, so that first step lies outside the trained plans (the cl
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
 import torch
 
-from . import plans
-from .modeling_lookaround_vit import LookAroundViTForPreTraining, patchify, unpatchify
+from .. import plans
+from ..models.lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining, patchify, unpatchify
 
-__all__ = ["sample_images", "inference_ranks", "vit_plan", "save_image_grid", "to_display_pixels", "sample_main"]
+__all__ = ["sample_images", "inference_ranks", "vit_plan", "save_image_grid", "to_display_pixels"]
 
 
 def vit_plan(config, objective: str, batch_size: int, generator=None, **params) -> plans.Plan:
@@ -269,30 +268,13 @@ def save_image_grid(images: torch.Tensor, path, ncol: int | None = None, pad: in
     return path
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hf-lookaround vision sample",
-                                description="Generate images group by group with a GVP-pretrained ViT and write a "
-                                            "PNG grid.")
-    p.add_argument("--model", required=True, help="folder of a LookAroundViTForPreTraining checkpoint")
-    p.add_argument("--num_images", type=int, default=16)
-    p.add_argument("--class_label", type=int, default=None,
-                   help="class of every image (class-conditional models; default: image i gets class i mod the "
-                        "number of classes)")
-    p.add_argument("--num_groups", type=int, default=None,
-                   help="generation steps K (default: the pretraining K, at most the number of patches)")
-    p.add_argument("--temperature", type=float, default=1.0, help="p2d/d2d sampling temperature (0: argmax)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="grid.png", help="the PNG grid to write")
-    return p
-
-
 def to_display_pixels(images: torch.Tensor, model_path) -> torch.Tensor:
     """The model's pixel units back to [0, 1]: a checkpoint saved with an image processor that normalises
     (``preprocessor_config.json``, ``do_normalize``) was trained on ``(x - image_mean) / image_std``; without one,
     the pixels are taken as they are."""
     if not (Path(model_path) / "preprocessor_config.json").is_file():
         return images
-    from .image_processing_lookaround_vit import LookAroundViTImageProcessor
+    from ..models.lookaround.image_processing_lookaround_vit import LookAroundViTImageProcessor
 
     processor = LookAroundViTImageProcessor.from_pretrained(model_path)
     if not getattr(processor, "do_normalize", False):
@@ -305,19 +287,3 @@ def to_display_pixels(images: torch.Tensor, model_path) -> torch.Tensor:
                          f"{channels}")
     shape = (1, -1, 1, 1)
     return images * std.expand(channels).reshape(shape) + mean.expand(channels).reshape(shape)
-
-
-def sample_main(argv=None) -> int:
-    """``hf-lookaround vision sample``: load a checkpoint, generate ``--num_images`` and write a PNG grid (pixels
-    un-normalised with the checkpoint's image processor, if it has one)."""
-    args = _parser().parse_args(argv)
-    model = LookAroundViTForPreTraining.from_pretrained(args.model).eval()
-    class_labels = args.class_label
-    if class_labels is None and model.config.num_condition_classes:
-        class_labels = torch.arange(args.num_images) % model.config.num_condition_classes
-    images = sample_images(model, num_images=args.num_images, class_labels=class_labels,
-                           num_groups=args.num_groups, generator=torch.Generator().manual_seed(args.seed),
-                           temperature=args.temperature)
-    path = save_image_grid(to_display_pixels(images, args.model), args.out)
-    print(f"wrote {len(images)} images ({model.config.target_mode}, seed {args.seed}) to {path}")
-    return 0

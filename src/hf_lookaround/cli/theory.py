@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from ..plans import expected_masked_count
-from .cooccurrence import check_theorem_31, normalised_matrix, spectrum
-from .toy import closed_form_spectrum, derived_spectrum, spectrum_bands, toy_cooccurrence, toy_dataset
+from ..theory.cooccurrence import check_theorem_31, normalised_matrix, spectrum
+from ..theory.toy import closed_form_spectrum, derived_spectrum, spectrum_bands, toy_cooccurrence, toy_dataset
 
 __all__ = ["main", "parse_objective"]
 
@@ -183,7 +183,7 @@ def cmd_tails(args) -> int:
 
 
 def cmd_spectrum(args) -> int:
-    from .text import build_tokenizer, load_texts, sampled_cooccurrence, token_windows
+    from ..theory.text import build_tokenizer, load_texts, sampled_cooccurrence, token_windows
 
     texts = load_texts(args.data, args.text_field, args.max_documents)
     tokenize = build_tokenizer(args.tokenizer, texts, args.vocab_size)
@@ -214,8 +214,8 @@ def cmd_spectrum(args) -> int:
 
 
 def cmd_connectivity(args) -> int:
-    from .connectivity import mean_pooled_features, plot_connectivity, top_pair_products
-    from .text import load_texts
+    from ..theory.connectivity import mean_pooled_features, plot_connectivity, top_pair_products
+    from ..theory.text import load_texts
 
     texts = load_texts(args.data, args.text_field, None if args.chunk_words else args.num_samples)
     if args.chunk_words:  # long documents (speeches, chapters) -> many samples of W words

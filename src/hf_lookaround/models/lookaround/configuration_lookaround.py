@@ -1,5 +1,7 @@
 """Configuration of the LookAround text model family (two-stream (semi-)autoregressive and masked)."""
 
+import copy
+
 from transformers import PreTrainedConfig
 
 NORM_TYPES = ("rmsnorm", "layernorm")
@@ -10,9 +12,10 @@ POSITION_EMBEDDING_TYPES = ("rope", "absolute")
 ATTENTION_PATTERNS = ("causal", "bidirectional")
 POOLINGS = ("cls", "mean", "last")
 PREDICTION_STREAMS = ("query", "content")
-# objectives whose plan always trains the query stream; the masked ones do unless pretrained single-stream
-TWO_STREAM_OBJECTIVES = ("ar", "dar", "gvp")
-MASKED_OBJECTIVES = ("mlm", "vmlm")
+# Configs written before `prediction_stream` existed name only their objective, one of these five. This file is
+# remote code and cannot read the package's objectives table (objectives.py); newer configs record the stream.
+LEGACY_QUERY_STREAM_OBJECTIVES = ("ar", "dar", "gvp")  # their plan always trains the query stream
+LEGACY_MASKED_OBJECTIVES = ("mlm", "vmlm")  # query stream unless pretrained single-stream ([MASK] inputs)
 
 
 def infer_prediction_stream(objective: str | None, architectures: list[str] | None) -> str | None:
@@ -23,13 +26,23 @@ def infer_prediction_stream(objective: str | None, architectures: list[str] | No
     saved from `LookAroundForPreTraining` is two-stream; otherwise nothing says (None: the head decides).
     """
     architectures = list(architectures or [])
-    if objective in TWO_STREAM_OBJECTIVES:
+    if objective in LEGACY_QUERY_STREAM_OBJECTIVES:
         return "query"
-    if objective in MASKED_OBJECTIVES:
+    if objective in LEGACY_MASKED_OBJECTIVES:
         return "content" if "LookAroundForMaskedLM" in architectures else "query"
     if "LookAroundForPreTraining" in architectures:
         return "query"
     return None
+
+def with_prediction_stream(config, stream: str):
+    """``config`` if it records a prediction stream; else a copy that records ``stream`` (a head's own pathway).
+    A head never writes to the config it was given: other heads may share it."""
+    if config.prediction_stream is not None:
+        return config
+    config = copy.deepcopy(config)
+    config.prediction_stream = stream
+    return config
+
 
 # name -> (hidden, layers, heads, intermediate). Sizes a researcher can name in one word.
 PRESETS = {

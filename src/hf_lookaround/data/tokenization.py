@@ -12,12 +12,11 @@ A user with a network can pass any hub tokenizer name to the pretraining script 
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-__all__ = ["SPECIAL_TOKENS", "train_tokenizer", "main"]
+__all__ = ["SPECIAL_TOKENS", "train_tokenizer"]
 
 BOS, EOS, PAD, MASK, UNK = "<s>", "</s>", "[PAD]", "[MASK]", "[UNK]"
 # the order fixes the ids: [PAD] = 0, <s> = 1, </s> = 2, [UNK] = 3, [MASK] = 4
@@ -90,28 +89,3 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
 def _chain(first: str, rest: Iterator[str]) -> Iterator[str]:
     yield first
     yield from rest
-
-
-def main(argv: list[str] | None = None) -> int:
-    from .data import iter_texts
-
-    parser = argparse.ArgumentParser(
-        prog="hf-lookaround train-tokenizer",
-        description="Train a byte-level BPE tokenizer on local text files/folders (.txt, .jsonl, .json, .gz, .parquet) "
-        "or a `datasets` name, and save it for AutoTokenizer.from_pretrained.",
-    )
-    parser.add_argument("inputs", nargs="+", help="files, folders or a datasets name (e.g. wikitext:wikitext-2-raw-v1)")
-    parser.add_argument("--output_dir", "-o", required=True)
-    parser.add_argument("--vocab_size", type=int, default=8192)
-    parser.add_argument("--min_frequency", type=int, default=2)
-    parser.add_argument("--text_column", default="text", help="field of JSON Lines records / dataset column")
-    parser.add_argument("--split", default="train", help="split to read when an input is a datasets name")
-    parser.add_argument("--model_max_length", type=int, default=None)
-    args = parser.parse_args(argv)
-
-    texts = iter_texts(args.inputs, text_column=args.text_column, split=args.split)
-    tok = train_tokenizer(
-        texts, args.vocab_size, args.min_frequency, args.model_max_length, args.output_dir, show_progress=True
-    )
-    print(f"saved a byte-level BPE tokenizer with {len(tok)} tokens to {args.output_dir}")
-    return 0

@@ -2,7 +2,7 @@
 
 A visual token is the id of the nearest centroid of a codebook of ``K`` centroids, fitted by k-means
 (scikit-learn's ``MiniBatchKMeans`` on the distinct patches, weighted by their counts) on patches normalised one by one (each patch minus its mean, over its
-standard deviation: :func:`~hf_lookaround.modeling_lookaround_vit.normalise_patches`, the p2p
+standard deviation: :func:`~hf_lookaround.models.lookaround.modeling_lookaround_vit.normalise_patches`, the p2p
 ``norm_pix_loss`` target). The id says the *shape* of a patch, not its brightness or contrast, so
 turning ids back into pixels needs a second table, the pixel decoder: the mean raw patch of each
 centroid's members (:func:`fit_pixel_decoder`; the least-squares pixels of an id). Both tables go into
@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from .modeling_lookaround_vit import decode_ids, encode_patches, normalise_patches, patchify
+from ..models.lookaround.modeling_lookaround_vit import decode_ids, encode_patches, normalise_patches, patchify
 
 logger = logging.getLogger(__name__)
 

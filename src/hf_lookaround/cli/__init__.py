@@ -1,0 +1,60 @@
+"""`hf-lookaround <command> ...`: one entry point; each command is one module of this folder.
+
+``hf-lookaround --help`` answers at once: this module imports neither torch nor transformers, and a command's
+module is imported only when the command runs (its ``--help`` included, so that one takes as long as importing
+torch and transformers).
+
+A ``ValueError`` (bad input) or ``OSError`` (a missing file or folder) ends the command with one line,
+``hf-lookaround <command>: error: ...``, and exit status 2, as argparse does for bad options. ``--debug``
+(anywhere on the command line) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# command -> (module of this folder, help)
+COMMANDS = {
+    "demo": ("demo", "pretrain small models with every objective and compare them"),
+    "pretrain": ("pretrain", "pretrain with Trainer on local files or a datasets name"),
+    "train-tokenizer": ("train_tokenizer", "train a byte-level BPE tokenizer on local text"),
+    "generate": ("generate", "group decoding (ar/dar), any-order infilling (masked/GVP)"),
+    "perplexity": ("perplexity", "AR and masked-model perplexity"),
+    "probe": ("probe", "linear probe on frozen features"),
+    "glue": ("glue", "GLUE-style fine-tuning, full or LoRA"),
+    "theory": ("theory", "co-occurrence matrices, spectra, Thm 3.1 / 4.2 checks"),
+    "vision": ("vision", "two-stream ViT on images (p2p/p2d/d2d): pretrain, probe, L2; sample"),
+    "push": ("push", "push a checkpoint, its card and remote code to the Hub"),
+}
+USER_ERRORS = (ValueError, OSError)
+
+
+def usage() -> str:
+    lines = [f"  {name:<16} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return ("usage: hf-lookaround <command> [options] [--debug]\n\ncommands:\n" + "\n".join(lines)
+            + "\n\n`hf-lookaround <command> --help` for a command's options; --debug shows tracebacks of errors")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"{usage()}\n\nhf-lookaround: error: unknown command {command!r}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"{__name__}.{COMMANDS[command][0]}")
+    sys.argv[:1] = [f"hf-lookaround {command}"]  # parsers built on sys.argv[0] (HfArgumentParser) name the command
+    try:
+        result = module.main(rest)
+    except USER_ERRORS as err:
+        if debug:
+            raise
+        message = " ".join(str(err).split("\n")) if str(err) else type(err).__name__
+        print(f"hf-lookaround {command}: error: {message}", file=sys.stderr)
+        return 2
+    return int(result or 0)

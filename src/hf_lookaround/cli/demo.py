@@ -1,0 +1,40 @@
+"""``hf-lookaround demo``: pretrain small models with each objective and compare them (docs/pretraining.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import torch
+
+from ..demo import DEFAULT_OBJECTIVES, DEMO_OBJECTIVES, run
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hf-lookaround demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--objectives", nargs="+", default=list(DEFAULT_OBJECTIVES), choices=list(DEMO_OBJECTIVES))
+    p.add_argument("--preset", default="tiny", help="model size (LookAroundConfig.from_preset); try small or base on a GPU")
+    p.add_argument("--tokens-per-objective", type=int, default=1_000_000, help="training tokens for each objective")
+    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--learning-rate", type=float, default=3e-3)
+    # 2,048 tokens: the LM head (hidden x vocab per target) is most of a tiny model's compute
+    p.add_argument("--vocab-size", type=int, default=2048)
+    p.add_argument("--perplexity-documents", type=int, default=20, help="test articles scored for perplexity")
+    p.add_argument("--probe-max-length", type=int, default=128, help="tokens of each article the probe sees")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--corpus-dir", default=None, help="a folder of <label>/*.txt instead of the BBC news corpus")
+    p.add_argument("--output-dir", default="outputs/demo")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-baseline", action="store_true", help="skip the untrained reference row")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(message)s", level=logging.WARNING)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    run(args)
+    return 0

@@ -1,0 +1,31 @@
+"""``hf-lookaround train-tokenizer``: train a byte-level BPE tokenizer on local text or a ``datasets`` name."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..data.text import iter_texts
+from ..data.tokenization import train_tokenizer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hf-lookaround train-tokenizer",
+        description="Train a byte-level BPE tokenizer on local text files/folders (.txt, .jsonl, .json, .gz, .parquet) "
+        "or a `datasets` name, and save it for AutoTokenizer.from_pretrained.",
+    )
+    parser.add_argument("inputs", nargs="+", help="files, folders or a datasets name (e.g. wikitext:wikitext-2-raw-v1)")
+    parser.add_argument("--output_dir", "-o", required=True)
+    parser.add_argument("--vocab_size", type=int, default=8192)
+    parser.add_argument("--min_frequency", type=int, default=2)
+    parser.add_argument("--text_column", default="text", help="field of JSON Lines records / dataset column")
+    parser.add_argument("--split", default="train", help="split to read when an input is a datasets name")
+    parser.add_argument("--model_max_length", type=int, default=None)
+    args = parser.parse_args(argv)
+
+    texts = iter_texts(args.inputs, text_column=args.text_column, split=args.split)
+    tok = train_tokenizer(
+        texts, args.vocab_size, args.min_frequency, args.model_max_length, args.output_dir, show_progress=True
+    )
+    print(f"saved a byte-level BPE tokenizer with {len(tok)} tokens to {args.output_dir}")
+    return 0

@@ -1,0 +1,290 @@
+"""Any-order infilling (the MaskGIT / MDLM / LLaDA pattern) for masked, variable-mask and GVP checkpoints
+(DESIGN.md, "Decoding with the streams"): every step predicts all remaining hidden positions from the visible
+ones (visible rank 0, hidden rank 1, query rows at the hidden positions; the content of a hidden position is
+never seen by anyone) and commits some of them, by confidence, at random or left to right, on a cosine or
+linear schedule. Entry point: :func:`infill`. Group decoding (ar / dar checkpoints) is ``generate()``'s, in
+:mod:`hf_lookaround.generation`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers.generation import (
+    LogitsProcessorList,
+)
+
+from .. import objectives
+from ..models.lookaround.generation_lookaround import (
+    _backbone_and_head,
+    _check_length,
+    _device,
+    _pick,
+    _refuse_or_warn,
+    make_logits_processor,
+)
+
+logger = logging.getLogger(__name__)
+
+ORDERS = ("confidence", "random", "left_to_right")
+SCHEDULES = ("cosine", "linear")
+
+
+def check_infill_objective(config, allow_untrained: bool = False) -> None:
+    """Infilling shows every visible token at rank 0 (bidirectional content), as masked and GVP pretraining do."""
+    objective = getattr(config, "objective", None)
+    if objective is None:
+        logger.warning("the config records no pretraining objective: cannot check that it was trained to infill")
+    elif objectives.INFILLING not in (objectives.decoders(objective, getattr(config, "plan_params", None)) or ()):
+        _refuse_or_warn(f"this checkpoint was pretrained with the {objective!r} objective, whose content stream never "
+                        "saw a bidirectional context: continue text with group decoding "
+                        "(model.generate(..., group_size=t)) instead of infilling", allow_untrained)
+
+
+@dataclass
+class InfillOutput:
+    """sequences ``(B, T)`` with every hidden position filled; ``commit_step`` ``(B, T)``: the step (1-based) at
+    which each position was committed, 0 for positions that were visible; ``text``: the decoded rows if a
+    tokenizer was given; ``num_steps``: forwards run."""
+
+    sequences: torch.LongTensor
+    commit_step: torch.LongTensor
+    num_steps: int
+    text: list[str] | None = None
+
+
+def commit_schedule(num_hidden: int, steps: int, schedule: str = "cosine") -> list[int]:
+    """How many of ``num_hidden`` positions to commit at each of ``steps`` steps (sums to ``num_hidden``).
+
+    After step ``s`` a fraction ``f(s / S)`` stays hidden: ``cos(pi/2 * s/S)`` (MaskGIT's cosine: few commits
+    first, when context is scarce) or ``1 - s/S`` (linear). Every step commits at least one position while any
+    remain, so a row may finish before step ``S``."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    fraction = (lambda r: math.cos(math.pi / 2 * r)) if schedule == "cosine" else (lambda r: 1.0 - r)
+    counts, remaining = [], num_hidden
+    for s in range(1, steps + 1):
+        target = 0 if s == steps else math.floor(num_hidden * fraction(s / steps) + 1e-9)
+        commit = min(remaining, max(remaining - target, 1 if remaining else 0))
+        counts.append(commit)
+        remaining -= commit
+    return counts
+
+
+def _encode_infill_inputs(tokenizer, text_or_ids, hidden, num_tokens, attention_mask, add_bos, config, device):
+    """-> ids (B, T), hidden (B, T) bool, valid (B, T) bool."""
+    mask_id = getattr(tokenizer, "mask_token_id", None) if tokenizer is not None else None
+    bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else config.bos_token_id
+    placeholder = mask_id if mask_id is not None else (config.mask_token_id or config.pad_token_id or 0)
+
+    if text_or_ids is None or isinstance(text_or_ids, str) or (
+        isinstance(text_or_ids, (list, tuple)) and text_or_ids and isinstance(text_or_ids[0], str)
+    ):
+        texts = [""] if text_or_ids is None else [text_or_ids] if isinstance(text_or_ids, str) else list(text_or_ids)
+        if tokenizer is None:
+            raise ValueError("text input needs a tokenizer")
+        if hidden is not None:
+            raise ValueError("with text input, mark the positions to fill with the mask token in the text, not `hidden`")
+        rows, hidden_rows = [], []
+        for text in texts:
+            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+            if add_bos and bos is not None:
+                ids = [bos] + ids
+            marked = [mask_id is not None and t == mask_id for t in ids]
+            if num_tokens:
+                ids, marked = ids + [placeholder] * num_tokens, marked + [True] * num_tokens
+            elif text and mask_id is None:
+                raise ValueError(f"{type(tokenizer).__name__} has no mask token, so a [MASK]-marked string cannot say "
+                                 "what to fill: pass ids and a boolean `hidden` mask, or num_tokens")
+            elif not any(marked):
+                raise ValueError(f"nothing to fill: the text holds no {tokenizer.mask_token} and num_tokens is not set")
+            rows.append(ids)
+            hidden_rows.append(marked)
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), config.pad_token_id or 0, dtype=torch.long)
+        hid = torch.zeros(len(rows), width, dtype=torch.bool)
+        valid = torch.zeros(len(rows), width, dtype=torch.bool)
+        for b, (r, h) in enumerate(zip(rows, hidden_rows)):
+            ids[b, : len(r)], hid[b, : len(r)], valid[b, : len(r)] = torch.tensor(r), torch.tensor(h), True
+        return ids.to(device), hid.to(device), valid.to(device)
+
+    ids = torch.as_tensor(text_or_ids, dtype=torch.long)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.dim() != 2:
+        raise ValueError(f"ids must have shape (seq_len,) or (batch, seq_len), got {tuple(ids.shape)}")
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    if attention_mask is not None:
+        attention_mask = torch.as_tensor(attention_mask)
+        attention_mask = attention_mask[None] if attention_mask.dim() == 1 else attention_mask
+        if attention_mask.shape != ids.shape:
+            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must have the shape of the ids {tuple(ids.shape)}")
+        valid = attention_mask != 0
+    if num_tokens:
+        if attention_mask is not None and not valid.all():
+            raise ValueError("num_tokens appends after the last column; pass unpadded ids")
+        ids = torch.cat([ids, ids.new_full((ids.shape[0], num_tokens), placeholder)], 1)
+        valid = torch.cat([valid, valid.new_ones((ids.shape[0], num_tokens))], 1)
+        extra = torch.zeros(ids.shape, dtype=torch.bool)
+        extra[:, -num_tokens:] = True
+        hidden = extra if hidden is None else torch.cat([_hidden_mask(hidden, ids[:, :-num_tokens]), extra[:, -num_tokens:]], 1)
+    elif hidden is None:
+        raise ValueError("say which positions to fill: a boolean `hidden` mask or a list of positions (or num_tokens)")
+    hid = _hidden_mask(hidden, ids)
+    if (hid & ~valid).any():
+        raise ValueError("hidden positions fall on padding (attention_mask 0); fill only positions inside the sequence")
+    return ids.to(device), hid.to(device), valid.to(device)
+
+
+def _hidden_mask(hidden, ids: torch.Tensor) -> torch.Tensor:
+    """A boolean (B, T) mask from a mask of the shape of ``ids`` or from a list of positions (one row, or one list per row)."""
+    hidden = torch.as_tensor(hidden)
+    if hidden.dtype == torch.bool:
+        if hidden.dim() == 1:
+            hidden = hidden[None]
+        if hidden.shape != ids.shape:
+            raise ValueError(f"the hidden mask {tuple(hidden.shape)} must have the shape of the ids {tuple(ids.shape)}")
+        return hidden.clone()
+    positions = hidden.long()
+    if positions.dim() == 1:
+        positions = positions[None].expand(ids.shape[0], -1)
+    seq_len = ids.shape[1]
+    if positions.numel() and (positions.min() < 0 or positions.max() >= seq_len):
+        bad = positions[(positions < 0) | (positions >= seq_len)].unique().tolist()
+        raise ValueError(f"positions to fill {bad} lie outside the sequence of {seq_len} tokens (valid: 0..{seq_len - 1})")
+    mask = torch.zeros(ids.shape, dtype=torch.bool)
+    mask.scatter_(1, positions, True)
+    return mask
+
+
+def _prediction_stream(config, stream: str) -> str:
+    if stream == "auto":
+        return "content" if getattr(config, "prediction_stream", None) == "content" else "query"
+    if stream not in ("query", "content"):
+        raise ValueError(f"stream must be 'auto', 'query' or 'content', got {stream!r}")
+    return stream
+
+
+@torch.no_grad()
+def infill(
+    model,
+    tokenizer=None,
+    text_or_ids=None,
+    hidden=None,
+    *,
+    num_tokens: int | None = None,
+    attention_mask=None,
+    steps: int | None = None,
+    order: str = "confidence",
+    schedule: str = "cosine",
+    do_sample: bool = False,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+    logits_processor: LogitsProcessorList | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    add_bos: bool = True,
+    stream: str = "auto",
+    allow_untrained: bool = False,
+) -> InfillOutput:
+    """Fill hidden positions in ``steps`` steps, any order (MaskGIT / MDLM / LLaDA).
+
+    Inputs, one of:
+      - a string (or a list of strings) with the tokenizer's mask token at each position to fill
+        (``"The [MASK] met on [MASK]."``); BOS is prepended when ``add_bos`` and the tokenizer has one;
+      - ids ``(T,)`` or ``(B, T)`` and ``hidden``: a boolean mask of that shape or a list of positions
+        (``attention_mask`` marks padding);
+      - ``num_tokens=N``: N hidden positions appended (after BOS alone when no text is given: unconditional sampling).
+
+    Each step predicts every remaining hidden position from the visible ones (two-stream: visible rank 0, hidden
+    rank 1, query rows at the hidden positions; a checkpoint whose config says ``prediction_stream="content"``
+    reads the content stream over ``[MASK]`` inputs instead) and commits ``commit_schedule(n, steps, schedule)[s]``
+    of them: those with the most confident token (``order="confidence"``: probability of the chosen token), at
+    random, or the leftmost (``"left_to_right"``). Committed tokens become visible; visible tokens never change.
+    ``steps`` defaults to the largest number of hidden positions in a row (one commit per step).
+    """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if num_tokens is not None and num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    check_infill_objective(model.config, allow_untrained)
+    backbone, lm_head = _backbone_and_head(model)
+    config, device = model.config, _device(model)
+    stream = _prediction_stream(config, stream)
+    ids, remaining, valid = _encode_infill_inputs(
+        tokenizer, text_or_ids, hidden, num_tokens, attention_mask, add_bos, config, device
+    )
+    _check_length(ids.shape[1], config, "the sequence to infill")
+    counts_per_row = remaining.sum(-1)
+    if (counts_per_row == 0).all():
+        raise ValueError("nothing to fill: no position is hidden")
+    max_hidden = int(counts_per_row.max())
+    steps = max_hidden if steps is None else int(steps)
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    steps = min(steps, max_hidden)  # a step commits at least one position, so more steps than positions never run
+    schedules = torch.tensor(
+        [commit_schedule(int(n), steps, schedule) for n in counts_per_row.tolist()], device=device
+    )  # (B, S)
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    processors = make_logits_processor(do_sample, temperature, top_k, top_p)
+    processors.extend(logits_processor or [])
+    mask_id = config.mask_token_id
+    if stream == "content" and mask_id is None:
+        raise ValueError("the content-stream pathway reads [MASK] inputs, but config.mask_token_id is None")
+
+    batch = ids.shape[0]
+    commit_step = torch.zeros_like(ids)
+    from ..models.lookaround.modeling_lookaround import positions_of  # the model's own (B, T) bool -> (B, M) slots
+
+    ran = 0
+    for step in range(1, steps + 1):
+        if not remaining.any():
+            break
+        ran = step
+        slots = positions_of(remaining)  # (B, M), -1 pads
+        is_slot = slots >= 0
+        gather_at = slots.clamp(min=0)
+        if stream == "query":
+            # visible rank 0 (bidirectional, as in masked pretraining), hidden rank 1; hidden content is an
+            # invalid key, so nobody ever reads it
+            out = backbone(
+                input_ids=ids, attention_mask=(valid & ~remaining).long(), group_ids=remaining.long(),
+                target_positions=slots,
+            )
+            logits = lm_head(out.query_hidden_state).float()
+        else:
+            masked = torch.where(remaining, torch.full_like(ids, mask_id), ids)
+            out = backbone(input_ids=masked, attention_mask=valid.long(), attention_pattern="bidirectional")
+            logits = lm_head(out.last_hidden_state.gather(1, gather_at[..., None].expand(-1, -1, config.hidden_size)))
+            logits = logits.float()
+        width = slots.shape[1]
+        context = ids.repeat_interleave(width, 0)  # processors see the row's current sequence
+        scores = processors(context, logits.flatten(0, 1)) if len(processors) else logits.flatten(0, 1)
+        tokens = _pick(scores, do_sample, generator).view(batch, width)
+        chosen_prob = torch.softmax(scores.float(), -1).gather(1, tokens.flatten()[:, None]).view(batch, width)
+
+        if order == "confidence":
+            priority = chosen_prob
+        elif order == "random":
+            priority = torch.rand(batch, width, device=device, generator=generator)
+        else:
+            priority = -gather_at.float()  # leftmost first
+        priority = torch.where(is_slot, priority, torch.full_like(priority, -math.inf))
+        rank_in_step = torch.argsort(torch.argsort(priority, dim=-1, descending=True, stable=True), dim=-1)
+        commit = is_slot & (rank_in_step < schedules[:, step - 1 : step])
+        rows = torch.arange(batch, device=device)[:, None].expand_as(slots)
+        ids[rows[commit], gather_at[commit]] = tokens[commit]
+        remaining[rows[commit], gather_at[commit]] = False
+        commit_step[rows[commit], gather_at[commit]] = step
+    text = None
+    if tokenizer is not None:
+        text = [tokenizer.decode(row[v].tolist(), skip_special_tokens=True) for row, v in zip(ids, valid)]
+    return InfillOutput(sequences=ids, commit_step=commit_step, num_steps=ran, text=text)

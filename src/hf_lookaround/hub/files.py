@@ -1,0 +1,28 @@
+"""Reading and writing the small JSON and text files of a checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+def read_json(path: Path) -> Any | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as err:
+        logger.warning("ignoring %s: not valid JSON (%s)", path, err)
+        return None
+
+
+
+def write_text(path: Path, text: str) -> None:
+    # unlink first: in a staging folder the old file is a symlink into the user's checkpoint
+    if path.is_symlink():
+        path.unlink()
+    path.write_text(text, encoding="utf-8")

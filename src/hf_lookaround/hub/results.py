@@ -1,0 +1,87 @@
+"""Results for the model card: what the evaluation commands left in a checkpoint folder, as ``model-index``
+entries (:func:`collect_results`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .files import read_json
+
+logger = logging.getLogger(__name__)
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# Metric names of the evaluation commands -> (model-index metric type, readable name).
+METRIC_NAMES = {
+    "loss": ("loss", "held-out loss of the pretraining objective"),
+    "perplexity": ("perplexity", "perplexity"),
+    "ar_perplexity": ("perplexity", "AR perplexity p(x_k | x_<k)"),
+    "masked_perplexity": ("perplexity", "masked-prefix perplexity p(x_k | x_<k)"),
+    "pseudo_perplexity": ("pseudo-perplexity", "pseudo-perplexity (every token masked in turn)"),
+    "bits_per_byte": ("bits_per_byte", "bits per byte"),
+}
+
+
+def collect_results(checkpoint_dir, dataset: str | None = None, task_type: str = "text-generation") -> list:
+    """Evaluation results found in ``checkpoint_dir`` as ``huggingface_hub.EvalResult`` entries.
+
+    Reads whichever of these exist (missing keys are skipped, never an error):
+
+    - ``all_results.json`` / ``eval_results.json`` (transformers' layout, ``{"eval_accuracy": ..}``):
+      every ``eval_*`` metric, plus ``perplexity``; on ``dataset`` (the pretraining data), split validation;
+    - ``probe_results.json``: ``{"task", "dataset", "metric", "test_<metric>"}`` (or a list of such),
+      the linear probe;
+    - ``perplexity.json``: ``{"dataset", "ar_perplexity", "masked_perplexity", "bits_per_byte"}``.
+
+    ``task_type`` is the model-index task of the language-modelling numbers (``fill-mask`` for masked models).
+    """
+    from huggingface_hub import EvalResult
+
+    folder = Path(checkpoint_dir)
+    results: list = []
+    source = dataset or "pretraining data"
+
+    trainer_metrics = read_json(folder / "all_results.json") or read_json(folder / "eval_results.json") or {}
+    if isinstance(trainer_metrics, dict):
+        skip = ("runtime", "samples_per_second", "steps_per_second", "samples", "epoch")
+        for key, value in sorted(trainer_metrics.items()):
+            name = key[len("eval_"):] if key.startswith("eval_") else key if key == "perplexity" else None
+            if name is None or name in skip or _number(value) is None:
+                continue
+            metric_type, metric_name = METRIC_NAMES.get(name, (name, f"eval {name}"))
+            results.append(EvalResult(
+                task_type=task_type, task_name="Pretraining data (held-out)",
+                dataset_type=source, dataset_name=source, dataset_split="validation",
+                metric_type=metric_type, metric_name=metric_name, metric_value=_number(value),
+            ))
+
+    probes = read_json(folder / "probe_results.json")
+    for probe in probes if isinstance(probes, list) else [probes] if isinstance(probes, dict) else []:
+        metric = probe.get("metric") or "accuracy"
+        value = _number(probe.get(f"test_{metric}", probe.get(metric)))
+        if value is None:
+            continue
+        task, data = probe.get("task"), probe.get("dataset") or probe.get("task") or "unknown"
+        results.append(EvalResult(
+            task_type="text-classification", task_name=f"Linear probe{f' ({task})' if task else ''}",
+            dataset_type=data, dataset_name=data, dataset_split=probe.get("split", "test"),
+            metric_type=metric, metric_name=f"linear probe {metric}", metric_value=value,
+        ))
+
+    ppl = read_json(folder / "perplexity.json")
+    if isinstance(ppl, dict):
+        data = ppl.get("dataset") or source
+        for key in ("ar_perplexity", "masked_perplexity", "pseudo_perplexity", "bits_per_byte"):
+            value = _number(ppl.get(key))
+            metric, label = METRIC_NAMES[key]
+            if value is not None:
+                results.append(EvalResult(
+                    task_type=task_type, task_name="Language modelling",
+                    dataset_type=data, dataset_name=data, dataset_split=ppl.get("split", "test"),
+                    metric_type=metric, metric_name=label, metric_value=value,
+                ))
+    return results

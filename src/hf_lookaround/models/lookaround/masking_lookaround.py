@@ -1,0 +1,209 @@
+"""Masks from plans: the one rule that says who may see whom, in the form each attention kernel takes.
+
+A plan gives every row (content stream, then query stream) and every key a group rank; ``may_attend`` turns
+ranks into attention. ``create_plan_mask`` builds the masks of one forward on the device: a boolean mask for
+SDPA, an additive one for eager, a ``BlockMask`` for FlexAttention, or None for the plain causal fast path
+(as ``transformers.masking_utils.create_causal_mask`` does for causal models).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+# A rank no real token has: padded target slots get it, so they see nothing.
+NO_TARGET_RANK = -1
+
+
+# ----------------------------------------------------------------------------------------------
+# The mask rule. This is the only place that says who may see whom.
+# ----------------------------------------------------------------------------------------------
+def may_attend(query_rank, key_rank, query_is_strict, key_valid):
+    """True where a row of rank ``query_rank`` may attend to a content key of rank ``key_rank``.
+
+    Content rows (``query_is_strict`` False) see ranks ``<=`` their own; query-stream rows
+    (``query_is_strict`` True) see ranks ``<`` their target's. Invalid (padding) keys are never seen.
+    Element-wise, so it serves broadcast tensors and FlexAttention's ``mask_mod`` alike.
+    """
+    return key_valid & ((key_rank < query_rank) | ((key_rank == query_rank) & ~query_is_strict))
+
+
+# ``attn_implementation="lookaround_auto"``: SDPA with a boolean mask below this many keys, FlexAttention with a
+# block-sparse BlockMask from it on. A dense mask costs every (row, key) pair; a BlockMask skips the blocks the plan
+# leaves empty (about half of them for the AR family), which pays once attention dominates the step. The value
+# comes from benchmarks/gpu_bench.py (docs/benchmarks.md, "Choosing the attention kernel"); set it from your own
+# measurements if your card differs.
+AUTO_ATTENTION = "lookaround_auto"
+FLEX_ATTENTION_MIN_KEYS = 4096
+
+
+def resolve_attention_implementation(implementation: str, key_len: int) -> str:
+    """The kernel a forward over ``key_len`` keys uses: ``lookaround_auto`` picks SDPA or FlexAttention by length."""
+    if implementation == AUTO_ATTENTION:
+        return "flex_attention" if key_len >= FLEX_ATTENTION_MIN_KEYS else "sdpa"
+    return implementation
+
+
+@dataclass
+class AttentionPlan:
+    """Who attends to whom in one forward: ranks of the rows (content then query stream) and of the keys."""
+
+    query_rank: torch.Tensor  # (B, L) long, L = T content rows (+ M query rows)
+    query_is_strict: torch.Tensor  # (B, L) bool: True on query-stream rows
+    key_rank: torch.Tensor  # (B, K) long
+    key_valid: torch.Tensor  # (B, K) bool
+
+    def rows(self, start: int) -> "AttentionPlan":
+        """The same plan for rows ``start:`` only (e.g. the query stream, when the content stream's output is unread)."""
+        return AttentionPlan(self.query_rank[:, start:], self.query_is_strict[:, start:], self.key_rank, self.key_valid)
+
+    def dense(self) -> torch.Tensor:
+        """Boolean mask (B, 1, L, K), built on the device from the ranks."""
+        return may_attend(
+            self.query_rank[:, :, None],
+            self.key_rank[:, None, :],
+            self.query_is_strict[:, :, None],
+            self.key_valid[:, None, :],
+        )[:, None]
+
+    def row_sees_something(self) -> torch.Tensor:
+        """(B, L) bool: a row sees at least one key iff it may attend to the lowest valid key rank."""
+        big = torch.iinfo(self.key_rank.dtype).max
+        lowest = torch.where(self.key_valid, self.key_rank, big).amin(-1, keepdim=True)
+        return may_attend(self.query_rank, lowest, self.query_is_strict, self.key_valid.any(-1, keepdim=True))
+
+    def block_mask(self):
+        """A FlexAttention ``BlockMask`` from the same rule.
+
+        ``create_block_mask`` evaluates ``may_attend`` on every (row, key) pair and keeps a block only if some pair
+        in it may attend, so the BlockMask is exactly as sparse as the plan at block granularity: for the AR
+        family the content and the query-stream rows are both block-causal (query rows follow their targets'
+        order), and about half of the blocks are skipped. Build it once per batch, outside a compiled step
+        (``LookAroundModel.prepare_attention``); every layer reuses it.
+        """
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        # int32 everywhere: inductor's CPU code generation fails on bool/int64 loads inside mask_mod
+        q_rank, k_rank = self.query_rank.int(), self.key_rank.int()
+        strict, k_valid = self.query_is_strict.int(), self.key_valid.int()
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return may_attend(q_rank[b, q_idx], k_rank[b, kv_idx], strict[b, q_idx] != 0, k_valid[b, kv_idx] != 0)
+
+        batch, rows = q_rank.shape
+        # on the GPU a compiled builder evaluates the (rows x keys) grid without materialising it (long context)
+        compile_builder = q_rank.is_cuda and not torch.compiler.is_compiling()
+        return create_block_mask(mask_mod, batch, None, rows, k_rank.shape[1], device=q_rank.device,
+                                 _compile=compile_builder)
+
+
+def prepare_attention_mask(plan: AttentionPlan, implementation: str, dtype: torch.dtype):
+    """The mask in the form the backend takes, and the (B, L, 1, 1) factor that zeroes rows that see nothing.
+
+    Rows that see nothing (a query row with no lower rank, a padded target slot) would give NaN in a
+    softmax. They are let see every key inside the kernel, then multiplied by zero: no NaN, and
+    exactly zero gradient to every key.
+    """
+    sees = plan.row_sees_something()
+    row_factor = sees[:, :, None, None].to(dtype)
+    implementation = resolve_attention_implementation(implementation, plan.key_rank.shape[1])
+    if implementation == "flex_attention":
+        return plan.block_mask(), row_factor
+    mask = plan.dense() | ~sees[:, None, :, None]
+    if implementation == "sdpa":
+        return mask, row_factor
+    # eager (and any other kernel taking an additive mask)
+    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return additive.masked_fill(~mask, torch.finfo(dtype).min), row_factor
+
+
+@dataclass
+class PreparedAttention:
+    """The masks of one batch in the backend's form, built once and reused by every layer.
+
+    Build it with ``model.prepare_attention(**batch)`` before a compiled step and pass it as
+    ``model(**batch, prepared_attention=...)``: the BlockMask is then never built inside the compiled graph.
+    ``query_mask``/``query_row_factor`` cover the query-stream rows alone; the last layer uses them when nothing
+    reads the content stream's output (``LookAroundForPreTraining`` with labels).
+    """
+
+    mask: object  # (B, 1, L, K) bool (sdpa), additive float (eager) or a BlockMask (flex)
+    row_factor: torch.Tensor  # (B, L, 1, 1)
+    num_content: int  # T: rows [0, T) are the content stream, [T, L) the query stream
+    num_keys: int  # K
+    query_mask: object | None = None
+    query_row_factor: torch.Tensor | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.row_factor.shape[1]
+
+
+def build_prepared_attention(plan: AttentionPlan, implementation: str, dtype: torch.dtype, num_content: int,
+                             with_query_rows: bool) -> PreparedAttention:
+    mask, row_factor = prepare_attention_mask(plan, implementation, dtype)
+    prepared = PreparedAttention(mask, row_factor, num_content, plan.key_rank.shape[1])
+    if with_query_rows:
+        prepared.query_mask, prepared.query_row_factor = query_rows_of(prepared, plan, implementation, dtype)
+    return prepared
+
+
+def query_rows_of(prepared: PreparedAttention, plan: AttentionPlan, implementation: str, dtype: torch.dtype):
+    """The query-stream rows' mask: a slice of a dense mask, a BlockMask of its own (built from the same rule)."""
+    start = prepared.num_content
+    if torch.is_tensor(prepared.mask):
+        return prepared.mask[:, :, start:], prepared.row_factor[:, start:]
+    return prepare_attention_mask(plan.rows(start), implementation, dtype)
+
+
+def auto_attention_forward(module, query, key, value, attention_mask, **kwargs):
+    """``lookaround_auto``: the mask's form says the kernel (a BlockMask: FlexAttention; a tensor: SDPA)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    kernel = "flex_attention" if isinstance(attention_mask, BlockMask) else "sdpa"
+    return ALL_ATTENTION_FUNCTIONS[kernel](module, query, key, value, attention_mask, **kwargs)
+
+
+AttentionInterface.register(AUTO_ATTENTION, auto_attention_forward)
+
+
+def check_prepared_attention(prepared: PreparedAttention, plan: AttentionPlan, num_content: int) -> None:
+    want = (plan.query_rank.shape[1], plan.key_rank.shape[1], num_content)
+    got = (prepared.num_rows, prepared.num_keys, prepared.num_content)
+    if got != want:
+        raise ValueError(
+            f"prepared_attention was built for (rows, keys, content rows) = {got}, but this forward has {want}: "
+            "build it with model.prepare_attention(**batch) from the same batch"
+        )
+
+
+def create_plan_mask(
+    plan: AttentionPlan,
+    implementation: str,
+    dtype: torch.dtype,
+    num_content: int,
+    *,
+    plain_causal: bool = False,
+    query_rows_alone: bool = False,
+    prepared: PreparedAttention | None = None,
+) -> PreparedAttention | None:
+    """The masks of one forward, in the form ``implementation`` takes; None for the causal fast path.
+
+    plain_causal: a single-stream causal forward with no padding and no cache offset; SDPA (and
+        ``lookaround_auto``) then runs its own causal kernel without a mask (it may pick its flash kernel).
+    query_rows_alone: the last layer runs the query rows alone (nothing reads the content stream's output);
+        their own mask is built too.
+    prepared: masks built beforehand by ``model.prepare_attention`` (outside a compiled step) for this batch.
+    """
+    if prepared is not None:
+        check_prepared_attention(prepared, plan, num_content)
+        if query_rows_alone and prepared.query_mask is None:
+            query_mask, query_row_factor = query_rows_of(prepared, plan, implementation, dtype)
+            prepared = dataclasses.replace(prepared, query_mask=query_mask, query_row_factor=query_row_factor)
+        return prepared
+    if plain_causal and implementation in ("sdpa", AUTO_ATTENTION):
+        return None
+    return build_prepared_attention(plan, implementation, dtype, num_content, with_query_rows=query_rows_alone)

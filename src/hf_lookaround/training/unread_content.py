@@ -1,0 +1,56 @@
+"""A Trainer batch transform: leave out the content rows that no prediction reads (``--drop_unread_content``)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.lookaround.modeling_lookaround import NO_TARGET_RANK, positions_of
+
+__all__ = ["drop_unread_content"]
+
+
+def drop_unread_content(batch: dict, content_width: int | None = None, width_multiple: int | None = None) -> dict:
+    """An equivalent two-stream batch without the content rows that no prediction reads.
+
+    A query row of rank r reads content of rank < r, and a content row of rank r reads content of rank <= r; so the
+    content rows of each sequence's highest rank (the masked tokens of a masked plan, the last group of GVP) and
+    padding feed nothing that reaches a prediction. The new batch keeps the other content rows, compacted to
+    `content_width` columns (default: the largest count in the batch) with their original positions, and gives the
+    query rows explicitly at the targets (`query_position_ids`, `query_group_ids`, `query_target_ids`), so that
+    `LookAroundForPreTraining(**new_batch)` has the loss and gradients of the full batch (MAE's encoder, which sees
+    the visible tokens only, is the masked case). Takes a collator's batch (`input_ids`, `attention_mask`,
+    `group_ids`, `labels`, optionally `target_positions`, `position_ids`); call it outside a compiled step: it
+    checks on the host that `content_width` holds every sequence's kept rows (a fixed width keeps shapes static).
+    `width_multiple`: without a fixed width, round the batch's width up to a multiple of this, so that a compiled
+    step sees a few shapes only (GVP, whose top group ranges from one token to most of the sequence).
+    """
+    input_ids, group_ids, labels = batch["input_ids"], batch["group_ids"], batch["labels"]
+    attention_mask = batch.get("attention_mask")
+    valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask != 0
+    top_rank = torch.where(valid, group_ids, -1).amax(-1, keepdim=True)
+    keep = valid & (group_ids < top_rank)
+    needed = int(keep.sum(-1).max()) if keep.numel() else 0
+    width = needed if content_width is None else content_width
+    if content_width is None and width_multiple:
+        width = min(-(-needed // width_multiple) * width_multiple, input_ids.shape[1])
+    if width < needed:
+        raise ValueError(f"content_width={content_width} is smaller than the {needed} content rows a sequence of this "
+                         "batch keeps; raise it (nothing is dropped for you)")
+    kept = positions_of(keep, width)  # (B, W) original indices, -1 pads
+    is_row, at = kept >= 0, kept.clamp(min=0)
+    positions = batch.get("position_ids")
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids) \
+        if positions is None else positions.expand_as(input_ids)
+    targets = batch.get("target_positions")
+    if targets is None:
+        targets = positions_of(labels != -100)
+    is_slot, target_at = targets >= 0, targets.clamp(min=0)
+    return dict(
+        input_ids=input_ids.gather(1, at),
+        attention_mask=is_row.long(),
+        group_ids=torch.where(is_row, group_ids.gather(1, at), 0),
+        position_ids=torch.where(is_row, positions.gather(1, at), 0),
+        query_position_ids=torch.where(is_slot, positions.gather(1, target_at), 0),
+        query_group_ids=torch.where(is_slot, group_ids.gather(1, target_at), NO_TARGET_RANK),
+        query_target_ids=torch.where(is_slot, labels.gather(1, target_at), -100),
+    )

@@ -19,27 +19,27 @@ except ImportError:  # a checkout without `pip install -e .`: the source tree
 
 # --- data and tokenizer ---------------------------------------------------------------------
 def load_text_dataset(files, cache_dir=None):
-    from hf_lookaround.data import load_text_dataset as fn
+    from hf_lookaround.data.text import load_text_dataset as fn
 
     return fn([str(f) for f in files], text_column="text", cache_dir=cache_dir)
 
 
 def build_blocks(ds, tokenizer, block_size: int, num_proc=None, batch_size: int = 8, what: str = "training data"):
     """Tokenise (documents + EOS) and pack into blocks of ``block_size`` with ``datasets.map``."""
-    from hf_lookaround.data import build_blocks as fn
+    from hf_lookaround.data.text import build_blocks as fn
 
     blocks, _ = fn(ds, tokenizer, block_size, num_proc=num_proc, batch_size=batch_size, what=what)
     return blocks
 
 
 def find_files(path):
-    from hf_lookaround.data import find_files as fn
+    from hf_lookaround.data.text import find_files as fn
 
     return fn(path)
 
 
 def train_tokenizer(texts, vocab_size: int, model_max_length: int, output_dir: str):
-    from hf_lookaround.tokenization import train_tokenizer as fn
+    from hf_lookaround.data.tokenization import train_tokenizer as fn
 
     return fn(texts, vocab_size=vocab_size, model_max_length=model_max_length, output_dir=output_dir)
 
@@ -62,7 +62,7 @@ def load_split_texts(folder: str, split: str) -> list[str]:
 def objective_arguments(kwargs: dict):
     """``ObjectiveArguments(**kwargs)``, with a clear error when this package version lacks an objective."""
     from hf_lookaround import plans
-    from hf_lookaround.pretraining import ObjectiveArguments
+    from hf_lookaround.training.pretraining import ObjectiveArguments
 
     name = kwargs.get("objective")
     if name not in plans.PLAN_NAMES:
@@ -77,7 +77,7 @@ def objective_arguments(kwargs: dict):
 def pretraining():
     """The pretraining module (``ModelArguments``, ``build_config``, ``build_model``, ``build_collators``,
     ``LookAroundTrainer``, ``CollatorEpochCallback``)."""
-    from hf_lookaround import pretraining as module
+    from hf_lookaround.training import pretraining as module
 
     return module
 

@@ -21,6 +21,7 @@ checkpoint was trained to predict with; the causal and masked LM heads (``genera
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     CausalLMOutputWithPast,
@@ -334,18 +336,19 @@ class LookAroundPreTrainedModel(PreTrainedModel):
             model.freeze_unused_parameters()
         return loading_info
 
-    def save_pretrained(self, *args, **kwargs):
-        # FSDP2's fully_shard swaps the class for a subclass `FSDP<Name>` defined in torch: the remote code and
-        # `auto_map` must name our class and our files, not torch's
-        sharded_class = type(self)
-        own_class = unsharded_class(sharded_class)
-        if own_class is sharded_class:
-            return super().save_pretrained(*args, **kwargs)
-        self.__class__ = own_class
-        try:
-            return super().save_pretrained(*args, **kwargs)
-        finally:
-            self.__class__ = sharded_class
+    @classmethod
+    def is_remote_code(cls) -> bool:
+        # FSDP2's fully_shard swaps the class for a subclass `FSDP<Name>` defined in torch: transformers would write
+        # torch's module as the remote code; `save_pretrained` writes ours for it
+        return super().is_remote_code() and unsharded_class(cls) is cls
+
+    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
+        own_class = unsharded_class(type(self))
+        if own_class is not type(self) and own_class.is_remote_code() and self.should_save_on_this_rank(is_main_process):
+            # what transformers does for a remote-code model, for our class: our files, `auto_map` naming it
+            os.makedirs(save_directory, exist_ok=True)
+            custom_object_save(object.__new__(own_class), save_directory, config=self.config)
+        return super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
 
     def _init_weights(self, module):
         super()._init_weights(module)

@@ -10,6 +10,15 @@ the power calculation and the paper's effect sizes (with the assumptions behind 
 for) are written at the top of the report itself (``RULE``, ``POWER_TEXT``, ``PAPER_EFFECTS``). The statistics
 are in study_stats.py. Cells of the first grid (before issue 18) lack the per-example fields; their report
 still builds, with every verdict marked as resting on the seed test alone.
+
+Two rules decide which numbers enter a table or a test:
+
+- a failed or timed-out cell (``...__failed__<run>.json``) whose JSON holds completed phases (``phase_seconds``)
+  enters the tables and tests of those phases only (pretraining, perplexity, probes), never of the phase it was
+  killed in; a cell that finished in another run enters with that run's JSON instead (``load_results``);
+- the fine-tuning measure is the mean score over the tasks fine-tuned in every cell that fine-tuned any
+  (``finetune_tasks``): when the time rule skipped a task in some cell, the task leaves the measure of every
+  cell, and the test's label names the tasks kept. The probe average is always the four tasks'.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ BOOT_SEED = 0
 # the effect each test is powered for: (value in the measure's unit, where it comes from)
 PAPER_EFFECTS = {
     "C1": (0.019, "paper (a): dar (t = 2) +1.9 GLUE-average points over AR after fine-tuning. Assumption: the same "
-                  "+0.019 on our four-task average (0–1 scale), for fine-tuning and for the probes (the paper gives no "
+                  "+0.019 on our four-task probe average and on the fine-tuning measure (0–1 scale; the paper gives no "
                   "probe number for dar)."),
     "C2": (None, "paper (a), Pile perplexity 59.6 (mask 0.15), 50.2 (0.3), 45.1 (variable): ln(50.2 / 45.1) = 0.107 "
                  "nats per token against 0.3 and ln(59.6 / 45.1) = 0.279 against 0.15. Assumption: the same "
@@ -57,8 +66,8 @@ PAPER_EFFECTS = {
                    "interest in NLL)."),
     "C3b": (0.107, "paper (a) Fig. 3, no number. Assumption: the variable ratio's gap is 0.107 nats smaller than "
                    "each fixed ratio's (its whole C2 advantage over mask 0.3 sitting in the gap)."),
-    "C4": (0.019, "paper (a) §3.3 / Thm 4.1 is qualitative. Assumption: +0.019 on the four-task average, C1's "
-                  "representation-quality scale."),
+    "C4": (0.019, "paper (a) §3.3 / Thm 4.1 is qualitative. Assumption: +0.019 on the probe average and on the "
+                  "fine-tuning measure, C1's representation-quality scale."),
     "M": (None, "the mixture: margins, not paper effects. AR-level perplexity = AR-plan NLL within ln(1.05) = 0.0488 "
                 "nats of ar's (perplexity within 5 %); masked-level probes = probe average at most 0.019 below "
                 "vmlm-0.15-0.3's (C1's scale). Power is for a true difference of 0 (the margin away from the null)."),
@@ -94,16 +103,53 @@ PROTOCOL_TEXT = (
     "*natural* protocol of an objective is the package's default (`evaluation.perplexity.default_masked_mode`): "
     "ar plan for ar and dar-t2, masked prefix for the others. *NLL pooled over held-out sets* = the mean over the "
     "sets of each set's NLL per token (nats; each set weighs the same); *gap* = short-prefix NLL (k ≤ 15) minus "
-    "long-prefix NLL (k ≥ 64). *Probe / fine-tuning average* = the mean of the four tasks' test scores (accuracy, Pearson r for vader_movie; fine-tuning of the first grid: validation scores, it has no test score). Per-example bootstrap units: a held-out passage (resampled within its set), a test "
-    "example of a task (within its task).")
+    "long-prefix NLL (k ≥ 64). *Probe average* = the mean of the four tasks' test scores (accuracy, Pearson r for "
+    "vader_movie). *Fine-tuning measure* = the mean score, at the learning rate picked on validation, of the tasks "
+    "fine-tuned in every cell compared ({ft_tasks}); a task the time rule skipped in any cell leaves the measure "
+    "of every cell. Scores are test scores (fine-tuning of the first grid: validation scores, it has no test "
+    "score). Per-example bootstrap units: a held-out passage (resampled within its set), a test example of a task "
+    "(within its task).")
+PHASES = ("pretrain", "perplexity", "probe", "finetune")
+# earlier studies kept beside the results folder: folder name -> what it was (a line at the top of the report)
+EARLIER_STUDIES = {
+    "study": "the previous study (the first GPU grid: BBC + SOTU + Brown, 8 M pretraining tokens per cell = 2 epochs "
+             "of a 4 M-token corpus, 3 seeds)",
+}
 
 
 # ---------------------------------------------------------------------------------------------
 # loading
 # ---------------------------------------------------------------------------------------------
+def completed_phases(data: dict) -> list[str]:
+    """The phases a cell's JSON holds and finished (timed in ``phase_seconds``): a phase killed midway (e.g. the
+    fine-tuning saved task by task) is not one."""
+    done = data.get("phase_seconds") or {}
+    return [p for p in PHASES if p in data and p in done]
+
+
+def salvage(failure: dict) -> dict | None:
+    """A failed or timed-out cell reduced to its completed phases (None if it has none): it enters the tables and
+    tests of those phases only. ``salvaged_phases`` names them; its status stays the failure's."""
+    phases = completed_phases(failure)
+    if not phases:
+        return None
+    out = {k: v for k, v in failure.items() if k not in PHASES or k in phases}
+    out["salvaged_phases"] = phases
+    return out
+
+
+def finished(cells) -> list[dict]:
+    """The cells that ran to their end (ok or partial), without the failed cells' completed phases."""
+    return [c for c in cells if c["status"] in ("ok", "partial")]
+
+
 def load_results(results_dirs) -> tuple[list[dict], list[dict], list[dict]]:
-    """(cells, failures, runs) from the JSON in ``results_dirs`` (sweep files are read by ``load_sweeps``)."""
-    cells, failures, runs = {}, [], {}
+    """(cells, failures, runs) from the JSON in ``results_dirs`` (sweep files are read by ``load_sweeps``).
+
+    ``cells``: the finished cells (ok, partial), then, for a key no finished cell has, the failed or timed-out
+    cell reduced to its completed phases (``salvage``; of several failures, the one with the most phases).
+    ``failures``: every failure as written."""
+    cells, failures, runs, salvaged = {}, [], {}, {}
     for folder in map(Path, results_dirs):
         if not folder.is_dir():
             raise ValueError(f"--results_dir {folder} does not exist")
@@ -117,6 +163,12 @@ def load_results(results_dirs) -> tuple[list[dict], list[dict], list[dict]]:
                 cells[data["key"]] = data
             elif "status" in data:
                 failures.append(data)
+                part = salvage(data)
+                if part is not None and len(part["salvaged_phases"]) > len(
+                        salvaged.get(data["key"], {}).get("salvaged_phases", [])):
+                    salvaged[data["key"]] = part
+    for key, part in salvaged.items():
+        cells.setdefault(key, part)
     return list(cells.values()), failures, list(runs.values())
 
 
@@ -290,13 +342,42 @@ def gap_measure(protocol_of, sets=None, part="gap") -> Measure:
     return Measure(f"{part}:{getattr(protocol_of, 'tag', '?')}:{tag}", labels[part], "nats", value, sample)
 
 
-def score_measure(where: str) -> Measure:
-    """The four-task average of the probes (``probe``) or of a fine-tuning mode (``full``, ``lora``): test scores
-    (fine-tuning: the validation score where a cell of the first grid has no test score)."""
+def finetune_tasks(cells, where: str = "full") -> list[str]:
+    """The tasks fine-tuned (mode ``where``) in every cell that fine-tuned any: the tasks of the fine-tuning
+    measure (a failed cell without fine-tuning does not count; a task skipped for time in one cell drops out)."""
+    have = [c for c in cells if any(_get(c, "finetune", where, t) for t in TASKS)]
+    return [t for t in TASKS if have and all(_get(c, "finetune", where, t) for c in have)]
+
+
+def score_label(where: str, tasks=TASKS, cells=()) -> str:
+    """The measure's name; a fine-tuning measure over fewer than the four tasks names them."""
+    if where == "probe":
+        return "probe average"
+    mode = {"full": "full fine-tuning", "lora": "LoRA fine-tuning"}[where]
+    tasks = tuple(tasks)
+    if tasks == TASKS:
+        return f"{mode} average"
+    if not tasks:
+        return f"{mode} (no task fine-tuned in every cell)"
+    if len(tasks) == 1:
+        t = tasks[0]
+        split = "test" if any(_get(c, "finetune", where, t, "test") is not None for c in cells) else "validation"
+        return f"{mode} ({t} {split} {c_metric(cells, where, t)})"
+    return f"{mode} average ({', '.join(tasks)})"
+
+
+def score_measure(where: str, tasks=TASKS, label: str | None = None) -> Measure:
+    """The four-task average of the probes (``probe``), or the average of a fine-tuning mode (``full``, ``lora``)
+    over ``tasks`` (``finetune_tasks``): test scores (fine-tuning: the validation score where a cell of the first
+    grid has no test score)."""
+    tasks = tuple(TASKS if where == "probe" else tasks)
+
     def entries(c):
+        if not tasks:
+            raise KeyError("no task")
         if where == "probe":
-            return [c["probe"][t] for t in TASKS]
-        return [c["finetune"][where][t] for t in TASKS]
+            return [c["probe"][t] for t in tasks]
+        return [c["finetune"][where][t] for t in tasks]
 
     def value(c):
         es = entries(c)
@@ -310,8 +391,8 @@ def score_measure(where: str) -> Measure:
                for e in es]
         return [len(e["test_labels"]) for e in es], lambda I: sum(f(i) for f, i in zip(fns, I)) / len(fns)
 
-    label = {"probe": "probe average", "full": "full fine-tuning average", "lora": "LoRA fine-tuning average"}[where]
-    return Measure(f"score:{where}", label, "score", value, sample)
+    tag = "" if tasks == TASKS else ":" + "+".join(tasks)
+    return Measure(f"score:{where}{tag}", label or score_label(where, tasks), "score", value, sample)
 
 
 def _protocol(name):
@@ -357,8 +438,10 @@ SHORT_TITLES = {"C1": "C1: dar-t2 vs ar, representation quality", "C2": "C2: the
                 "M": f"{MIXTURE}: AR-level perplexity and masked-level probes"}
 
 
-def claim_tests() -> list[Test]:
-    probe, full = score_measure("probe"), score_measure("full")
+def claim_tests(ft_tasks=TASKS, cells=()) -> list[Test]:
+    """The family's tests; the fine-tuning ones over ``ft_tasks`` (``finetune_tasks`` of the compared cells)."""
+    probe = score_measure("probe")
+    full = score_measure("full", ft_tasks, score_label("full", ft_tasks, cells))
     masked_prefix, natural_p, ar_plan = _protocol("masked_prefix"), _protocol("natural"), _protocol("ar_plan")
     nll_mp = nll_measure(masked_prefix, label="held-out NLL (masked prefix, pooled over sets)")
     gap = gap_measure(natural_p)
@@ -523,7 +606,9 @@ def mixture_verdict(ppl: str, probe: str) -> str:
 def analyse(group, n_boot: int = N_BOOT, boot_seed: int = BOOT_SEED) -> dict:
     """Every claim's tests (evaluated, Holm-adjusted, decided) and verdicts, plus per-domain secondary results."""
     draws = _Draws(n_boot, boot_seed)
-    tests = [t for t in claim_tests() if t.a in group and t.b in group]
+    cells = [c for o in group.values() for c in o.values()]
+    ft_tasks = finetune_tasks(cells)
+    tests = [t for t in claim_tests(ft_tasks, cells) if t.a in group and t.b in group]
     for t in tests:
         t.result = evaluate(group, t, draws)
     decide([t.result for t in tests])
@@ -537,7 +622,7 @@ def analyse(group, n_boot: int = N_BOOT, boot_seed: int = BOOT_SEED) -> dict:
         claims[key] = {"title": CLAIMS[key], "verdict": v, "tests": mine}
     # per domain (secondary: not in the family, raw p): C2's and C3's tests restricted to each domain
     domains = []
-    present = {n for o in group.values() for c in o.values() for n in sets_of(c)}
+    present = {n for c in cells if "perplexity" in c for n in sets_of(c)}
     if sum(any(n in present for n in sets) for _, sets in DOMAINS) > 1:
         for name, sets in DOMAINS:
             if not any(n in present for n in sets):
@@ -554,7 +639,7 @@ def analyse(group, n_boot: int = N_BOOT, boot_seed: int = BOOT_SEED) -> dict:
                 sub.result = evaluate(group, sub, draws)
                 rows.append(sub)
             domains.append((name, rows))
-    return {"claims": claims, "tests": tests, "domains": domains}
+    return {"claims": claims, "tests": tests, "domains": domains, "finetune_tasks": ft_tasks}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -648,12 +733,17 @@ def domain_lines(analysis: dict) -> list[str]:
     return out
 
 
+def _with(group, phase) -> dict[str, list[dict]]:
+    """objective -> its cells that hold ``phase`` (a failed cell enters with its completed phases only)."""
+    out = {o: [c for c in group[o].values() if phase in c] for o in _objectives_present(group)}
+    return {o: cs for o, cs in out.items() if cs}
+
+
 def _ppl_table(group, protocol_of) -> list[str]:
-    sets = [n for n in TEXT_SETS if any(n in sets_of(c) for o in group.values() for c in o.values())]
+    sets = [n for n in TEXT_SETS if any(n in sets_of(c) for cs in _with(group, "perplexity").values() for c in cs)]
     lines = ["| objective | seeds | protocol | " + " | ".join(TEXT_SET_NAMES.get(n, n) for n in sets)
              + " | geometric mean |", "| --- | ---: | --- | " + " | ".join("---:" for _ in sets) + " | ---: |"]
-    for o in _objectives_present(group):
-        cells = list(group[o].values())
+    for o, cells in _with(group, "perplexity").items():
         protocols = sorted({protocol_of(c) for c in cells})
         row = [o, str(len(cells)), "/".join(p.replace("_", " ") for p in protocols)]
         for n in sets:
@@ -665,21 +755,25 @@ def _ppl_table(group, protocol_of) -> list[str]:
     return lines
 
 
-def _has(cell, get) -> bool:
-    try:
-        [get(cell, t) for t in TASKS]
-        return True
-    except (KeyError, TypeError):
-        return False
+def _score_table(group, get, metric_of, tasks=TASKS) -> list[str]:
+    """One column per task (the cells that have it), and the average over ``tasks`` (the tasks every cell has)."""
+    def one(c, t):
+        try:
+            return get(c, t)
+        except (KeyError, TypeError):
+            return None
 
-
-def _score_table(group, get, metric_of) -> list[str]:
-    lines = ["| objective | seeds | " + " | ".join(f"{t} ({metric_of(t)})" for t in TASKS) + " | average |",
+    tasks = tuple(tasks)
+    average = "average" if tasks == TASKS else f"average ({', '.join(tasks) or 'no common task'})"
+    lines = ["| objective | seeds | " + " | ".join(f"{t} ({metric_of(t)})" for t in TASKS) + f" | {average} |",
              "| --- | ---: | " + " | ".join("---:" for _ in TASKS) + " | ---: |"]
     for o in _objectives_present(group):
-        cells = [c for c in group[o].values() if _has(c, get)]  # a partial cell lacks some fine-tuning
-        row = [o, str(len(cells))] + [_pm([get(c, t) for c in cells]) for t in TASKS]
-        row.append(_pm([mean([get(c, t) for t in TASKS]) for c in cells]))
+        cells = [c for c in group[o].values() if any(one(c, t) is not None for t in TASKS)]
+        if not cells:
+            continue
+        row = [o, str(len(cells))] + [_pm([one(c, t) for c in cells]) for t in TASKS]
+        row.append(_pm([mean([one(c, t) for t in tasks]) for c in cells if tasks and all(one(c, t) is not None
+                                                                                      for t in tasks)]))
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -687,8 +781,7 @@ def _score_table(group, get, metric_of) -> list[str]:
 def _prefix_table(group) -> list[str]:
     lines = ["| objective | protocol | ppl, k ≤ 15 | ppl, 16 ≤ k < 64 | ppl, k ≥ 64 | tokens k ≤ 15 (per seed) |",
              "| --- | --- | ---: | ---: | ---: | ---: |"]
-    for o in _objectives_present(group):
-        cells = list(group[o].values())
+    for o, cells in _with(group, "perplexity").items():
         p = natural(cells[0]).replace("_", " ")
         vals = [[math.exp(prefix_nll(c, natural(c), lo, hi)) for c in cells]
                 for lo, hi in ((0, SHORT_PREFIX_MAX), (SHORT_PREFIX_MAX + 1, LONG_PREFIX_MIN - 1), (LONG_PREFIX_MIN, 10**9))]
@@ -786,6 +879,9 @@ def _settings_lines(cells) -> list[str]:
     s, prep, pre = c["settings"], c.get("prep", {}), c.get("pretrain", {})
     corpora = ", ".join(f"{TEXT_SET_NAMES.get(k, k)} {v.get('documents', 0):,} documents / {v.get('characters', 0):,} "
                         f"characters" for k, v in (prep.get("train_corpora") or {}).items() if isinstance(v, dict))
+    one = prep.get("train_corpus")
+    if not corpora and isinstance(one, dict):  # issue 18's cells: one training corpus
+        corpora = f"{TEXT_SET_NAMES.get(one.get('name'), one.get('name', '?'))} {one.get('documents', 0):,} documents"
     held = ", ".join(f"{TEXT_SET_NAMES.get(k, k)} {v.get('passages', '?')} passages / {v.get('characters', 0):,} "
                      f"characters from {v.get('documents_in_split', '?')} documents"
                      for k, v in (prep.get("heldout_sizes") or {}).items() if isinstance(v, dict))
@@ -809,14 +905,16 @@ def _settings_lines(cells) -> list[str]:
         f"{lr_text}, cosine, warm-up {s.get('warmup_fraction', 0):.0%}, "
         f"{'bf16 autocast' if s.get('device') == 'cuda' else 'fp32'} on "
         f"{', '.join(sorted({_get(x, 'versions', 'device', default='?') for x in cells}))}"
-        + (f", {mean(speeds):,.0f} tokens/s per cell (mean)" if speeds else "") + f". Text: {corpora} (train splits).",
+        + (f", {mean(speeds):,.0f} tokens/s per cell (mean; {min(speeds):,.0f}–{max(speeds):,.0f})" if speeds else "")
+        + f". Text: {corpora} (train splits).",
         f"- Held-out perplexity: test-split passages of at most {s.get('ppl_passage_chars', '?')} characters, "
         f"{s.get('ppl_passages', '?')} per set spread evenly, each scored from its start ({held}); windows of "
         f"{s.get('block_size', '?')}, stride {s.get('block_size', 2) // 2}; both protocols for every objective.",
         f"- Probes: logistic regression (ridge for vader_movie) on frozen mean-pooled features of the first "
         f"{s.get('max_seq_length', '?')} tokens, C (alpha) chosen on validation, score on test; train/validation/test "
         f"sizes: {probe_sizes}.",
-        f"- Fine-tuning (GLUE harness, `evaluation.glue.run`): {s.get('ft_train', '?')} training sentences, "
+        f"- Fine-tuning (GLUE harness, `evaluation.glue.run`): "
+        f"{'the whole train split' if s.get('ft_train', '?') is None else str(s.get('ft_train', '?')) + ' training sentences'}, "
         f"{s.get('ft_epochs', 0):g} epoch(s), batch {s.get('ft_batch_size', '?')}, scored on the {ft_split}"
         + (f"; full fine-tuning lr {s['ft_learning_rate']:g}" if s.get("ft_learning_rate") else "")
         + (f", LoRA lr {s['lora_learning_rate']:g} (r = 8)" if s.get("lora_learning_rate") else "") + ".",
@@ -857,15 +955,44 @@ def _machine(run: dict | None, mine: list[dict]) -> str:
     return ", ".join(devices) or "–"
 
 
+def _flag_values(command: str, flag: str) -> list[str]:
+    """The values after ``flag`` in a recorded command line (up to the next flag)."""
+    words = (command or "").split()
+    if flag not in words:
+        return []
+    out = []
+    for w in words[words.index(flag) + 1:]:
+        if w.startswith("--"):
+            break
+        out.append(w)
+    return out
+
+
+def unrecorded_cells(run: dict) -> list[str]:
+    """Cells a call was asked for (its command's --cells, or --presets x --objectives x --seeds) that its summary
+    names in no list (done before, ok, failed, not started): a call cut at its limit loses them."""
+    cmd = run.get("command", "")
+    if "--sweep" in cmd.split():
+        return []
+    wanted = _flag_values(cmd, "--cells")
+    if not wanted:
+        presets, objectives, seeds = (_flag_values(cmd, f) for f in ("--presets", "--objectives", "--seeds"))
+        wanted = [f"{p}__{o}__seed{s}" for p in presets for o in objectives for s in seeds]
+    named = set()
+    for k in ("cells_done_before", "cells_ok", "cells_failed", "cells_not_started"):
+        named |= set(run.get(k) or [])
+    return [k for k in wanted if k not in named]
+
+
 def _cost_lines(cells, failures, runs, sweeps=()) -> list[str]:
     sweeps = [s for s in sweeps if s.get("run_label")]
     labels = sorted({c["run_label"] for c in cells} | {f["run_label"] for f in failures} | {r["run_label"] for r in runs}
                     | {s["run_label"] for s in sweeps})
-    lines = ["| run | machine | cells ok | cells partial | cells failed | sweep runs | finished, JSON lost | cell-minutes "
-             "(sum of cell wall times) | call wall minutes (first cell start → last cell end) | driver wall minutes "
-             "(prep included) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    lost_all = []
+    lines = ["| run | machine | summary status | cells ok | cells partial | cells failed | sweep runs | finished, JSON lost "
+             "| no record | cell-minutes (sum of cell wall times) | call wall minutes (first cell start → last cell end) "
+             "| driver wall minutes (prep included) |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lost_all, unrecorded_all = [], []
     total_sum = total_span = 0.0
     for label in labels:
         mine = [c for c in cells if c["run_label"] == label] + [f for f in failures if f["run_label"] == label]
@@ -886,13 +1013,16 @@ def _cost_lines(cells, failures, runs, sweeps=()) -> list[str]:
         kept = {c["key"] for c in mine} | {s["key"] for s in swept}
         lost = sorted(set(run.get("cells_ok", []) + run.get("cells_failed", [])) - kept) if run else []
         lost_all += [(label, k) for k in lost]
+        unrecorded = unrecorded_cells(run) if run else []
+        unrecorded_all += [(label, k) for k in unrecorded]
         total_sum += cell_minutes
         total_span += span
-        lines.append(f"| {label} | {_machine(run, mine)} | {ok} | {partial} | {len(mine) - ok - partial} | {len(swept)} "
-                     f"| {len(lost)} | {cell_minutes:.1f} | {span:.1f} | {driver} |")
+        status = (run or {}).get("status", "–")
+        lines.append(f"| {label} | {_machine(run, mine)} | {status} | {ok} | {partial} | {len(mine) - ok - partial} "
+                     f"| {len(swept)} | {len(lost)} | {len(unrecorded)} | {cell_minutes:.1f} | {span:.1f} | {driver} |")
     ok_all = sum(c["status"] == "ok" for c in cells)
-    lines.append(f"| all | | {ok_all} | {len(cells) - ok_all} | {len(failures)} | {len(sweeps)} | {len(lost_all)} "
-                 f"| {total_sum:.1f} | {total_span:.1f} | |")
+    lines.append(f"| all | | | {ok_all} | {len(cells) - ok_all} | {len(failures)} | {len(sweeps)} | {len(lost_all)} "
+                 f"| {len(unrecorded_all)} | {total_sum:.1f} | {total_span:.1f} | |")
     driver_total = sum(r.get("wall_seconds", 0.0) for r in runs) / 60
     lines += ["", f"In all: {len(labels)} call(s); {driver_total:.1f} minutes of driver wall time (prep included; "
                   f"the device minutes the calls spent), {total_span:.1f} minutes from first cell start to last cell end, "
@@ -906,9 +1036,16 @@ def _cost_lines(cells, failures, runs, sweeps=()) -> list[str]:
                 parts.append(f"failed {_compact_cells(r['cells_failed'])}")
             if r.get("cells_not_started"):
                 parts.append(f"not started {_compact_cells(r['cells_not_started'])}")
+            if unrecorded_cells(r):
+                parts.append(f"no record {_compact_cells(unrecorded_cells(r))}")
             minutes = f"{r['wall_seconds'] / 60:.1f} min" if "wall_seconds" in r else "– min"
-            lines.append(f"- `{r['run_label']}` ({_machine(r, mine)}, {minutes}, started {r.get('started_utc', '?')}): "
+            cut = "; summary left `running`: the call was cut at its time limit" if r.get("status") == "running" else ""
+            lines.append(f"- `{r['run_label']}` ({_machine(r, mine)}, {minutes}, started {r.get('started_utc', '?')}{cut}): "
                          + "; ".join(parts) + ".")
+    if unrecorded_all:
+        lines += ["", f"{len(unrecorded_all)} cell(s) a call was asked for have no record at all (not in its summary, no "
+                      "JSON): the call was cut at its time limit before they were written: "
+                      + ", ".join(f"{k} ({label})" for label, k in unrecorded_all) + "."]
     if lost_all:
         kept = {c["key"]: c["run_label"] for c in cells}
         lines += ["", f"{len(lost_all)} cell(s) finished in a call but their JSON never came back, so that call's "
@@ -936,7 +1073,10 @@ def write_plots(group, preset: str, plots_dir: Path) -> dict[str, Path]:
     paths = {"prefix": plots_dir / f"ppl_by_prefix_{preset}.png", "probe": plots_dir / f"probe_{preset}.png"}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, o in enumerate(_objectives_present(group)):
-        curves = [pooled_by_prefix(c, natural(c)) for c in group[o].values()]
+        mine = [c for c in group[o].values() if "perplexity" in c]
+        if not mine:
+            continue
+        curves = [pooled_by_prefix(c, natural(c)) for c in mine]
         keys = sorted({(b["prefix_length_min"], b["prefix_length_max"]) for curve in curves for b in curve})
         x, mid, lo, hi = [], [], [], []
         for key in keys:
@@ -946,7 +1086,7 @@ def write_plots(group, preset: str, plots_dir: Path) -> dict[str, Path]:
             mid.append(mean(ppl))
             lo.append(min(ppl))
             hi.append(max(ppl))
-        ax.plot(x, mid, marker="o", ms=3, color=f"C{i}", label=f"{o} ({natural(group[o][min(group[o])]).replace('_', ' ')})")
+        ax.plot(x, mid, marker="o", ms=3, color=f"C{i}", label=f"{o} ({natural(mine[0]).replace('_', ' ')})")
         ax.fill_between(x, lo, hi, color=f"C{i}", alpha=0.2)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -963,7 +1103,9 @@ def write_plots(group, preset: str, plots_dir: Path) -> dict[str, Path]:
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / max(1, len(objectives))
     for i, o in enumerate(objectives):
-        scores = [[c["probe"][t]["test"] for c in group[o].values()] for t in TASKS]
+        scores = [[c["probe"][t]["test"] for c in group[o].values() if "probe" in c] for t in TASKS]
+        if not scores[0]:
+            continue
         ax.bar([j + i * width for j in range(len(TASKS))], [mean(s) for s in scores], width,
                yerr=[sd(s) if len(s) > 1 else 0 for s in scores], capsize=2, color=f"C{i}", label=o)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(TASKS))],
@@ -1045,6 +1187,10 @@ def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plot
     def rel(path: Path) -> str:
         return os.path.relpath(path, output.parent).replace(os.sep, "/")
 
+    here = {Path(d).resolve() for d in results_dirs}
+    earlier = [(name, Path(results_dirs[0]).parent / name) for name in EARLIER_STUDIES]
+    earlier = [(name, path) for name, path in earlier if path.is_dir() and path.resolve() not in here]
+
     analyses = {}
     for preset in presets:
         mine = [c for c in cells if c["preset"] == preset]
@@ -1053,18 +1199,29 @@ def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plot
             raise ValueError(f"preset {preset}: cells with different settings ({ids}) in {results_dirs}; "
                              "keep each grid's JSON in its own folder")
         analyses[preset] = analyse(by_objective(mine), n_boot, boot_seed)
+    ft_text = "; ".join(f"preset `{p}`: " + (", ".join(a["finetune_tasks"]) + (" alone" if len(a["finetune_tasks"]) == 1
+                                                                              else "") if a["finetune_tasks"] else "none")
+                        for p, a in analyses.items())
     out = [
         "# The seeded study of the papers' claims",
         "",
         "Generated by `python benchmarks/study.py --report` (benchmarks/study_report.py) from the JSON files of every "
         "cell (objective × preset × seed); do not edit by hand. Each cell pretrains one model and measures it; "
-        "tables give mean ± sd over the seeds that finished.",
+        "tables give mean ± sd over the seeds that measured the table's phase.",
         "",
+    ]
+    for name, path in earlier:
+        link = rel(path)
+        shown = link if link.startswith("..") else f"{output.parent.name}/{link}"  # as from the repository root
+        out += [f"Earlier: {EARLIER_STUDIES[name]}: its cells are in [`{shown}/`]({link}/); its report is "
+                f"reproducible with `python benchmarks/study.py --report --results_dir {shown}` (with `--output` "
+                f"elsewhere).", ""]
+    out += [
         RULE,
         "",
         POWER_TEXT,
         "",
-        PROTOCOL_TEXT,
+        PROTOCOL_TEXT.format(ft_tasks=ft_text),
         "",
         "**Effects powered for** (the paper's, or an assumption where it gives no number):",
         "",
@@ -1103,11 +1260,16 @@ def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plot
         out += _score_table(group, lambda c, t: c["probe"][t]["test"], lambda t: c_metric(mine, "probe", t))
         has_test = any(_get(c, "finetune", "full", t, "test") is not None for c in mine for t in TASKS)
         out += ["", "### Full fine-tuning (GLUE harness, " + ("test split)" if has_test else "validation split)"), ""]
-        out += _score_table(group, lambda c, t: _ft_score(c["finetune"]["full"][t]), lambda t: c_metric(mine, "full", t))
+        ft_tasks = analysis["finetune_tasks"]
+        if tuple(ft_tasks) != TASKS:
+            out += [f"The average and the tests use the tasks fine-tuned in every cell: {', '.join(ft_tasks) or 'none'} "
+                    "(the other tasks' columns: the cells that fine-tuned them).", ""]
+        out += _score_table(group, lambda c, t: _ft_score(c["finetune"]["full"][t]), lambda t: c_metric(mine, "full", t),
+                            ft_tasks)
         if any(_get(c, "finetune", "lora", t) for c in mine for t in TASKS):
             out += ["", "### LoRA fine-tuning (GLUE harness)", ""]
             out += _score_table(group, lambda c, t: _ft_score(c["finetune"]["lora"][t]),
-                                lambda t: c_metric(mine, "lora", t))
+                                lambda t: c_metric(mine, "lora", t), finetune_tasks(mine, "lora"))
         if plots:
             paths = write_plots(group, preset, plots_dir)
             out += ["", f"![perplexity against prefix length, {preset}]({rel(paths['prefix'])})", "",
@@ -1119,7 +1281,7 @@ def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plot
     out += ["", "## GPU runs and cost", "", "Every GPU call (run label): the machine, its minutes and its cells. The "
             "cells of one call run in parallel on one machine, so the call's wall time, not the sum of cell times, is "
             "what the lease spends.", ""]
-    out += _cost_lines(cells, failures, runs, sweeps)
+    out += _cost_lines(finished(cells), failures, runs, sweeps)
     out += ["", "## Partial cells (fine-tuning runs skipped to end before the time limit)", ""]
     partial = sorted((c for c in cells if c["status"] == "partial"), key=lambda c: c["key"])
     if partial:
@@ -1127,14 +1289,23 @@ def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plot
         out += [f"| {c['key']} | {c['run_label']} | {', '.join(c['finetune'].get('skipped', []))} |" for c in partial]
     else:
         out.append("None.")
-    out += ["", "## Failed cells (not in the tables)", ""]
+    out += ["", "## Failed cells", ""]
     if failures:
-        out += ["| cell | run | status | reason | measured before it stopped | minutes |",
-                "| --- | --- | --- | --- | --- | ---: |"]
+        out += ["A failed or timed-out cell whose JSON holds completed phases enters the tables and tests of those "
+                "phases only (pretraining, perplexity, probes), never of the phase it was killed in (column *in the "
+                "tables and tests*; the tests' n count it); a cell that finished in another run enters with that "
+                "run's JSON alone.", "",
+                "| cell | run | status | reason | measured before it stopped | in the tables and tests | minutes |",
+                "| --- | --- | --- | --- | --- | --- | ---: |"]
+        done = {c["key"]: c for c in finished(cells)}
+        used = {(c["key"], c["run_label"]): c for c in cells if c["status"] not in ("ok", "partial")}
         for f in sorted(failures, key=lambda f: (f["run_label"], f["key"])):
-            later = " (finished in a later run)" if any(c["key"] == f["key"] for c in cells) else ""
+            later = f" (finished in {done[f['key']]['run_label']})" if f["key"] in done else ""
+            part = used.get((f["key"], f["run_label"]))
+            entered = ", ".join(part["salvaged_phases"]) if part else "nothing"
             out.append(f"| {f['key']} | {f['run_label']} | {f['status']}{later} | {f.get('reason') or '–'} "
-                       f"| {', '.join(f.get('measured_phases') or []) or 'nothing'} | {f.get('wall_seconds', 0) / 60:.1f} |")
+                       f"| {', '.join(f.get('measured_phases') or []) or 'nothing'} | {entered} "
+                       f"| {f.get('wall_seconds', 0) / 60:.1f} |")
     else:
         out.append("None.")
     text = "\n".join(out) + "\n"

@@ -2,7 +2,8 @@
 
 Offline and fast: the statistics on hand-computed and simulated values; the report on synthetic cells of the
 issue-18 schema (per-passage NLL, per-example probe and fine-tuning predictions, the sweep, run summaries), on the
-smoke-grid fixtures and on the committed first GPU grid (the old schema, no per-example data).
+smoke-grid fixtures, on the committed first GPU grid (the old schema, no per-example data) and on issue 18's GPU
+grid, whose report is docs/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from study_stats import (accuracy_metric, bootstrap_indices, holm, mean, paired_
                          paired_comparison, pearson_metric, power_paired_t, ratio_metric, sd, seeds_for_power)
 
 FIXTURES = ROOT / "tests" / "fixtures" / "study"
-GPU_RESULTS = ROOT / "docs" / "results" / "study"
+FIRST_GRID = ROOT / "docs" / "results" / "study"  # the first GPU grid (old schema)
+GPU_RESULTS = ROOT / "docs" / "results" / "study18"  # issue 18's grid: docs/RESULTS.md is its report
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,7 +302,7 @@ def test_report_of_synthetic_new_schema_cells(synthetic):
     assert "| mlm-0.15 | 6.000 | **6.001** ✓ | 9.500 (diverged) | 0.001 |" in sweep
     assert "(sweep: lowest validation objective loss" in sweep
     # the GPU runs: machine, minutes, cells
-    assert "| syn-a | 1 × NVIDIA H100 80GB HBM3 | 18 | 0 | 0 | 3 |" in text  # 3 sweep runs carry a run label
+    assert "| syn-a | 1 × NVIDIA H100 80GB HBM3 | – | 18 | 0 | 0 | 3 |" in text  # 3 sweep runs carry a run label
     assert "- `syn-a` (1 × NVIDIA H100 80GB HBM3, 9.0 min" in text and "syn ar s0,1,2" in text
     # plots: one per claim, linked, and the prefix / probe plots
     plots = folder.parent / "docs" / "plots"
@@ -444,15 +446,135 @@ def test_report_refuses_cells_of_different_settings(tmp_path):
         report.build_report([tmp_path], tmp_path / "out.md", plots=False)
 
 
-def test_report_of_the_committed_gpu_grid_builds_and_is_docs_results_md(tmp_path):
+def test_report_of_the_first_gpu_grid_builds(tmp_path):
     # the first grid has no per-example data: every verdict rests on the seed test and says so
-    out = tmp_path / "docs" / "RESULTS.md"  # the same layout, so the plot links come out the same
-    text = report.build_report([GPU_RESULTS], out, plots_dir=tmp_path / "docs" / "results" / "study")
-    assert text == (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
+    text = report.build_report([FIRST_GRID], tmp_path / "R.md", plots=False, n_boot=50)
     for key in ("C1", "C2", "C3a", "C3b", "C4"):
         assert f"#### {report.CLAIMS[key]}: " in text
     assert "seed test only (no per-example data)" in text
-    assert "| gpu1 | NVIDIA H100 80GB HBM3 | 6 |" in text
+    assert "| gpu1 | NVIDIA H100 80GB HBM3 | complete | 6 |" in text
+    assert "full fine-tuning average, dar-t2 − ar" in text  # every cell fine-tuned the four tasks
+
+
+def test_report_of_the_committed_gpu_grid_is_docs_results_md(tmp_path):
+    # the same layout as the repository (docs/RESULTS.md, docs/results/study18, the earlier docs/results/study),
+    # so the plot links and the line on the earlier study come out the same
+    results = tmp_path / "docs" / "results" / "study18"
+    shutil.copytree(GPU_RESULTS, results, ignore=shutil.ignore_patterns("*.png", "NOTES.md"))
+    if (GPU_RESULTS / "NOTES.md").is_file():
+        shutil.copy(GPU_RESULTS / "NOTES.md", results)
+    (tmp_path / "docs" / "results" / "study").mkdir()
+    text = report.build_report([results], tmp_path / "docs" / "RESULTS.md")
+    assert text == (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
+    assert "[`docs/results/study/`](results/study/)" in text and "--results_dir docs/results/study`" in text
+    for label in ("sweep1", "grid1", "grid2", "grid3", "sweep2", "grid4"):  # every GPU call, its machine
+        machine = "2 × NVIDIA H100 80GB HBM3" if label == "grid3" else "1 × NVIDIA H100 80GB HBM3"
+        status = "running" if label == "grid3" else "complete"  # grid3 was cut at its limit
+        assert f"| {label} | {machine} | {status} |" in text
+    assert "no record small gvp-k8 s7" in text
+    # rule 1: grid3's timed-out cells enter the probe / perplexity tests (8 seeds), not the fine-tuning ones (4)
+    assert "| probe average, dar-t2 − ar | 8 |" in text
+    assert "| full fine-tuning (rotten_tomatoes test accuracy), dar-t2 − ar | 4 |" in text
+    assert "| held-out NLL (masked prefix, pooled over sets), vmlm-0.15-0.3 − mlm-0.3 | 8 |" in text
+    assert "| full fine-tuning (rotten_tomatoes test accuracy), mlm-0.3 − ar | 4 |" in text
+    assert "| small__dar-t2__seed4 | grid3 | timeout | killed at the --max_minutes limit (9.6 min) | pretrain, " \
+           "perplexity, probe | pretrain, perplexity, probe |" in text
+    assert "| small__mlm-0.3__seed2 | grid2 | failed (finished in grid4) | exit code 1 | pretrain | nothing |" in text
+    # rule 2: the fine-tuning measure is rotten_tomatoes alone, named in the protocol text
+    assert "fine-tuned in every cell compared (preset `small`: rotten_tomatoes alone)" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# rule 1 (a failed cell's completed phases) and rule 2 (the fine-tuning tasks every cell has)
+# ---------------------------------------------------------------------------------------------
+def _failed(cell: dict, run_label="syn-b", killed_in="finetune") -> dict:
+    """The cell as a timed-out one: killed in ``killed_in`` (its phases before that complete; the fine-tuning
+    saved task by task, so a killed fine-tuning leaves a partial record without a phase time)."""
+    order = ["pretrain", "perplexity", "probe", "finetune"]
+    done = order[:order.index(killed_in)]
+    out = {k: v for k, v in cell.items() if k not in order or k in done}
+    if killed_in == "finetune":
+        out["finetune"] = {"full": {"rotten_tomatoes": cell["finetune"]["full"]["rotten_tomatoes"]}}
+    out.update(status="timeout", reason="killed at the --max_minutes limit", run_label=run_label, complete=False,
+               phase_seconds={p: 1.0 for p in done}, measured_phases=[p for p in order if p in out])
+    return out
+
+
+def test_a_failed_cell_enters_the_tests_of_its_completed_phases_only(tmp_path):
+    folder = write_grid(tmp_path / "r", PROFILE, seeds=range(4))
+    path = folder / "syn__dar-t2__seed3.json"
+    cell = json.loads(path.read_text())
+    path.unlink()
+    (folder / "syn__dar-t2__seed3__failed__syn-b.json").write_text(json.dumps(_failed(cell)))
+    # a failure of a cell that finished in another run never enters: the finished one does
+    other = json.loads((folder / "syn__ar__seed2.json").read_text())
+    (folder / "syn__ar__seed2__failed__syn-0.json").write_text(json.dumps(_failed(other, "syn-0", "perplexity")))
+    cells, failures, _ = report.load_results([folder])
+    assert len(failures) == 2
+    salvaged = [c for c in cells if c["status"] == "timeout"]
+    assert [c["key"] for c in salvaged] == ["syn__dar-t2__seed3"]
+    assert salvaged[0]["salvaged_phases"] == ["pretrain", "perplexity", "probe"]
+    assert "finetune" not in salvaged[0]  # killed in it: its partial record is dropped
+    assert next(c for c in cells if c["key"] == "syn__ar__seed2")["status"] == "ok"
+    a = report.analyse(report.by_objective(cells), n_boot=100)
+    c1 = {t.measure.name: t.result for t in a["claims"]["C1"]["tests"]}
+    assert c1["score:probe"]["n"] == 4 and c1["score:probe"]["seeds"] == [0, 1, 2, 3]
+    assert c1["score:full"]["n"] == 3 and c1["score:full"]["seeds"] == [0, 1, 2]
+    text = report.build_report([folder], tmp_path / "R.md", plots=False, n_boot=100)
+    assert "| syn__dar-t2__seed3 | syn-b | timeout | killed at the --max_minutes limit | pretrain, perplexity, probe, " \
+           "finetune | pretrain, perplexity, probe |" in text
+    assert "enters the tables and tests of those phases only" in text
+    ppl = text.split("### Held-out perplexity, natural protocol", 1)[1].split("\n### ", 1)[0]
+    probe = text.split("### Linear probes", 1)[1].split("\n### ", 1)[0]
+    ft = text.split("### Full fine-tuning", 1)[1].split("\n## ", 1)[0]
+    assert "| dar-t2 | 4 |" in ppl and "| dar-t2 | 4 |" in probe and "| dar-t2 | 3 |" in ft
+    # the cost table counts it as failed, not as a finished cell
+    assert "| syn-b | NVIDIA H100 80GB HBM3 | – | 0 | 0 | 1 |" in text
+
+
+def test_a_failed_cell_killed_in_the_perplexity_enters_no_perplexity_table(tmp_path):
+    folder = write_grid(tmp_path / "r", {"ar": PROFILE["ar"], "mlm-0.15": PROFILE["mlm-0.15"]}, seeds=range(3))
+    path = folder / "syn__mlm-0.15__seed2.json"
+    cell = json.loads(path.read_text())
+    path.unlink()
+    (folder / "syn__mlm-0.15__seed2__failed__syn-b.json").write_text(json.dumps(_failed(cell, killed_in="perplexity")))
+    text = report.build_report([folder], tmp_path / "R.md", plots_dir=tmp_path / "plots", n_boot=50)
+    ppl = text.split("### Held-out perplexity, natural protocol", 1)[1].split("\n### ", 1)[0]
+    assert "| mlm-0.15 | 2 |" in ppl and "| ar | 3 |" in ppl
+    assert "| syn__mlm-0.15__seed2 | syn-b | timeout | killed at the --max_minutes limit | pretrain | pretrain |" in text
+
+
+def test_the_fine_tuning_measure_keeps_the_tasks_every_cell_fine_tuned(tmp_path):
+    folder = write_grid(tmp_path / "r", PROFILE, seeds=range(3))
+    for path in folder.glob("syn__*__seed*.json"):  # one cell fine-tuned rotten_tomatoes and trec, the rest all four
+        cell = json.loads(path.read_text())
+        if cell["key"] == "syn__mlm-0.3__seed1":
+            for t in ("vader_movie", "sms_spam"):
+                del cell["finetune"]["full"][t]
+            cell["finetune"]["skipped"] = ["full/vader_movie", "full/sms_spam"]
+            cell["status"] = "partial"
+            path.write_text(json.dumps(cell))
+    cells, _, _ = report.load_results([folder])
+    assert report.finetune_tasks(cells) == ["rotten_tomatoes", "trec"]
+    group = report.by_objective(cells)
+    a = report.analyse(group, n_boot=100)
+    full = [t for t in a["tests"] if t.measure.name.startswith("score:full")]
+    assert full and all(t.label.startswith("full fine-tuning average (rotten_tomatoes, trec), ") for t in full)
+    # every cell's value is the mean of those two tasks, so ar against mlm-0.3 keeps all 3 seeds
+    c4 = next(t for t in full if t.a == "mlm-0.3")
+    assert c4.result["n"] == 3
+    for seed, d in zip(c4.result["seeds"], c4.result["diffs"]):
+        mine = [report._ft_score(group[o][seed]["finetune"]["full"][t]) for o in ("mlm-0.3", "ar")
+                for t in ("rotten_tomatoes", "trec")]
+        assert d == pytest.approx((mine[0] + mine[1]) / 2 - (mine[2] + mine[3]) / 2)
+    # one task alone: the label names it, its split and its metric
+    assert report.score_label("full", ["rotten_tomatoes"], cells) == "full fine-tuning (rotten_tomatoes test accuracy)"
+    assert report.score_label("full", report.TASKS, cells) == "full fine-tuning average"
+    assert report.score_measure("probe", ["rotten_tomatoes"]).label == "probe average"  # probes: always four tasks
+    text = report.build_report([folder], tmp_path / "R.md", plots=False, n_boot=100)
+    assert "fine-tuned in every cell compared (preset `syn`: rotten_tomatoes, trec)" in text
+    ft = text.split("### Full fine-tuning", 1)[1].split("\n## ", 1)[0]
+    assert "| average (rotten_tomatoes, trec) |" in ft and "| mlm-0.3 | 3 |" in ft
 
 
 def test_main_takes_the_report_flags(tmp_path, capsys):

@@ -19,7 +19,6 @@ from transformers.generation import (
 
 from .. import objectives
 from ..models.lookaround.generation_lookaround import (
-    _backbone_and_head,
     _check_length,
     _device,
     _pick,
@@ -214,7 +213,7 @@ def infill(
     if num_tokens is not None and num_tokens < 1:
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
     check_infill_objective(model.config, allow_untrained)
-    backbone, lm_head = _backbone_and_head(model)
+    backbone, lm_head = model.base_model, model.lm_head
     config, device = model.config, _device(model)
     stream = _prediction_stream(config, stream)
     ids, remaining, valid = _encode_infill_inputs(

@@ -10,19 +10,11 @@ import logging
 import numpy as np
 import torch
 
-from ..models.lookaround.modeling_lookaround_vit import (
-    LookAroundViTModel,
-)
-
 logger = logging.getLogger(__name__)
 
 
 
 PROBE_BACKENDS = ("sklearn", "sklearn_path", "torch")
-
-
-def _vit(model) -> LookAroundViTModel:
-    return model if isinstance(model, LookAroundViTModel) else model.vit
 
 
 def no_class_labels(config, batch: int, device) -> dict:
@@ -37,7 +29,7 @@ def no_class_labels(config, batch: int, device) -> dict:
 def extract_image_features(model, images: torch.Tensor, batch_size: int = 256) -> np.ndarray:
     """Frozen pooled features ``(N, hidden)`` (``config.classifier_pooling``), single-stream bidirectional
     (condition tokens, if any, carry no class)."""
-    vit = _vit(model).eval()
+    vit = model.base_model.eval()
     device = next(vit.parameters()).device
     feats = []
     for i in range(0, len(images), batch_size):

@@ -45,11 +45,6 @@ def count_truncated(tokenizer, texts, max_length: int, text_pairs=None) -> int:
     return sum(n > max_length for n in lengths)
 
 
-def _backbone(model):
-    """The encoder of a head model (``model.model`` for LookAround heads), or the model itself."""
-    return getattr(model, "base_model", model)
-
-
 @torch.inference_mode()
 def extract_features(
     model,
@@ -70,7 +65,7 @@ def extract_features(
 
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
-    backbone = _backbone(model)
+    backbone = model.base_model  # the encoder of a head model, or the model itself
     is_lookaround = getattr(backbone.config, "model_type", None) == "lookaround"
     if attention_pattern is not None and not is_lookaround:
         raise ValueError(

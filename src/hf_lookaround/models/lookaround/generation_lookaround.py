@@ -124,16 +124,6 @@ def check_group_size(config, group_size, allow_untrained: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 # Pieces shared by both decoders
 # ----------------------------------------------------------------------------------------------
-def _backbone_and_head(model):
-    backbone, head = getattr(model, "model", None), getattr(model, "lm_head", None)
-    if backbone is None or head is None:
-        raise TypeError(
-            f"decoding needs a LookAround LM head (LookAroundForPreTraining, ForCausalLM or ForMaskedLM) with "
-            f"`.model` and `.lm_head`; got {type(model).__name__}"
-        )
-    return backbone, head
-
-
 def _device(model) -> torch.device:
     return next(model.parameters()).device
 
@@ -351,7 +341,7 @@ def _group_decode(
     streamer=None,
     generator=None,
 ):
-    backbone, lm_head = _backbone_and_head(model)
+    backbone, lm_head = model.base_model, model.lm_head
     config = model.config
     batch, prompt_len = input_ids.shape
     device = input_ids.device

@@ -151,9 +151,6 @@ class LookAroundViTPreTrainedModel(LookAroundPreTrainedModel):
             init.zeros_(module.visual_codebook)
             init.zeros_(module.visual_codebook_pixels)
 
-    def _base_vit(self) -> "LookAroundViTModel":
-        return self if isinstance(self, LookAroundViTModel) else self.vit
-
     def set_visual_codebook(self, codebook: torch.Tensor, pixel_decoder: torch.Tensor | None = None) -> None:
         """Store the visual tokenizer (p2d/d2d) in the model: it is saved and loaded with the weights.
 
@@ -163,11 +160,11 @@ class LookAroundViTPreTrainedModel(LookAroundPreTrainedModel):
             (:func:`hf_lookaround.visual_tokenizer.fit_pixel_decoder`: the mean raw patch of each centroid's
             members). Without it the model trains and predicts ids, but cannot turn sampled ids into pixels.
         """
-        self._base_vit()._set_visual_codebook(codebook, pixel_decoder)
+        self.base_model._set_visual_codebook(codebook, pixel_decoder)
 
     @property
     def has_visual_codebook(self) -> bool:
-        vit = self._base_vit()
+        vit = self.base_model
         return vit.config.uses_codebook and bool(vit.visual_codebook.any())
 
 

@@ -709,20 +709,6 @@ def cache_lengths(past_key_values: Cache | None, seq_len: int):
     return past_len, int(key_len)
 
 
-def token_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
-    """Cross-entropy over the labelled tokens (-100 ignored), in float32.
-
-    With `num_items_in_batch` (what `Trainer` passes under gradient accumulation or token averaging
-    across devices) the sum is divided by that count, so every target weighs the same in a step.
-    """
-    if num_items_in_batch is None:
-        return F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=-100)
-    total = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=-100, reduction="sum")
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(total.device)
-    return total / num_items_in_batch
-
-
 def positions_of(is_target: torch.Tensor, width: int | None = None) -> torch.Tensor:
     """(B, T) bool -> (B, M) indices of the True entries of each row, in order, padded with -1.
 
@@ -769,6 +755,7 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         # this head trains the query stream: its own config says so (the caller's is left alone)
         config = with_prediction_stream(config, "query")
         super().__init__(config)
+        self.loss_type = "ForMaskedLM"  # cross-entropy over the labelled targets, as a masked LM's
         self.model = LookAroundModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
@@ -846,9 +833,9 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         if labels is not None:
             slots = outputs.target_positions
             target_labels = torch.where(slots >= 0, labels.gather(1, slots.clamp(min=0)), -100)
-            loss = token_loss(logits, target_labels, kwargs.get("num_items_in_batch"))
+            loss = self.loss_function(logits, target_labels, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))
         elif query_target_ids is not None:
-            loss = token_loss(logits, query_target_ids.to(logits.device), kwargs.get("num_items_in_batch"))
+            loss = self.loss_function(logits, query_target_ids, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))
         return LookAroundForPreTrainingOutput(
             loss=loss,
             logits=logits,
@@ -939,7 +926,7 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
             logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = token_loss(logits, labels, kwargs.get("num_items_in_batch"))
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1024,7 +1011,7 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
                 full_logits = logits if logits.shape[1] == labels.shape[1] else self.lm_head(hidden)
         loss = None
         if labels is not None:
-            loss = token_loss(full_logits[:, :-1], labels[:, 1:], kwargs.get("num_items_in_batch"))
+            loss = self.loss_function(full_logits, labels, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))  # shifts inside
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,
@@ -1135,16 +1122,14 @@ class LookAroundForSequenceClassification(LookAroundPreTrainedModel):
                 config.problem_type = "single_label_classification"
             else:
                 config.problem_type = "multi_label_classification"
-        if config.problem_type == "regression":
-            return F.mse_loss(logits.squeeze(-1).float(), labels.float().view(-1)) if self.num_labels == 1 else \
-                F.mse_loss(logits.float(), labels.float())
         if config.problem_type == "single_label_classification":
             if not torch.compiler.is_compiling() and labels.numel() and (
                 labels.min() < 0 or labels.max() >= self.num_labels
             ):
                 raise ValueError(f"class labels must lie in [0, {self.num_labels}), got {labels.unique().tolist()}")
-            return F.cross_entropy(logits.float().view(-1, self.num_labels), labels.view(-1))
-        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+        else:  # regression, multi-label: float targets
+            labels = labels.float()
+        return self.loss_function(labels, logits.float(), config)
 
 
 __all__ = [

@@ -1,0 +1,177 @@
+"""Checkpoints you can trust (issue 23, items 1-4): a stale or damaged checkpoint is never resumed silently,
+a finished run rerun with ``last`` changes nothing, an occupied ``output_dir`` and a second writer are refused.
+
+One tiny finished run (4 steps, checkpoints 2 and 4) is made once; each test damages a copy of it."""
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_lookaround import cli
+from hf_lookaround.cli.pretrain import parse_args
+from hf_lookaround.data.tokenization import train_tokenizer
+from hf_lookaround.training import checkpointing
+from hf_lookaround.training.pretraining import LookAroundTrainer, run
+
+TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,hidden_dropout_prob=0.1"
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory, bbc_text_dir):
+    from hf_lookaround.data.text import load_texts
+
+    out = tmp_path_factory.mktemp("tok")
+    train_tokenizer(load_texts(bbc_text_dir / "train.jsonl.gz")[:8], vocab_size=400, output_dir=out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def make_args(tokenizer_dir, bbc_text_dir):
+    def make(output_dir, *extra, max_steps=4):
+        return [
+            "--train_files", str(bbc_text_dir / "train.jsonl.gz"), "--tokenizer_name", str(tokenizer_dir),
+            "--preset", "tiny", "--config_overrides", TINY, "--block_size", "32",
+            "--validation_split_percentage", "20", "--output_dir", str(output_dir),
+            "--per_device_train_batch_size", "4", "--learning_rate", "3e-3", "--logging_steps", "1",
+            "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true", "--objective", "vmlm",
+            "--do_train", "--max_train_samples", "16", "--max_steps", str(max_steps), "--save_steps", "2",
+            "--seed", "7", *extra,
+        ]
+    return make
+
+
+@pytest.fixture(scope="module")
+def finished_run(make_args, tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "run"
+    run(*parse_args(make_args(out)))
+    assert [p.name for p in checkpointing.list_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    return out
+
+
+@pytest.fixture
+def copy(finished_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    return out
+
+
+def snapshot(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+class Killed(BaseException):
+    """A SIGKILL, in process: nothing after it runs."""
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. a save never writes beside an old marker
+# ---------------------------------------------------------------------------------------------
+def test_a_save_killed_in_a_folder_with_an_old_marker_is_not_resumed(copy, make_args, monkeypatch):
+    old_marker = (copy / "checkpoint-4" / checkpointing.COMPLETE_MARKER).read_bytes()
+
+    def killed(self, output_dir):  # the weights of the new checkpoint-4 are written, nothing else
+        raise Killed
+
+    monkeypatch.setattr(LookAroundTrainer, "_save_optimizer_and_scheduler", killed)
+    with pytest.raises(Killed):  # a resume from the older checkpoint-2, killed inside the save of checkpoint-4
+        run(*parse_args(make_args(copy, "--resume_from_checkpoint", str(copy / "checkpoint-2"))))
+    four = copy / "checkpoint-4"
+    # the new weights never sit beside the old marker: checkpoint-4 is not complete, `last` is checkpoint-2
+    assert not (four / checkpointing.COMPLETE_MARKER).is_file() or (
+        (four / checkpointing.COMPLETE_MARKER).read_bytes() != old_marker)
+    assert checkpointing.resolve_resume_checkpoint("last", copy) == str(copy / "checkpoint-2")
+
+
+def test_the_checker_finds_new_files_under_a_stale_marker(copy):
+    four = copy / "checkpoint-4"
+    weights = four / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = bytes(64)  # other weights of the same size, as a rerun writes them
+    weights.write_bytes(bytes(data))
+    problems = checkpointing.checkpoint_problems(four)
+    assert problems and "model.safetensors" in problems[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. missing or changed state is noticed
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("damage", ["delete optimizer.pt", "delete rng_state.pth", "truncate optimizer.pt"])
+def test_a_damaged_checkpoint_is_skipped_by_last_and_refused_by_name(copy, damage, caplog):
+    action, name = damage.split()
+    target = copy / "checkpoint-4" / name
+    if action == "delete":
+        target.unlink()
+    else:
+        target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+    with caplog.at_level("WARNING", logger="hf_lookaround.training.checkpointing"):
+        assert checkpointing.resolve_resume_checkpoint("last", copy) == str(copy / "checkpoint-2")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "checkpoint-4" in warnings[0] and name in warnings[0]
+    assert "\n" not in warnings[0]
+    with pytest.raises(ValueError, match=f"checkpoint-4.*damaged.*{name}"):
+        checkpointing.resolve_resume_checkpoint(str(copy / "checkpoint-4"), copy)
+
+
+def test_a_run_resumed_past_a_damaged_checkpoint_sets_it_aside(copy, make_args):
+    (copy / "checkpoint-4" / "optimizer.pt").unlink()
+    run(*parse_args(make_args(copy, "--resume_from_checkpoint", "last", max_steps=6)))
+    assert [p.name for p in checkpointing.list_checkpoints(copy)] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    for p in checkpointing.list_checkpoints(copy):
+        assert checkpointing.checkpoint_problems(p) == [], p
+    assert (copy / "damaged-checkpoint-4").is_dir()  # moved aside, not deleted
+    state = json.loads((copy / "trainer_state.json").read_text())
+    assert state["global_step"] == 6
+    assert [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3, 4, 5, 6]  # from step 2 on
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. a finished run does not grow
+# ---------------------------------------------------------------------------------------------
+def test_rerunning_a_finished_run_with_last_changes_nothing(copy, make_args):
+    before = snapshot(copy)
+    assert cli.main(["pretrain", *make_args(copy, "--resume_from_checkpoint", "last")]) == 0
+    assert [p.name for p in checkpointing.list_checkpoints(copy)] == ["checkpoint-2", "checkpoint-4"]
+    after = snapshot(copy)
+    assert after["model.safetensors"] == before["model.safetensors"]
+    assert after == before
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. output_dir is protected
+# ---------------------------------------------------------------------------------------------
+def test_an_occupied_output_dir_is_refused_without_resume_or_overwrite(copy, make_args, capsys):
+    before = snapshot(copy)
+    assert cli.main(["pretrain", *make_args(copy)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--overwrite_output_dir" in err[0] and "--resume_from_checkpoint" in err[0], err
+    assert snapshot(copy) == before
+    # --overwrite_output_dir: a new run, whose checkpoints are not mixed with the old run's
+    assert cli.main(["pretrain", *make_args(copy, "--overwrite_output_dir", max_steps=2)]) == 0
+    assert [p.name for p in checkpointing.list_checkpoints(copy)] == ["checkpoint-2"]
+    assert json.loads((copy / "trainer_state.json").read_text())["global_step"] == 2
+
+
+def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(make_args, tmp_path, capsys, caplog):
+    out = tmp_path / "run"
+    out.mkdir()
+    lock = out / checkpointing.LOCK_FILE
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        lock.write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname()}))
+        assert cli.main(["pretrain", *make_args(out, max_steps=1)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(sleeper.pid) in err[0] and "in use" in err[0], err
+        assert not (out / "model.safetensors").exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the writer died (SIGKILL): its lock is stale on this host and is taken over with a warning
+    with caplog.at_level("WARNING", logger="hf_lookaround.training.checkpointing"):
+        assert cli.main(["pretrain", *make_args(out, max_steps=1)]) == 0
+    assert any("stale" in r.getMessage() and str(sleeper.pid) in r.getMessage() for r in caplog.records)
+    assert (out / "model.safetensors").is_file() and not lock.exists()  # released at exit

@@ -42,6 +42,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_lookaround import GLU_ACTIVATIONS, LookAroundConfig, with_prediction_stream
 from .generation_lookaround import GroupDecodingMixin  # generate(..., group_size=t): semi-AR group decoding
@@ -259,6 +260,14 @@ class LookAroundLayer(GradientCheckpointingLayer):
         return hidden_states, weights
 
 
+class LookAroundContentRows(nn.Module):
+    """The content stream's rows of ``[content; query]``. The backbone passes each layer's input and the final
+    state through it, so that `_can_record_outputs` records them as `hidden_states`."""
+
+    def forward(self, hidden_states: torch.Tensor, num_content: int) -> torch.Tensor:
+        return hidden_states[:, :num_content]
+
+
 # ----------------------------------------------------------------------------------------------
 # Outputs
 # ----------------------------------------------------------------------------------------------
@@ -314,6 +323,11 @@ class LookAroundPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _can_compile_fullgraph = True
+    # hidden_states: the content rows of each layer's input and of the final state (the query rows are not recorded)
+    _can_record_outputs = {
+        "hidden_states": OutputRecorder(LookAroundContentRows, capture_initial_hidden_state=False),
+        "attentions": OutputRecorder(LookAroundAttention, index=1),
+    }
 
     def unused_parameter_names(self) -> list[str]:
         """Parameters this head's forward never uses (frozen, so that DDP with `find_unused_parameters=False`
@@ -397,6 +411,7 @@ class LookAroundModel(LookAroundPreTrainedModel):
         # pre-norm needs a final norm; post-norm normalises the embeddings instead (as BERT does)
         self.norm = make_norm(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.content_rows = LookAroundContentRows()
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -406,7 +421,7 @@ class LookAroundModel(LookAroundPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    @can_return_tuple
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -478,27 +493,22 @@ class LookAroundModel(LookAroundPreTrainedModel):
             hidden = self.norm(hidden)
         hidden = self.dropout(hidden)
 
-        all_hidden, all_attn = [], []
         for layer in self.layers[:-1] if query_rows_alone else self.layers:
-            all_hidden.append(hidden[:, :seq_len])
-            hidden, weights = layer(hidden, seq_len, *layer_masks(masks), position_embeddings, past_key_values)
-            all_attn.append(weights)
+            self.content_rows(hidden, seq_len)  # recorded as a hidden state
+            hidden, _ = layer(hidden, seq_len, *layer_masks(masks), position_embeddings, past_key_values)
         if query_rows_alone:
             hidden, _ = self.layers[-1](hidden, seq_len, masks.query_mask, masks.query_row_factor,
                                         position_embeddings, past_key_values, rows_from=seq_len)
         if self.config.norm_position == "pre":
             hidden = self.norm(hidden)
-        all_hidden.append(hidden[:, :seq_len])
-
-        content_state = None if query_rows_alone else hidden[:, :seq_len]
+        content_state = self.content_rows(hidden, seq_len)  # recorded as the last hidden state
+        content_state = None if query_rows_alone else content_state
         query_state = hidden[:, hidden.shape[1] - rows.num_query:]  # the last rows: the query stream
         return LookAroundModelOutput(
             last_hidden_state=content_state,
             query_hidden_state=query_state if rows.two_stream else None,
             target_positions=rows.target_positions,
             past_key_values=past_key_values if use_cache else None,
-            hidden_states=tuple(all_hidden) if output_hidden_states else None,
-            attentions=tuple(all_attn) if output_attentions else None,
         )
 
     def embed(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.FloatTensor | None) -> torch.Tensor:

@@ -14,16 +14,26 @@ is renamed into place (a rename is atomic on POSIX file systems). Readers (``las
 - :func:`remove_incomplete_checkpoints` moves the debris of a killed save aside (main process, at start);
 - :func:`resolve_resume_checkpoint` turns ``--resume_from_checkpoint last|DIR`` into a folder, with a
   clear error for an incomplete one;
-- :func:`check_resume_compatible` refuses a checkpoint of another objective or model size.
+- :func:`check_resume_compatible` refuses a checkpoint of another objective or model size;
+- :func:`checkpoint_problems` checks a complete checkpoint against its marker (every listed file there, with
+  its size and a sample of its bytes): a file deleted, cut short or rewritten after the marker is found, and
+  ``last`` skips such a checkpoint with a warning (a named one is refused);
+- :func:`set_aside_later_checkpoints` moves the checkpoints after the one a run resumes from (and damaged
+  ones) aside, so that no save of the resumed run ever writes into a folder that holds an old marker;
+- :func:`check_output_dir` refuses to start a new run in an occupied folder, and :class:`OutputDirLock` a
+  second run writing the same folder at once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import socket
+import time
 from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -42,9 +52,16 @@ __all__ = [
     "resolve_resume_checkpoint",
     "check_resume_compatible",
     "allow_indexed_cpu_map_location",
+    "checkpoint_problems",
+    "set_aside_later_checkpoints",
+    "check_output_dir",
+    "OutputDirLock",
+    "LOCK_FILE",
 ]
 
 COMPLETE_MARKER = "checkpoint_complete.json"
+LOCK_FILE = ".hf_lookaround.lock"
+_SAMPLE = 1 << 16  # bytes read at the start, middle and end of a file for its sample digest
 _CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 # config fields that must agree between a checkpoint and the run resuming from it
@@ -77,6 +94,81 @@ def last_complete_checkpoint(output_dir) -> Path | None:
     return done[-1] if done else None
 
 
+def _sample_digest(path: Path, size: int) -> str:
+    """sha256 of the size and of 64 KiB at the start, middle and end: cheap for any size, and other bytes
+    of the same size (new weights of the same model beside an old marker) give another digest."""
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        for offset in sorted({0, max(0, size // 2 - _SAMPLE // 2), max(0, size - _SAMPLE)}):
+            f.seek(offset)
+            h.update(f.read(_SAMPLE))
+    return h.hexdigest()
+
+
+def checkpoint_problems(folder) -> list[str]:
+    """What is wrong with ``folder`` as a checkpoint, one short phrase per problem (empty: intact).
+
+    Every file the marker lists must be there with its size (and, for markers that record them, the same
+    sample digest: a file rewritten after the marker was written is found even at the same size)."""
+    folder = Path(folder)
+    marker = folder / COMPLETE_MARKER
+    if not marker.is_file():
+        return [f"no {COMPLETE_MARKER}"]
+    try:
+        manifest = json.loads(marker.read_text())
+        files, samples = manifest["files"], manifest.get("samples", {})
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return [f"unreadable {COMPLETE_MARKER} ({type(err).__name__})"]
+    problems = []
+    for name, size in files.items():
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name} missing")
+            continue
+        actual = path.stat().st_size
+        if actual != size:
+            problems.append(f"{name} has {actual} bytes, the marker says {size}")
+        elif name in samples and _sample_digest(path, actual) != samples[name]:
+            problems.append(f"{name} changed after the marker was written")
+    return problems
+
+
+def _intact_or_warn(folder: Path) -> bool:
+    problems = checkpoint_problems(folder)
+    if problems:
+        logger.warning("skipping %s: damaged (%s)", folder, "; ".join(problems))
+    return not problems
+
+
+def _set_aside(path: Path, prefix: str) -> Path:
+    target = path.with_name(f"{prefix}-{path.name}")
+    suffix = 1
+    while target.exists():
+        target = path.with_name(f"{prefix}-{path.name}-{suffix}")
+        suffix += 1
+    os.replace(path, target)
+    return target
+
+
+def set_aside_later_checkpoints(output_dir, checkpoint) -> list[Path]:
+    """Before a run resumes from ``checkpoint``, move aside every ``checkpoint-N`` of ``output_dir`` after it
+    (``superseded-checkpoint-N``, or ``damaged-checkpoint-N`` for one that fails :func:`checkpoint_problems`).
+
+    They belong to a future this run replaces: left in place, the run's own save of step N would write into
+    a folder holding the old marker, and ``last`` could pick them after a kill. Nothing is deleted."""
+    moved = []
+    if checkpoint is None or Path(checkpoint).resolve().parent != Path(output_dir).resolve():
+        return moved
+    step = int(_CHECKPOINT_RE.match(Path(checkpoint).name).group(1))
+    for path in list_checkpoints(output_dir):
+        if int(_CHECKPOINT_RE.match(path.name).group(1)) > step:
+            prefix = "damaged" if checkpoint_problems(path) else "superseded"
+            target = _set_aside(path, prefix)
+            logger.warning("resuming from %s: moved the later %s aside to %s", checkpoint, path.name, target.name)
+            moved.append(target)
+    return moved
+
+
 def _fsync(path: Path, directory: bool = False) -> None:
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try:
@@ -99,6 +191,7 @@ def mark_complete(folder, global_step: int, world_size: int) -> None:
         "global_step": int(global_step),
         "world_size": int(world_size),
         "files": {str(p.relative_to(folder)): p.stat().st_size for p in files},
+        "samples": {str(p.relative_to(folder)): _sample_digest(p, p.stat().st_size) for p in files},
     }
     tmp = folder / (COMPLETE_MARKER + ".tmp")
     with open(tmp, "w") as f:
@@ -158,12 +251,13 @@ def resolve_resume_checkpoint(resume_from_checkpoint, output_dir) -> str | None:
     if resume_from_checkpoint in (None, "", False, "False", "false"):
         return None
     if resume_from_checkpoint in (True, "last", "True", "true"):
-        found = last_complete_checkpoint(output_dir)
+        # the newest complete checkpoint that is intact; a damaged one is skipped with a one-line warning
+        found = next((p for p in reversed(complete_checkpoints(output_dir)) if _intact_or_warn(p)), None)
         if found is None:
-            incomplete = list_checkpoints(output_dir)
+            others = list_checkpoints(output_dir)
             raise ValueError(
-                f"--resume_from_checkpoint last: no complete checkpoint in {output_dir}"
-                + (f" (only incomplete ones: {[p.name for p in incomplete]})" if incomplete else "")
+                f"--resume_from_checkpoint last: no complete and intact checkpoint in {output_dir}"
+                + (f" (only incomplete or damaged ones: {[p.name for p in others]})" if others else "")
                 + "; start without --resume_from_checkpoint, or name a complete checkpoint folder"
             )
         logger.info("resuming from %s, the newest complete checkpoint", found)
@@ -178,6 +272,12 @@ def resolve_resume_checkpoint(resume_from_checkpoint, output_dir) -> str | None:
             "interrupted, or it was not written by hf-lookaround)"
             + (f"; the newest complete one in that folder is {done}" if done else "")
             + "; pass a complete checkpoint, or `last`"
+        )
+    problems = checkpoint_problems(path)
+    if problems:
+        raise ValueError(
+            f"--resume_from_checkpoint {path} is damaged ({'; '.join(problems)}): a file was deleted, cut short "
+            f"or rewritten after its {COMPLETE_MARKER}; pass another checkpoint, or `last`"
         )
     return str(path)
 
@@ -244,3 +344,103 @@ def allow_indexed_cpu_map_location() -> None:
     taken = {entry[0] for entry in getattr(torch.serialization, "_package_registry", [])}
     torch.serialization.register_package(max(taken, default=0) + 1, lambda obj: None, restore)
     _CPU_INDEX_REGISTERED = True
+
+
+# ---------------------------------------------------------------------------------------------
+# output_dir: one run, one writer
+# ---------------------------------------------------------------------------------------------
+_FINAL_FILES = ("model.safetensors", "pytorch_model.bin", "trainer_state.json", "all_results.json")
+
+
+def check_output_dir(output_dir, resume_from_checkpoint, overwrite_output_dir: bool) -> None:
+    """Refuse a new run in a folder that holds checkpoints or a finished model of another run (without
+    ``--resume_from_checkpoint`` or ``--overwrite_output_dir``): the checkpoints of both would mix.
+
+    With ``--overwrite_output_dir`` the old run's ``checkpoint-N`` folders are deleted first, so that neither
+    ``last`` nor a save of the new run ever meets them."""
+    root = Path(output_dir)
+    if resume_from_checkpoint not in (None, "", False, "False", "false") or not root.is_dir():
+        return
+    checkpoints = list_checkpoints(root)
+    finished = [name for name in _FINAL_FILES if (root / name).is_file()]
+    if not (checkpoints or finished):
+        return
+    if overwrite_output_dir:
+        for path in checkpoints:
+            logger.warning("--overwrite_output_dir: deleting %s of the earlier run", path)
+            shutil.rmtree(path)
+        return
+    held = [p.name for p in checkpoints[-3:]] + finished[:1]
+    raise ValueError(
+        f"--output_dir {root} already holds another run ({', '.join(held)}{', ...' if len(checkpoints) > 3 else ''}): "
+        "pass --resume_from_checkpoint last to continue it, --overwrite_output_dir to replace it, "
+        "or another --output_dir"
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+class OutputDirLock:
+    """``output_dir/.hf_lookaround.lock``, holding the writer's PID and host: a second run writing the same
+    folder at once is refused. A lock left by a dead process of this host (a SIGKILL) is taken over with a
+    warning; one of another host cannot be checked, so it is refused (delete it if no run writes there)."""
+
+    def __init__(self, output_dir):
+        self.path = Path(output_dir) / LOCK_FILE
+        self.held = False
+
+    def _record(self) -> dict:
+        return {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+    def acquire(self) -> "OutputDirLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    owner = json.loads(self.path.read_text())
+                except FileNotFoundError:
+                    continue  # released meanwhile
+                except (OSError, ValueError):
+                    owner = {}
+                pid, host = owner.get("pid"), owner.get("host")
+                if host == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
+                    logger.warning("taking over the stale lock %s of process %d on %s, which is dead",
+                                   self.path, pid, host)
+                    self.path.unlink(missing_ok=True)
+                    continue
+                raise ValueError(
+                    f"--output_dir {self.path.parent} is in use by another run (pid {pid} on host {host}, since "
+                    f"{owner.get('since', '?')}): one run writes one output_dir; if no run writes there, "
+                    f"delete {self.path}"
+                )
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._record(), f)
+            self.held = True
+            return self
+        raise ValueError(f"could not take the lock {self.path}: other runs keep taking it")
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        try:
+            if json.loads(self.path.read_text()).get("pid") == os.getpid():
+                self.path.unlink()
+        except (OSError, ValueError):
+            pass
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()

@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from transformers import (
     AutoTokenizer,
     Trainer,
     TrainerCallback,
+    TrainerState,
     TrainingArguments,
     set_seed,
 )
@@ -263,6 +265,13 @@ class LookAroundTrainingArguments(TrainingArguments):
                           "process collates). Plans are the same for any number of workers"},
     )
     dataloader_workers_by_default: bool = field(default=False, init=False, repr=False)
+    # transformers 5 dropped TrainingArguments.overwrite_output_dir; pretraining keeps its meaning
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "start a new run in an output_dir that holds another run's checkpoints or model: its "
+                          "checkpoint-N folders are deleted first (without this, or --resume_from_checkpoint, "
+                          "an occupied output_dir is refused)"},
+    )
     drop_unread_content: bool = field(
         default=False,
         metadata={"help": "two-stream training: leave out the content rows no prediction reads (a masked plan's "
@@ -331,16 +340,25 @@ class LookAroundTrainer(Trainer):
         # Trainer rotates old checkpoints at the end of its save; here rotation waits until the new
         # checkpoint is marked complete, so a kill mid-save never leaves fewer complete checkpoints.
         limit = self.args.save_total_limit
+        run_dir = self._get_output_dir(trial=trial)
+        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        # a save never writes into a folder that already holds files (and perhaps a marker) of another save:
+        # the old folder is moved aside first, so its marker can never stand beside new files
+        replaced = None
+        if self.args.should_save and os.path.exists(folder):
+            replaced = checkpointing._set_aside(Path(folder), "replaced")
+            logger.warning("%s existed before this save: moved aside to %s", folder, replaced.name)
+        self.accelerator.wait_for_everyone()  # no process writes into the folder before it is moved aside
         self.args.save_total_limit = None
         try:
             super()._save_checkpoint(model, trial)
         finally:
             self.args.save_total_limit = limit
-        run_dir = self._get_output_dir(trial=trial)
-        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         self.accelerator.wait_for_everyone()  # every process has written its files (RNG states, shards)
         if self.args.should_save:
             checkpointing.mark_complete(folder, self.state.global_step, self.args.world_size)
+            if replaced is not None:
+                shutil.rmtree(replaced, ignore_errors=True)  # the new checkpoint is complete: the old one goes
             checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
 
     def compute_loss(self, model, inputs, *args, **kwargs):
@@ -385,6 +403,10 @@ class LookAroundTrainer(Trainer):
 # ---------------------------------------------------------------------------------------------
 # Building blocks (the demo reuses them)
 # ---------------------------------------------------------------------------------------------
+def trainer_state_step(checkpoint) -> int:
+    return json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("global_step", 0)
+
+
 def load_tokenizer(model_args: ModelArguments, train_texts=None, save_dir=None, block_size=None):
     """The tokenizer named by ``--tokenizer_name`` (or the checkpoint's), or one trained on ``train_texts``
     (any iterable of documents: a generator over the dataset's text column, never a list of the corpus)."""
@@ -644,7 +666,38 @@ def write_card(output_dir, objective_args: ObjectiveArguments, dataset) -> None:
 
 def run(model_args: ModelArguments, data_args: DataArguments, objective_args: ObjectiveArguments,
         training_args: TrainingArguments) -> dict:
-    """Pretrain; return the final metrics."""
+    """Pretrain; return the final metrics.
+
+    The main process holds ``output_dir``'s lock for the whole run (a second writer is refused), and a new
+    training run in an occupied ``output_dir`` is refused (see :func:`checkpointing.check_output_dir`)."""
+    lock = None
+    if training_args.process_index == 0:
+        lock = checkpointing.OutputDirLock(training_args.output_dir).acquire()
+    try:
+        if training_args.process_index == 0 and training_args.do_train:
+            checkpointing.check_output_dir(training_args.output_dir, training_args.resume_from_checkpoint,
+                                           getattr(training_args, "overwrite_output_dir", False))
+        return _run(model_args, data_args, objective_args, training_args)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def finished_training(checkpoint, training_args: TrainingArguments) -> bool:
+    """Whether ``checkpoint`` is the end of the training this run asks for (its step reached ``--max_steps``,
+    or its epochs ``--num_train_epochs``): resuming from it must train nothing more."""
+    path = Path(checkpoint) / "trainer_state.json"
+    if not path.is_file():
+        return False
+    state = json.loads(path.read_text())
+    step = state.get("global_step", 0)
+    if training_args.max_steps > 0:
+        return step >= training_args.max_steps
+    return step >= state.get("max_steps", float("inf")) and state.get("epoch", 0) >= training_args.num_train_epochs
+
+
+def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: ObjectiveArguments,
+         training_args: TrainingArguments) -> dict:
     if not (training_args.do_train or training_args.do_eval):
         raise ValueError("nothing to do: pass --do_train and/or --do_eval (with neither, no stage would run)")
     set_seed(training_args.seed)
@@ -684,6 +737,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
     )
 
     metrics: dict = {}
+    checkpoint = None
     if training_args.do_train:
         # the main process moves aside what a killed save left; then every process finds the same checkpoint
         with training_args.main_process_first(desc="checking checkpoints"):
@@ -692,8 +746,33 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
             checkpoint = checkpointing.resolve_resume_checkpoint(
                 training_args.resume_from_checkpoint, training_args.output_dir
             )
+            if training_args.should_save:  # the future this run replaces (and damaged checkpoints) go aside
+                checkpointing.set_aside_later_checkpoints(training_args.output_dir, checkpoint)
         if checkpoint is not None:
             checkpointing.check_resume_compatible(checkpoint, model.config, training_args.world_size)
+    done = checkpoint is not None and finished_training(checkpoint, training_args)
+    final_state = Path(training_args.output_dir) / "trainer_state.json"
+    saved = done and final_state.is_file() and (Path(training_args.output_dir) / "config.json").is_file() and (
+        json.loads(final_state.read_text()).get("global_step") == json.loads(
+            (Path(checkpoint) / "trainer_state.json").read_text()).get("global_step"))
+    results = Path(training_args.output_dir) / "all_results.json"
+    if saved:
+        # a finished run (a requeued job with `last`): nothing is trained or written again
+        logger.info("%s is the end of this training (step %d): nothing to train; the final model is saved",
+                    checkpoint, trainer_state_step(checkpoint))
+        if results.is_file():
+            metrics.update(json.loads(results.read_text()))
+        if not training_args.do_eval or (Path(training_args.output_dir) / "eval_results.json").is_file():
+            return metrics
+        trainer._load_from_checkpoint(training_args.output_dir)  # evaluate the final weights
+    elif done:
+        # killed between the last checkpoint and the final save: save the checkpoint's weights, train nothing
+        logger.info("%s is the end of this training: saving it as the final model, training nothing", checkpoint)
+        trainer._load_from_checkpoint(checkpoint)
+        trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+        trainer.save_model()
+        trainer.save_state()
+    elif training_args.do_train:
         result = trainer.train(resume_from_checkpoint=checkpoint)
         trainer.save_model()
         metrics.update(result.metrics)
@@ -710,7 +789,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
     dataset = data_args.dataset_name or [str(f) for f in data_args.train_files]
-    if training_args.do_train and trainer.is_world_process_zero():
+    if training_args.do_train and not saved and trainer.is_world_process_zero():
         write_card(training_args.output_dir, objective_args, dataset)
         from ..hub.remote_code import ensure_remote_code
 

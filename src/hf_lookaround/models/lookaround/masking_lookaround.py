@@ -167,7 +167,10 @@ def auto_attention_forward(module, query, key, value, attention_mask, **kwargs):
     return ALL_ATTENTION_FUNCTIONS[kernel](module, query, key, value, attention_mask, **kwargs)
 
 
-AttentionInterface.register(AUTO_ATTENTION, auto_attention_forward)
+def register_auto_attention() -> None:
+    """Register ``lookaround_auto`` with transformers' attention functions (again is harmless). The models call it
+    when a config asks for it (`_check_and_adjust_attn_implementation`), before transformers checks the name."""
+    AttentionInterface.register(AUTO_ATTENTION, auto_attention_forward)
 
 
 def check_prepared_attention(prepared: PreparedAttention, plan: AttentionPlan, num_content: int) -> None:

@@ -55,6 +55,7 @@ from .masking_lookaround import (
     build_prepared_attention,
     create_plan_mask,
     may_attend,
+    register_auto_attention,
     resolve_attention_implementation,
 )
 
@@ -349,6 +350,11 @@ class LookAroundPreTrainedModel(PreTrainedModel):
         if isinstance(model, LookAroundPreTrainedModel):
             model.freeze_unused_parameters()
         return loading_info
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs):
+        if attn_implementation == AUTO_ATTENTION:  # our kernel is registered where it is first asked for
+            register_auto_attention()
+        return super()._check_and_adjust_attn_implementation(attn_implementation, *args, **kwargs)
 
     @classmethod
     def is_remote_code(cls) -> bool:

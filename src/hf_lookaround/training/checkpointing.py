@@ -256,8 +256,8 @@ def resolve_resume_checkpoint(resume_from_checkpoint, output_dir) -> str | None:
         if found is None:
             others = list_checkpoints(output_dir)
             raise ValueError(
-                f"--resume_from_checkpoint last: no complete and intact checkpoint in {output_dir}"
-                + (f" (only incomplete or damaged ones: {[p.name for p in others]})" if others else "")
+                f"--resume_from_checkpoint last: no complete checkpoint in {output_dir} that is intact"
+                + (f" (only incomplete ones or damaged ones: {[p.name for p in others]})" if others else "")
                 + "; start without --resume_from_checkpoint, or name a complete checkpoint folder"
             )
         logger.info("resuming from %s, the newest complete checkpoint", found)

@@ -193,6 +193,10 @@ def test_clear_errors(tmp_path, tokenizer):
     fails("give --max_steps", "--streaming", "--do_train")
     fails("cannot hold out", "--streaming", "--do_train", "--do_eval", "--max_steps", "2")
     fails("max_position_embeddings", "--do_train", "--max_steps", "1", "--block_size", "100000")
+    # one .txt file is one document: 5 % of it holds out none, and the message says so (not "needs > 0")
+    (tmp_path / "one.txt").write_text(" ".join(documents(30, seed=8)))
+    with pytest.raises(ValueError, match=r"5 of 1 training document\(s\) holds out none.*--validation_files"):
+        run(*parse_args(command(tmp_path, tok_dir, "--max_steps", "1") + ["--train_files", str(tmp_path / "one.txt")]))
     # empty data: only empty documents
     write_jsonl(tmp_path / "blank.jsonl", ["", "  "])
     with pytest.raises(ValueError, match="no text found"):

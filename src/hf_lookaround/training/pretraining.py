@@ -710,7 +710,13 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
     with training_args.main_process_first(desc="loading the text"):
         train_raw, eval_raw = read_splits(data_args)
     if training_args.do_eval and eval_raw is None:
-        raise ValueError("--do_eval needs validation data: --validation_files or --validation_split_percentage > 0")
+        if data_args.streaming:
+            why = "a stream cannot be held out from"
+        else:  # the percentage of the training documents rounded to none (a .txt file is one document)
+            why = (f"--validation_split_percentage {data_args.validation_split_percentage:g} of {len(train_raw)} "
+                   "training document(s) holds out none (a .txt file is one document)")
+        raise ValueError(f"--do_eval needs validation data, and {why}: give --validation_files, more documents "
+                         "or a larger --validation_split_percentage, or train only (--do_train)")
     tokenizer = prepare_tokenizer(model_args, data_args, training_args, train_raw, block_size)
     check_tokenizer(tokenizer, objective_args)
     config = build_config(model_args, objective_args, tokenizer, block_size)

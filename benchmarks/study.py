@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         return prep(settings, args.corpus_dir, args.data_root, Path(args.work_dir), args.bbc_dir, args.num_proc)
 
     if args.smoke and not args.cells and not args.sweep:  # the sweep first, then the grid at the sweep's rates
+        study_grid.check_done_cells(args)  # a grid that would be refused is refused before the sweep runs
         args.sweep, label = True, args.run_label
         args.run_label = f"{label}-sweep"
         code = study_grid.run(args, argv, prepare)

@@ -231,6 +231,22 @@ def _done_sweeps(results_dir: Path) -> set[str]:
     return {r["key"] for r in find_sweeps(results_dir)}
 
 
+def refuse_other_settings(results_dir: Path, done_cell: dict, job: dict) -> None:
+    if done_cell["settings_id"] != _hash(job["settings"]):
+        raise ValueError(
+            f"{results_dir} already holds {job['key']} run with other settings ({done_cell['settings']}) "
+            f"than now ({job['settings']}); use another --results_dir, or the same size flags as before")
+
+
+def check_done_cells(args) -> None:
+    """Refuse, before any work, a grid whose finished cells in ``--results_dir`` ran with other settings."""
+    results_dir = Path(args.results_dir)
+    done = find_done(results_dir, args.redo_partial) if results_dir.is_dir() else {}
+    for job in plan_jobs(args):
+        if job["kind"] == "cell" and job["key"] in done:
+            refuse_other_settings(results_dir, done[job["key"]], dict(job, settings=settings_for(args, job["preset"], "cell")))
+
+
 def run(args, argv, prepare) -> int:
     """Run the jobs of ``plan_jobs(args)`` not yet done; ``prepare(settings)`` returns the prepared data."""
     t0 = time.perf_counter()
@@ -251,10 +267,7 @@ def run(args, argv, prepare) -> int:
                 todo.append(job)
             continue
         if job["key"] in done:
-            if done[job["key"]]["settings_id"] != _hash(job["settings"]):
-                raise ValueError(
-                    f"{results_dir} already holds {job['key']} run with other settings ({done[job['key']]['settings']}) "
-                    f"than now ({job['settings']}); use another --results_dir, or the same size flags as before")
+            refuse_other_settings(results_dir, done[job["key"]], job)
             continue
         todo.append(job)
     # no learning rate, no grid: checked before any data is prepared

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BBC_TOPICS = ("business", "entertainment", "politics", "sports", "tech")
@@ -121,3 +122,94 @@ def run_without_package(tmp_path):
                               text=True, timeout=300)
 
     return run
+
+
+# ---------------------------------------------------------------------------------------------
+# what most test files build: tiny configs and models, one tokenizer, one leak check
+# ---------------------------------------------------------------------------------------------
+TINY_SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+TINY_TEXT = dict(vocab_size=61, max_position_embeddings=64, **TINY_SIZES)
+TINY_VIT = dict(image_size=28, patch_size=7, num_channels=1, **TINY_SIZES)  # 16 patches of 7x7
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    """``tiny_config(**overrides)``: a 2-layer, 32-wide text config (vocabulary 61, 64 positions)."""
+    from hf_lookaround import LookAroundConfig
+
+    return lambda **overrides: LookAroundConfig(**{**TINY_TEXT, **overrides})
+
+
+@pytest.fixture(scope="session")
+def tiny_vit_config():
+    """``tiny_vit_config(**overrides)``: a 2-layer, 32-wide ViT config for 28x28 one-channel images."""
+    from hf_lookaround.models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
+
+    return lambda **overrides: LookAroundViTConfig(**{**TINY_VIT, **overrides})
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_config, tiny_vit_config):
+    """``tiny_model(cls, impl="eager", seed=0, **overrides)``: the head ``cls`` (text or ViT) on a tiny config,
+    weights drawn from ``seed``, in eval mode, running the attention kernel ``impl``."""
+
+    def build(cls, impl="eager", seed=0, **overrides):
+        config = (tiny_vit_config if cls.config_class.model_type == "lookaround_vit" else tiny_config)(**overrides)
+        torch.manual_seed(seed)
+        model = cls(config).eval()
+        model.set_attn_implementation(impl)
+        return model
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory, bbc_text_dir) -> Path:
+    """A BPE tokenizer (vocabulary 400) trained once per session on 8 BBC articles, saved as `pretrain` reads it."""
+    from hf_lookaround.data.text import load_texts
+    from hf_lookaround.data.tokenization import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer(load_texts(bbc_text_dir / "train.jsonl.gz")[:8], vocab_size=400, output_dir=out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+class LeakAudit:
+    """The one gradient check of what an output may read, for tokens, patches or pixels.
+
+    ``reach(outputs, leaf, per_unit)`` is ``|d outputs[i] / d leaf|`` summed into units (tokens by default: the
+    last dimension is summed), for every output at once (one batched backward). ``assert_reads_only`` then
+    demands exact zeros outside ``may_read`` and non-zero reach inside it: on some unit per output
+    (``must_read="some"``) or on every unit (``"all"``)."""
+
+    @staticmethod
+    def reach(outputs, leaf, per_unit=None):
+        outputs = torch.stack(list(outputs)) if not isinstance(outputs, torch.Tensor) else outputs
+        eye = torch.eye(len(outputs), dtype=outputs.dtype)
+        (grads,) = torch.autograd.grad(outputs, leaf, grad_outputs=eye, is_grads_batched=True, retain_graph=True)
+        return per_unit(grads.abs()) if per_unit is not None else grads.abs().sum(-1)
+
+    @staticmethod
+    def assert_reads_only(reach, may_read, must_read="some", what="output"):
+        """``reach`` and ``may_read``: (outputs, *units). Reports the first offending output and its units."""
+        assert reach.shape == may_read.shape, (reach.shape, may_read.shape)
+        for i in range(len(reach)):
+            leaking = (~may_read[i] & (reach[i] != 0)).nonzero().tolist()
+            assert leaking == [], f"{what} {i} reads units it must not see: {leaking[:8]}"
+            visible = reach[i][may_read[i]]
+            if must_read == "all":
+                assert torch.all(visible > 0), f"{what} {i} does not read every unit it may see"
+            elif must_read == "some" and len(visible):
+                assert visible.max() > 0, f"{what} {i} reads none of the units it may see"
+
+
+@pytest.fixture(scope="session")
+def leak_audit():
+    return LeakAudit

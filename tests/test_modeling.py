@@ -17,7 +17,7 @@ import hf_lookaround as H
 from hf_lookaround.leakcheck import audit_two_stream
 from hf_lookaround.plans import make_plan
 
-VOCAB = 61
+VOCAB = 61  # tiny_config's vocabulary (tests/conftest.py)
 CPU_BACKENDS_WITH_BACKWARD = ["eager", "sdpa"]
 
 
@@ -29,19 +29,6 @@ def static_flex_shapes():
     with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
         yield
     torch._dynamo.reset()
-
-
-def tiny_config(**overrides):
-    base = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                intermediate_size=64, max_position_embeddings=64)
-    return H.LookAroundConfig(**{**base, **overrides})
-
-
-def make(cls, impl="eager", seed=0, **overrides):
-    torch.manual_seed(seed)
-    model = cls(tiny_config(**overrides)).eval()
-    model.set_attn_implementation(impl)
-    return model
 
 
 def random_plans(lengths, seq_len, seed):
@@ -72,8 +59,8 @@ def batch_inputs(seq_len=12, lengths=(12, 9), seed=0):
 # ------------------------------------------------------------------------------------------ leaks
 @pytest.mark.parametrize("impl", CPU_BACKENDS_WITH_BACKWARD)
 @pytest.mark.parametrize("plan_name", ["ar", "dar", "mlm", "vmlm", "gvp", "ar+prefix", "permuted"])
-def test_two_stream_loss_sees_exactly_lower_ranks(impl, plan_name):
-    model = make(H.LookAroundForPreTraining, impl)
+def test_two_stream_loss_sees_exactly_lower_ranks(impl, plan_name, tiny_model):
+    model = tiny_model(H.LookAroundForPreTraining, impl)
     ids, mask, lengths = batch_inputs()
     plan = random_plans(lengths, ids.shape[1], seed=len(plan_name))[plan_name]
     report = audit_two_stream(model, ids, mask, plan.group_ids, plan.is_target)
@@ -82,11 +69,11 @@ def test_two_stream_loss_sees_exactly_lower_ranks(impl, plan_name):
     assert report.targets_checked == int(plan.is_target.sum()) and report.targets_seeing_something > 0
 
 
-def test_the_audit_catches_a_leak():
+def test_the_audit_catches_a_leak(tiny_model):
     """The audit can fail: a model whose query stream also sees its own rank is caught."""
     import hf_lookaround.models.lookaround.masking_lookaround as modeling  # the mask rule lives here
 
-    model = make(H.LookAroundForPreTraining)
+    model = tiny_model(H.LookAroundForPreTraining)
     ids, mask, lengths = batch_inputs()
     plan = random_plans(lengths, ids.shape[1], seed=0)["dar"]
     rule = modeling.may_attend
@@ -98,35 +85,50 @@ def test_the_audit_catches_a_leak():
     assert report.leaks, "the audit missed a query stream that sees its own token"
 
 
+def test_the_shared_leak_audit_catches_a_leak(leak_audit):
+    """tests/conftest.py's audit can fail: a read outside the allowed units, and a missing read under "all"."""
+    x = torch.randn(2, 3, 4, requires_grad=True)
+    reach = leak_audit.reach([x[0, :2].sum(), x[1].sum()], x)  # output 0 reads tokens 0-1 of row 0; output 1 row 1
+    may_read = torch.zeros(2, 2, 3, dtype=torch.bool)
+    may_read[0, 0, 0] = may_read[1, 1] = True
+    with pytest.raises(AssertionError, match=r"output 0 reads units it must not see: \[\[0, 1\]\]"):
+        leak_audit.assert_reads_only(reach, may_read)
+    may_read[0, 0, :] = True
+    leak_audit.assert_reads_only(reach, may_read, must_read="some")
+    with pytest.raises(AssertionError, match="output 0 does not read every unit"):
+        leak_audit.assert_reads_only(reach, may_read, must_read="all")
+
+
 @pytest.mark.parametrize("impl", CPU_BACKENDS_WITH_BACKWARD)
-def test_single_stream_causal_and_masked_heads_do_not_leak(impl):
+def test_single_stream_causal_and_masked_heads_do_not_leak(impl, tiny_model, leak_audit):
+    """Causal: position t reads tokens <= t of its own row (some of them). Masked: every real token reads
+    every real token of its row and no padding."""
     ids, mask, _ = batch_inputs()
-    causal = make(H.LookAroundForCausalLM, impl)
+    B, T = ids.shape
+    causal = tiny_model(H.LookAroundForCausalLM, impl)
     embeds = causal.get_input_embeddings()(ids).detach().requires_grad_(True)
     logits = causal(inputs_embeds=embeds, attention_mask=mask).logits
-    for b in range(ids.shape[0]):
-        for t in range(int(mask[b].sum())):
-            (grad,) = torch.autograd.grad(logits[b, t, ids[b, t]], embeds, retain_graph=True)
-            per_token = grad.abs().sum(-1)
-            assert torch.all(per_token[b, t + 1:] == 0), f"causal position {t} sees the future"
-            assert torch.all(per_token[1 - b] == 0), "rows of a batch leak into each other"
-            assert per_token[b, : t + 1].max() > 0
+    rows = [(b, t) for b in range(B) for t in range(int(mask[b].sum()))]
+    may_read = torch.zeros(len(rows), B, T, dtype=torch.bool)
+    for i, (b, t) in enumerate(rows):
+        may_read[i, b, : t + 1] = True
+    reach = leak_audit.reach([logits[b, t, ids[b, t]] for b, t in rows], embeds)
+    leak_audit.assert_reads_only(reach, may_read, must_read="some", what="causal position")
 
-    masked = make(H.LookAroundForMaskedLM, impl)
+    masked = tiny_model(H.LookAroundForMaskedLM, impl)
     embeds = masked.get_input_embeddings()(ids).detach().requires_grad_(True)
     logits = masked(inputs_embeds=embeds, attention_mask=mask).logits
     b, real = 1, int(mask[1].sum())
-    for t in range(real):
-        (grad,) = torch.autograd.grad(logits[b, t, ids[b, t]], embeds, retain_graph=True)
-        per_token = grad.abs().sum(-1)
-        assert torch.all(per_token[b, real:] == 0), "a masked-LM token sees padding"
-        assert torch.all(per_token[b, :real] > 0), "bidirectional attention should see every real token"
+    may_read = torch.zeros(real, B, T, dtype=torch.bool)
+    may_read[:, b, :real] = True
+    reach = leak_audit.reach([logits[b, t, ids[b, t]] for t in range(real)], embeds)
+    leak_audit.assert_reads_only(reach, may_read, must_read="all", what="masked-LM token")
 
 
 @torch.no_grad()
-def test_flex_forward_ignores_tokens_it_must_not_see(static_flex_shapes):
+def test_flex_forward_ignores_tokens_it_must_not_see(static_flex_shapes, tiny_model):
     """FlexAttention has no CPU backward: check the same rule by perturbing invisible tokens."""
-    model = make(H.LookAroundForPreTraining, "flex_attention")
+    model = tiny_model(H.LookAroundForPreTraining, "flex_attention")
     ids, mask, lengths = batch_inputs()
     plan = random_plans(lengths, ids.shape[1], seed=3)["dar"]
     base = model(input_ids=ids, attention_mask=mask, group_ids=plan.group_ids).logits
@@ -146,12 +148,12 @@ def test_flex_forward_ignores_tokens_it_must_not_see(static_flex_shapes):
 # ------------------------------------------------------------------------------------------ backends
 @pytest.mark.parametrize("overrides", [{}, dict(position_embedding_type="absolute", norm_type="layernorm",
                                                  hidden_act="gelu", norm_position="post")])
-def test_backends_agree(overrides, static_flex_shapes):
+def test_backends_agree(overrides, static_flex_shapes, tiny_model):
     ids, mask, lengths = batch_inputs()
     plan = random_plans(lengths, ids.shape[1], seed=1)["vmlm"]
     results = {}
     for impl in ["eager", "sdpa", "flex_attention"]:
-        model = make(H.LookAroundForPreTraining, impl, **overrides)
+        model = tiny_model(H.LookAroundForPreTraining, impl, **overrides)
         with torch.no_grad():
             two = model(input_ids=ids, attention_mask=mask, group_ids=plan.group_ids).logits
             single = model.model(input_ids=ids, attention_mask=mask, attention_pattern="causal").last_hidden_state
@@ -162,9 +164,9 @@ def test_backends_agree(overrides, static_flex_shapes):
             torch.testing.assert_close(got * real, want * real, rtol=1e-5, atol=1e-5)
 
 
-def test_causal_plan_matches_single_stream_causal_and_no_nan():
+def test_causal_plan_matches_single_stream_causal_and_no_nan(tiny_model):
     """The AR plan's content stream is exactly the causal single stream (one mask rule)."""
-    model = make(H.LookAroundForPreTraining)
+    model = tiny_model(H.LookAroundForPreTraining)
     ids, mask, lengths = batch_inputs()
     plan = make_plan("ar", lengths, ids.shape[1])
     out = model.model(input_ids=ids, attention_mask=mask, group_ids=plan.group_ids)
@@ -175,8 +177,8 @@ def test_causal_plan_matches_single_stream_causal_and_no_nan():
 
 
 # ------------------------------------------------------------------------------------------ heads
-def test_generate_with_and_without_cache_gives_same_tokens():
-    model = make(H.LookAroundForCausalLM, "sdpa")
+def test_generate_with_and_without_cache_gives_same_tokens(tiny_model):
+    model = tiny_model(H.LookAroundForCausalLM, "sdpa")
     ids, mask, _ = batch_inputs(seq_len=6, lengths=(6, 6))
     kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
     with_cache = model.generate(ids, attention_mask=mask, use_cache=True, **kwargs)
@@ -191,8 +193,8 @@ def test_generate_with_and_without_cache_gives_same_tokens():
     assert torch.equal(seq, with_cache)
 
 
-def test_left_padded_generation_matches_unpadded():
-    model = make(H.LookAroundForCausalLM, "eager")
+def test_left_padded_generation_matches_unpadded(tiny_model):
+    model = tiny_model(H.LookAroundForCausalLM, "eager")
     prompt = torch.randint(4, VOCAB, (1, 5), generator=torch.Generator().manual_seed(2))
     alone = model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], 1)
@@ -201,7 +203,7 @@ def test_left_padded_generation_matches_unpadded():
     assert torch.equal(out[:, 3:], alone)
 
 
-def test_fill_mask_pipeline(tmp_path):
+def test_fill_mask_pipeline(tmp_path, tiny_model):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, pipeline
 
@@ -210,7 +212,7 @@ def test_fill_mask_pipeline(tmp_path):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", mask_token="[MASK]",
                                         bos_token="<s>", eos_token="</s>")
-    model = make(H.LookAroundForMaskedLM)
+    model = tiny_model(H.LookAroundForMaskedLM)
     fill = pipeline("fill-mask", model=model, tokenizer=tokenizer, top_k=3)
     preds = fill("w1 w2 [MASK] w4")
     assert len(preds) == 3 and all("token_str" in p for p in preds)
@@ -224,8 +226,8 @@ def test_fill_mask_pipeline(tmp_path):
     ("regression", 1, torch.tensor([0.5, -1.0])),
 ])
 @pytest.mark.parametrize("pooling", ["cls", "mean", "last"])
-def test_sequence_classification(problem_type, num_labels, labels, pooling):
-    model = make(H.LookAroundForSequenceClassification, num_labels=num_labels, problem_type=problem_type,
+def test_sequence_classification(problem_type, num_labels, labels, pooling, tiny_model):
+    model = tiny_model(H.LookAroundForSequenceClassification, num_labels=num_labels, problem_type=problem_type,
                  classifier_pooling=pooling)
     ids, mask, _ = batch_inputs()
     out = model(input_ids=ids, attention_mask=mask, labels=labels)
@@ -255,12 +257,12 @@ def head_output(model, ids, mask, group_ids):
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-def test_save_and_load_through_every_auto_class_is_bit_identical(tmp_path):
+def test_save_and_load_through_every_auto_class_is_bit_identical(tmp_path, tiny_model):
     ids, mask, lengths = batch_inputs()
     plan = make_plan("dar", lengths, ids.shape[1], generator=torch.Generator().manual_seed(0))
     assert AutoConfig.for_model("lookaround", vocab_size=VOCAB).model_type == "lookaround"
     for name, (auto, cls) in HEADS.items():
-        model = make(cls, "sdpa", num_labels=3)  # sdpa: the backend from_pretrained picks by default
+        model = tiny_model(cls, "sdpa", num_labels=3)  # sdpa: the backend from_pretrained picks by default
         path = tmp_path / name
         model.save_pretrained(path)
         assert (path / "model.safetensors").exists() and not (path / "pytorch_model.bin").exists()
@@ -271,8 +273,8 @@ def test_save_and_load_through_every_auto_class_is_bit_identical(tmp_path):
             assert torch.equal(head_output(loaded, ids, mask, plan.group_ids), want), f"{name} via {loader}"
 
 
-def test_a_pretraining_checkpoint_loads_into_every_head(tmp_path):
-    model = make(H.LookAroundForPreTraining)
+def test_a_pretraining_checkpoint_loads_into_every_head(tmp_path, tiny_model):
+    model = tiny_model(H.LookAroundForPreTraining)
     model.save_pretrained(tmp_path)
     ids, mask, _ = batch_inputs()
     for _, (auto, cls) in HEADS.items():
@@ -286,12 +288,12 @@ def test_a_pretraining_checkpoint_loads_into_every_head(tmp_path):
         assert torch.isfinite(head_output(loaded.eval(), ids, mask, torch.zeros_like(ids))).all()
 
 
-def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path, run_without_package):
+def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path, run_without_package, tiny_model):
     ids, mask, lengths = batch_inputs()
     plan = make_plan("mlm", lengths, ids.shape[1], generator=torch.Generator().manual_seed(0))
     expected = {}
     for name, (_, cls) in HEADS.items():
-        model = make(cls, "sdpa", num_labels=3)
+        model = tiny_model(cls, "sdpa", num_labels=3)
         model.save_pretrained(tmp_path / name)
         assert (tmp_path / name / "modeling_lookaround.py").exists()
         expected[name] = head_output(model, ids, mask, plan.group_ids)
@@ -318,29 +320,29 @@ def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path, run_
 
 
 # ------------------------------------------------------------------------------------------ training
-def test_loss_honours_num_items_in_batch():
+def test_loss_honours_num_items_in_batch(tiny_model):
     """Trainer passes the target count of the whole accumulated step; the loss is then sum / count."""
     ids, mask, lengths = batch_inputs()
     plan = make_plan("mlm", lengths, ids.shape[1], mask_ratio=0.3, generator=torch.Generator().manual_seed(0))
     labels = torch.where(plan.is_target, ids, -100)
-    model = make(H.LookAroundForPreTraining)
+    model = tiny_model(H.LookAroundForPreTraining)
     mean = model(input_ids=ids, attention_mask=mask, group_ids=plan.group_ids, labels=labels).loss
     count = int(plan.is_target.sum())
     summed = model(input_ids=ids, attention_mask=mask, group_ids=plan.group_ids, labels=labels,
                    num_items_in_batch=torch.tensor(2 * count)).loss
     torch.testing.assert_close(summed, mean / 2)
-    causal = make(H.LookAroundForCausalLM)
+    causal = tiny_model(H.LookAroundForCausalLM)
     mean = causal(input_ids=ids, labels=ids).loss
     torch.testing.assert_close(causal(input_ids=ids, labels=ids, num_items_in_batch=ids[:, 1:].numel()).loss, mean)
 
 
-def test_gradient_checkpointing_gives_the_same_gradients():
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
     ids, mask, lengths = batch_inputs()
     plan = make_plan("vmlm", lengths, ids.shape[1], generator=torch.Generator().manual_seed(0))
     labels = torch.where(plan.is_target, ids, -100)
     grads = []
     for checkpointing in (False, True):
-        model = make(H.LookAroundForPreTraining, "sdpa").train()
+        model = tiny_model(H.LookAroundForPreTraining, "sdpa").train()
         if checkpointing:
             model.gradient_checkpointing_enable()
         model(input_ids=ids, attention_mask=mask, group_ids=plan.group_ids, labels=labels).loss.backward()
@@ -348,12 +350,12 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     torch.testing.assert_close(grads[0], grads[1])
 
 
-def test_compiled_training_step_has_no_graph_breaks():
+def test_compiled_training_step_has_no_graph_breaks(tiny_model):
     ids, mask, lengths = batch_inputs()
     plan = make_plan("dar", lengths, ids.shape[1], generator=torch.Generator().manual_seed(0))
     labels = torch.where(plan.is_target, ids, -100)
     targets = plan.target_positions(pad_to=ids.shape[1])
-    model = make(H.LookAroundForPreTraining, "sdpa").train()
+    model = tiny_model(H.LookAroundForPreTraining, "sdpa").train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
     def loss_fn(ids, mask, group_ids, labels, targets):
@@ -377,8 +379,8 @@ def test_compiled_training_step_has_no_graph_breaks():
 
 
 # ------------------------------------------------------------------------------------------ bad input
-def test_bad_inputs_raise_clear_errors():
-    model = make(H.LookAroundForPreTraining)
+def test_bad_inputs_raise_clear_errors(tiny_model, tiny_config):
+    model = tiny_model(H.LookAroundForPreTraining)
     ids, mask, lengths = batch_inputs()
     plan = make_plan("ar", lengths, ids.shape[1])
     with pytest.raises(ValueError, match="group_ids must have the shape"):
@@ -387,11 +389,11 @@ def test_bad_inputs_raise_clear_errors():
         long = torch.randint(4, VOCAB, (1, 65))
         model(input_ids=long, group_ids=torch.zeros_like(long))
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        make(H.LookAroundForCausalLM)(input_ids=torch.randint(4, VOCAB, (1, 65)))
+        tiny_model(H.LookAroundForCausalLM)(input_ids=torch.randint(4, VOCAB, (1, 65)))
     with pytest.raises(ValueError, match="labels must be token ids"):
         model(input_ids=ids, group_ids=plan.group_ids, labels=torch.full_like(ids, VOCAB))
     with pytest.raises(ValueError, match="labels must be token ids"):
-        make(H.LookAroundForMaskedLM)(input_ids=ids, labels=torch.full_like(ids, -5))
+        tiny_model(H.LookAroundForMaskedLM)(input_ids=ids, labels=torch.full_like(ids, -5))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         model(input_ids=torch.full_like(ids, VOCAB + 3), group_ids=plan.group_ids)
     with pytest.raises(ValueError, match="attention_mask must have shape"):

@@ -12,7 +12,6 @@ from transformers import (
     AutoModelForPreTraining,
 )
 
-from hf_lookaround.models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
 from hf_lookaround.models.lookaround.modeling_lookaround_vit import (
     LookAroundViTForImageClassification,
     LookAroundViTForPreTraining,
@@ -24,7 +23,7 @@ from hf_lookaround.data.image_collator import image_plan, make_image_collator
 from hf_lookaround.data.images import load_fashion_mnist
 from hf_lookaround.evaluation.reconstruction import reconstruction_l2
 
-PATCH, SIDE = 7, 28  # 16 patches
+PATCH, SIDE = 7, 28  # tiny_vit_config's 16 patches (tests/conftest.py)
 HEADS = {
     "AutoModel": (AutoModel, LookAroundViTModel),
     "AutoModelForPreTraining": (AutoModelForPreTraining, LookAroundViTForPreTraining),
@@ -42,19 +41,6 @@ def static_flex_shapes():
     torch._dynamo.reset()
 
 
-def tiny_config(**overrides):
-    base = dict(image_size=SIDE, patch_size=PATCH, num_channels=1, hidden_size=32, num_hidden_layers=2,
-                num_attention_heads=2, intermediate_size=64)
-    return LookAroundViTConfig(**{**base, **overrides})
-
-
-def make(cls, impl="eager", seed=0, **overrides):
-    torch.manual_seed(seed)
-    model = cls(tiny_config(**overrides)).eval()
-    model.set_attn_implementation(impl)
-    return model
-
-
 def images(n=2, seed=0, channels=1):
     return torch.rand(n, channels, SIDE, SIDE, generator=torch.Generator().manual_seed(seed))
 
@@ -66,40 +52,38 @@ def plan_for(objective, n=2, seed=0, **params):
 
 
 # ------------------------------------------------------------------------------------------ leaks
+def per_patch(pixel_grads):
+    """(outputs, B, C, H, W) -> (outputs, B, patches): the gradient summed over each patch's pixels."""
+    return patchify(pixel_grads.flatten(0, 1), PATCH).sum(-1).unflatten(0, pixel_grads.shape[:2])
+
+
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 @pytest.mark.parametrize("objective", ["vmlm", "gvp"])
 @pytest.mark.parametrize("position_embedding_type", ["absolute", "rope"])
-def test_reconstruction_loss_sees_exactly_the_pixels_of_lower_ranks(impl, objective, position_embedding_type):
+def test_reconstruction_loss_sees_exactly_the_pixels_of_lower_ranks(impl, objective, position_embedding_type, tiny_model, leak_audit):
     """d loss(target patch) / d pixel is exactly 0 for every pixel of a patch of rank >= the target's rank
     (its own patch included; the regression target is data, so it is detached) and of other images."""
-    model = make(LookAroundViTForPreTraining, impl, position_embedding_type=position_embedding_type)
+    model = tiny_model(LookAroundViTForPreTraining, impl, position_embedding_type=position_embedding_type)
     plan = plan_for(objective, seed=len(objective))
     slots = plan.target_positions()
     pixels = images().requires_grad_(True)
     out = model(pixel_values=pixels, group_ids=plan.group_ids, target_positions=slots)
     truth = model.target_patches(pixels.detach())
-    checked = 0
-    for b in range(pixels.shape[0]):
-        for m, t in enumerate(slots[b].tolist()):
-            if t < 0:
-                continue
-            loss_t = ((out.logits[b, m] - truth[b, t - 1]) ** 2).mean()
-            (grad,) = torch.autograd.grad(loss_t, pixels, retain_graph=True)
-            per_patch = patchify(grad.abs(), PATCH).sum(-1)  # (B, N)
-            rank = plan.group_ids[:, 1:]
-            must_not_see = torch.ones_like(per_patch, dtype=torch.bool)
-            must_not_see[b] = rank[b] >= plan.group_ids[b, t]
-            leaking = (must_not_see & (per_patch != 0)).nonzero().tolist()
-            assert leaking == [], f"{objective}/{impl}: target patch {t - 1} of image {b} reads patches {leaking}"
-            assert per_patch[b][~must_not_see[b]].max() > 0, "a target sees none of the patches it may see"
-            checked += 1
-    assert checked == int(plan.is_target.sum()) > 0
+    targets = [(b, m, t) for b in range(pixels.shape[0]) for m, t in enumerate(slots[b].tolist()) if t >= 0]
+    rank = plan.group_ids[:, 1:]
+    may_read = torch.zeros(len(targets), *rank.shape, dtype=torch.bool)
+    for i, (b, _, t) in enumerate(targets):
+        may_read[i, b] = rank[b] < plan.group_ids[b, t]
+    losses = [((out.logits[b, m] - truth[b, t - 1]) ** 2).mean() for b, m, t in targets]
+    reach = leak_audit.reach(losses, pixels, per_unit=per_patch)
+    leak_audit.assert_reads_only(reach, may_read, must_read="some", what=f"{objective}/{impl} target patch")
+    assert len(targets) == int(plan.is_target.sum()) > 0
 
 
 @torch.no_grad()
-def test_flex_attention_agrees_with_eager(static_flex_shapes):
-    eager = make(LookAroundViTForPreTraining, "eager")
-    flex = make(LookAroundViTForPreTraining, "flex_attention")
+def test_flex_attention_agrees_with_eager(static_flex_shapes, tiny_model):
+    eager = tiny_model(LookAroundViTForPreTraining, "eager")
+    flex = tiny_model(LookAroundViTForPreTraining, "flex_attention")
     plan = plan_for("gvp", seed=3)
     x = images(seed=3)
     kw = dict(group_ids=plan.group_ids, target_positions=plan.target_positions())
@@ -109,8 +93,8 @@ def test_flex_attention_agrees_with_eager(static_flex_shapes):
     torch.testing.assert_close(flex.vit(x).pooler_output, eager.vit(x).pooler_output, rtol=1e-4, atol=1e-5)
 
 
-def test_loss_is_mse_over_target_patches_only():
-    model = make(LookAroundViTForPreTraining)
+def test_loss_is_mse_over_target_patches_only(tiny_model):
+    model = tiny_model(LookAroundViTForPreTraining)
     plan = plan_for("vmlm", n=3, seed=1)
     slots = plan.target_positions()
     x = images(3, seed=1)
@@ -123,8 +107,8 @@ def test_loss_is_mse_over_target_patches_only():
     assert torch.equal(unpatchify(truth, PATCH, 1), x)
 
 
-def test_norm_pix_loss_regresses_normalised_patches():
-    model = make(LookAroundViTForPreTraining, norm_pix_loss=True)
+def test_norm_pix_loss_regresses_normalised_patches(tiny_model):
+    model = tiny_model(LookAroundViTForPreTraining, norm_pix_loss=True)
     target = model.target_patches(images())
     torch.testing.assert_close(target.mean(-1), torch.zeros(target.shape[:2]), atol=1e-5, rtol=0)
     torch.testing.assert_close(target.std(-1, unbiased=False), torch.ones(target.shape[:2]), atol=1e-3, rtol=0)
@@ -138,11 +122,11 @@ def head_output(model, x, plan):
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-def test_save_and_load_through_the_auto_classes_is_bit_identical(tmp_path):
+def test_save_and_load_through_the_auto_classes_is_bit_identical(tmp_path, tiny_model):
     x, plan = images(), plan_for("gvp")
     assert AutoConfig.for_model("lookaround_vit", image_size=28, patch_size=7).num_patches == 16
     for name, (auto, cls) in HEADS.items():
-        model = make(cls, "sdpa", num_labels=3)
+        model = tiny_model(cls, "sdpa", num_labels=3)
         model.save_pretrained(tmp_path / name)
         want = head_output(model, x, plan)
         for loader in (cls, auto):
@@ -151,8 +135,8 @@ def test_save_and_load_through_the_auto_classes_is_bit_identical(tmp_path):
             assert torch.equal(head_output(loaded, x, plan), want), f"{name} via {loader.__name__}"
 
 
-def test_a_pretraining_checkpoint_loads_into_the_classifier(tmp_path):
-    model = make(LookAroundViTForPreTraining)
+def test_a_pretraining_checkpoint_loads_into_the_classifier(tmp_path, tiny_model):
+    model = tiny_model(LookAroundViTForPreTraining)
     model.save_pretrained(tmp_path)
     clf = AutoModelForImageClassification.from_pretrained(tmp_path, num_labels=10)
     assert torch.equal(clf.vit.embeddings.cls_token, model.vit.embeddings.cls_token)
@@ -162,11 +146,11 @@ def test_a_pretraining_checkpoint_loads_into_the_classifier(tmp_path):
     assert out.logits.shape == (2, 10) and torch.isfinite(out.loss)
 
 
-def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path, run_without_package):
+def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path, run_without_package, tiny_model):
     x, plan = images(), plan_for("vmlm")
     expected = {}
     for name, (_, cls) in HEADS.items():
-        model = make(cls, "sdpa", num_labels=3)
+        model = tiny_model(cls, "sdpa", num_labels=3)
         model.save_pretrained(tmp_path / name)
         assert (tmp_path / name / "modeling_lookaround_vit.py").exists()
         expected[name] = head_output(model, x, plan)
@@ -198,8 +182,8 @@ def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path, run_
     ("multi_label_classification", 3, torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])),
 ])
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
-def test_image_classification(problem_type, num_labels, labels, pooling):
-    model = make(LookAroundViTForImageClassification, num_labels=num_labels, problem_type=problem_type,
+def test_image_classification(problem_type, num_labels, labels, pooling, tiny_model):
+    model = tiny_model(LookAroundViTForImageClassification, num_labels=num_labels, problem_type=problem_type,
                  classifier_pooling=pooling)
     out = model(pixel_values=images(), labels=labels)
     assert out.logits.shape == (2, num_labels) and torch.isfinite(out.loss)
@@ -208,8 +192,8 @@ def test_image_classification(problem_type, num_labels, labels, pooling):
 
 
 # ------------------------------------------------------------------------------------------ bad input
-def test_bad_inputs_raise_clear_errors():
-    model = make(LookAroundViTForPreTraining)
+def test_bad_inputs_raise_clear_errors(tiny_model, tiny_vit_config):
+    model = tiny_model(LookAroundViTForPreTraining)
     plan = plan_for("gvp")
     kw = dict(group_ids=plan.group_ids, target_positions=plan.target_positions())
     with pytest.raises(ValueError, match=r"pixel_values must have shape \(batch, 1, 28, 28\)"):
@@ -226,20 +210,20 @@ def test_bad_inputs_raise_clear_errors():
         model(pixel_values=images(), group_ids=torch.cat([plan.group_ids[:, :1] + 9, plan.group_ids[:, 1:]], 1),
               target_positions=kw["target_positions"])
     with pytest.raises(ValueError, match="patch_size .* must divide image_size"):
-        tiny_config(patch_size=5)
+        tiny_vit_config(patch_size=5)
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        tiny_config(max_position_embeddings=8)
+        tiny_vit_config(max_position_embeddings=8)
     with pytest.raises(ValueError, match="classifier_pooling"):
-        tiny_config(classifier_pooling="last")
+        tiny_vit_config(classifier_pooling="last")
     with pytest.raises(ValueError, match="image objectives"):
         make_image_collator("ar", 16)
 
 
 # ------------------------------------------------------------------------------------------ evaluation
-def test_reconstruction_l2_per_group_and_modes():
+def test_reconstruction_l2_per_group_and_modes(tiny_model):
     """Group 1 is predicted from the true G0 in both modes; later groups differ once predictions are fed back.
     A perfect predictor scores 0."""
-    model = make(LookAroundViTForPreTraining)
+    model = tiny_model(LookAroundViTForPreTraining)
     x = images(6, seed=5)
     tf = reconstruction_l2(model, x, objective="gvp", plan_params={"num_groups": 4}, seed=1)
     gen = reconstruction_l2(model, x, objective="gvp", plan_params={"num_groups": 4}, mode="generative", seed=1)
@@ -264,12 +248,12 @@ def test_reconstruction_l2_per_group_and_modes():
     assert reconstruction_l2(Oracle(), x, objective="gvp", plan_params={"num_groups": 4})["l2"] == 0.0
 
 
-def test_a_few_steps_on_idx_images_lower_the_masked_patch_mse(digits_idx_dir):
+def test_a_few_steps_on_idx_images_lower_the_masked_patch_mse(digits_idx_dir, tiny_model):
     # scikit-learn's digits in the Fashion-MNIST file layout (tests/conftest.py)
     x, y = load_fashion_mnist(digits_idx_dir, "train", limit=512)
     assert x.shape == (512, 1, 28, 28) and 0.0 <= float(x.min()) and float(x.max()) <= 1.0
     assert set(y.tolist()) == set(range(10))
-    model = make(LookAroundViTForPreTraining, "sdpa").train()
+    model = tiny_model(LookAroundViTForPreTraining, "sdpa").train()
     collator = make_image_collator("vmlm", model.config.num_patches, seed=0)
     held_out = x[-128:]
 
@@ -308,11 +292,11 @@ def test_image_collator_draws_reproducible_plans_with_cls_as_condition():
     assert torch.all(gvp["group_ids"][:, 1:].amax(-1) == 6)  # G0 has rank 1, G5 rank 6
 
 
-def test_gradient_checkpointing_gives_the_same_gradients():
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
     plan, x = plan_for("gvp"), images()
     grads = []
     for checkpointing in (False, True):
-        model = make(LookAroundViTForPreTraining).train()
+        model = tiny_model(LookAroundViTForPreTraining).train()
         if checkpointing:
             model.gradient_checkpointing_enable()
         model(pixel_values=x, group_ids=plan.group_ids, target_positions=plan.target_positions()).loss.backward()
@@ -341,9 +325,9 @@ def test_the_vision_command_end_to_end(tmp_path, digits_idx_dir):
     assert isinstance(loaded, LookAroundViTForPreTraining) and loaded.config.objective == "gvp"
 
 
-def test_training_step_has_no_graph_breaks():
+def test_training_step_has_no_graph_breaks(tiny_model):
     """`_can_compile_fullgraph`: the pretraining loss traces as one graph (value checks skip while compiling)."""
-    model = make(LookAroundViTForPreTraining, "sdpa").train()
+    model = tiny_model(LookAroundViTForPreTraining, "sdpa").train()
     plan, x = plan_for("vmlm"), images()
     slots = plan.target_positions(pad_to=12)  # a static M: ceil(0.75 * 16)
 

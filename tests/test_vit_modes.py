@@ -8,7 +8,6 @@ import torch
 from torch.nn import functional as F
 from transformers import AutoModel, AutoModelForImageClassification, AutoModelForPreTraining
 
-from hf_lookaround.models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
 from hf_lookaround.models.lookaround.modeling_lookaround_vit import (
     LookAroundViTForImageClassification,
     LookAroundViTForPreTraining,
@@ -19,13 +18,13 @@ from hf_lookaround.models.lookaround.modeling_lookaround_vit import (
 from hf_lookaround.decoding.images import vit_plan
 from hf_lookaround.data.visual_tokenizer import encode, encode_images, fit_codebook, fit_pixel_decoder
 
-PATCH, SIDE, K = 7, 28, 16  # 16 patches of 7x7, 16 visual tokens
+PATCH, SIDE, K = 7, 28, 16  # tiny_vit_config's 16 patches of 7x7 (tests/conftest.py), 16 visual tokens
 
 
-def tiny_config(**overrides):
-    base = dict(image_size=SIDE, patch_size=PATCH, num_channels=1, hidden_size=32, num_hidden_layers=2,
-                num_attention_heads=2, intermediate_size=64, codebook_size=K)
-    return LookAroundViTConfig(**{**base, **overrides})
+@pytest.fixture
+def codebook_config(tiny_vit_config):
+    """The shared tiny ViT with a 16-token codebook."""
+    return lambda **overrides: tiny_vit_config(**{"codebook_size": K, **overrides})
 
 
 def images(n=2, seed=0):
@@ -44,13 +43,17 @@ def tokenizer():
     return _TOKENIZER["t"]
 
 
-def make(cls=LookAroundViTForPreTraining, impl="eager", seed=0, codebook=True, **overrides):
-    torch.manual_seed(seed)
-    model = cls(tiny_config(**overrides)).eval()
-    model.set_attn_implementation(impl)
-    if codebook and model.config.uses_codebook:
-        model.set_visual_codebook(*tokenizer())
-    return model
+@pytest.fixture
+def make(tiny_model):
+    """The shared tiny model with a 16-token codebook, fitted (``codebook=True``) when its mode uses one."""
+
+    def build(cls=LookAroundViTForPreTraining, impl="eager", seed=0, codebook=True, **overrides):
+        model = tiny_model(cls, impl, seed, **{"codebook_size": K, **overrides})
+        if codebook and model.config.uses_codebook:
+            model.set_visual_codebook(*tokenizer())
+        return model
+
+    return build
 
 
 def condition_kwargs(config, n, kind):
@@ -63,11 +66,11 @@ def condition_kwargs(config, n, kind):
 
 
 # ------------------------------------------------------------------------------------------ leaks
-def per_target_gradients(model, x, plan, condition):
-    """For every target slot: (row, rank, |d loss_t / d patch input| per patch (B, N), |d loss_t / d condition| (B, C)).
+def target_losses(model, x, plan, condition):
+    """Every target slot's loss, with the inputs it is differentiated by: ``(rows, ranks, losses, patches, cond)``.
 
-    The patch input is the pixels (p2p, p2d) or the visual-token embeddings (d2d, caught with a forward hook);
-    the condition input is `condition_embeds`, or the class embedding's output."""
+    ``patches`` is the pixels (p2p, p2d) or the visual-token embeddings (d2d, caught with a forward hook);
+    ``cond`` is ``condition_embeds``, or the class embedding's output, or None."""
     config = model.config
     leaves = {}
 
@@ -95,23 +98,23 @@ def per_target_gradients(model, x, plan, condition):
         for h in handles:
             h.remove()
     prefix = config.num_prefix_tokens
+    rows, ranks, losses = [], [], []
     for b in range(x.shape[0]):
         for m, t in enumerate(out.target_positions[b].tolist()):
             if t < 0:
                 continue
             if config.uses_codebook:
-                loss_t = F.cross_entropy(out.logits[b, m], out.target_ids[b, m])
+                losses.append(F.cross_entropy(out.logits[b, m], out.target_ids[b, m]))
             else:
-                loss_t = ((out.logits[b, m] - patchify(x, PATCH)[b, t - prefix]) ** 2).mean()
-            wrt = [leaves["patches" if "patches" in leaves else "pixels"]] + (
-                [leaves["condition"]] if "condition" in leaves else [])
-            grads = torch.autograd.grad(loss_t, wrt, retain_graph=True)
-            if "pixels" in leaves:
-                per_patch = patchify(grads[0].abs(), PATCH).sum(-1)
-            else:
-                per_patch = grads[0].abs().sum(-1)
-            per_cond = grads[1].abs().flatten(1).sum(-1) if len(grads) > 1 else None
-            yield b, int(plan.group_ids[b, t]), per_patch, per_cond
+                losses.append(((out.logits[b, m] - patchify(x, PATCH)[b, t - prefix]) ** 2).mean())
+            rows.append(b)
+            ranks.append(int(plan.group_ids[b, t]))
+    return rows, ranks, losses, leaves.get("patches", leaves.get("pixels")), leaves.get("condition")
+
+
+def per_patch(pixel_grads):
+    """(outputs, B, C, H, W) -> (outputs, B, patches): the gradient summed over each patch's pixels."""
+    return patchify(pixel_grads.flatten(0, 1), PATCH).sum(-1).unflatten(0, pixel_grads.shape[:2])
 
 
 LEAK_CASES = [("gvp", mode, condition) for mode in ("p2d", "d2d", "p2p") for condition in (None, "embeds", "class")]
@@ -119,7 +122,7 @@ LEAK_CASES += [("vmlm", mode, "class") for mode in ("p2d", "d2d", "p2p")]  # one
 
 
 @pytest.mark.parametrize("objective,mode,condition", LEAK_CASES)
-def test_a_target_sees_exactly_the_lower_ranks_and_every_condition_token(mode, condition, objective):
+def test_a_target_sees_exactly_the_lower_ranks_and_every_condition_token(mode, condition, objective, make, leak_audit):
     """Zero gradient from every patch (pixels or visual token) of rank >= the target's, and from other images;
     non-zero from some patch it may see; condition tokens reach every target of their own image only."""
     cond = {} if condition is None else dict(num_condition_tokens=2, num_condition_classes=3)
@@ -130,18 +133,17 @@ def test_a_target_sees_exactly_the_lower_ranks_and_every_condition_token(mode, c
     assert torch.all(plan.group_ids[:, : model.config.num_prefix_tokens] == 0)
     x = images(n, seed=3)
     prefix = model.config.num_prefix_tokens
-    checked = 0
-    for b, rank, per_patch, per_cond in per_target_gradients(model, x, plan, condition_kwargs(model.config, n,
-                                                                                             condition)):
-        must_not_see = torch.ones_like(per_patch, dtype=torch.bool)
-        must_not_see[b] = plan.group_ids[b, prefix:] >= rank
-        leaking = (must_not_see & (per_patch != 0)).nonzero().tolist()
-        assert leaking == [], f"{mode}: a target of rank {rank} in image {b} reads patches {leaking}"
-        assert per_patch[b][~must_not_see[b]].max() > 0, "a target sees none of the patches it may see"
-        if per_cond is not None:
-            assert per_cond[b] > 0, "a target does not see its image's condition tokens"
-            assert per_cond[1 - b] == 0, "a target reads another image's condition tokens"
-        checked += 1
+    rows, ranks, losses, patches, cond = target_losses(model, x, plan, condition_kwargs(model.config, n, condition))
+    may_read = torch.zeros(len(rows), n, plan.group_ids.shape[1] - prefix, dtype=torch.bool)
+    for i, (b, rank) in enumerate(zip(rows, ranks)):
+        may_read[i, b] = plan.group_ids[b, prefix:] < rank
+    reach = leak_audit.reach(losses, patches, per_unit=per_patch if patches.dim() == 4 else None)
+    leak_audit.assert_reads_only(reach, may_read, must_read="some", what=f"{mode}: target")
+    if cond is not None:  # every target reads its own image's condition tokens, and no other image's
+        cond_reach = leak_audit.reach(losses, cond, per_unit=lambda g: g.flatten(2).sum(-1))
+        leak_audit.assert_reads_only(cond_reach, torch.nn.functional.one_hot(torch.tensor(rows), n).bool(),
+                                     must_read="all", what=f"{mode}: target (condition tokens)")
+    checked = len(rows)
     assert checked == int(plan.is_target.sum()) > 0
 
 
@@ -161,7 +163,7 @@ def test_fit_codebook_is_deterministic_for_a_seed_and_the_pixel_decoder_is_the_m
 
 
 # ------------------------------------------------------------------------------------------ losses
-def test_p2d_loss_is_cross_entropy_of_the_nearest_centroid_ids_of_the_target_patches():
+def test_p2d_loss_is_cross_entropy_of_the_nearest_centroid_ids_of_the_target_patches(make):
     model = make(target_mode="p2d")
     codebook, _ = tokenizer()
     plan = vit_plan(model.config, "vmlm", 3, generator=torch.Generator().manual_seed(1), mask_ratio_range=(0.5, 0.75))
@@ -181,7 +183,7 @@ def test_p2d_loss_is_cross_entropy_of_the_nearest_centroid_ids_of_the_target_pat
     assert torch.all(out.target_ids[slots < 0] == -100)
 
 
-def test_d2d_reads_visual_tokens_and_pixels_are_tokenised_the_same_way():
+def test_d2d_reads_visual_tokens_and_pixels_are_tokenised_the_same_way(make):
     model = make(target_mode="d2d")
     plan = vit_plan(model.config, "gvp", 2, generator=torch.Generator().manual_seed(2), num_groups=4)
     x = images(2, seed=2)
@@ -195,7 +197,7 @@ def test_d2d_reads_visual_tokens_and_pixels_are_tokenised_the_same_way():
     assert isinstance(model.get_input_embeddings(), torch.nn.Embedding)
 
 
-def test_class_labels_change_the_prediction_and_minus_one_means_no_class():
+def test_class_labels_change_the_prediction_and_minus_one_means_no_class(make):
     model = make(target_mode="p2d", num_condition_tokens=1, num_condition_classes=3)
     plan = vit_plan(model.config, "gvp", 2, generator=torch.Generator().manual_seed(0), num_groups=3)
     kw = dict(pixel_values=images(1).expand(2, -1, -1, -1).contiguous(), group_ids=plan.group_ids[:1].expand(2, -1),
@@ -207,7 +209,7 @@ def test_class_labels_change_the_prediction_and_minus_one_means_no_class():
     torch.testing.assert_close(none, slot_only)
 
 
-def test_a_few_steps_lower_the_p2d_and_d2d_cross_entropy():
+def test_a_few_steps_lower_the_p2d_and_d2d_cross_entropy(make):
     for mode in ("p2d", "d2d"):
         model = make(target_mode=mode, num_condition_tokens=1, num_condition_classes=2).train()
         x = images(8, seed=9)
@@ -225,7 +227,7 @@ def test_a_few_steps_lower_the_p2d_and_d2d_cross_entropy():
         assert float(model(**kw).loss.detach()) < 0.75 * before, mode
 
 
-def test_features_of_a_class_conditional_model_default_to_no_class():
+def test_features_of_a_class_conditional_model_default_to_no_class(make):
     """Probing, classification and the pipeline pass pixels only: the condition tokens carry no class (-1), so a
     label is never read by accident. Pretraining with a plan needs an explicit choice."""
     clf = make(LookAroundViTForImageClassification, target_mode="p2d", num_condition_tokens=1,
@@ -239,14 +241,14 @@ def test_features_of_a_class_conditional_model_default_to_no_class():
         model(pixel_values=x, group_ids=plan.group_ids, target_positions=plan.target_positions())
 
 
-def test_mean_pooling_averages_the_patches_only():
+def test_mean_pooling_averages_the_patches_only(make):
     model = make(LookAroundViTModel, target_mode="p2p", num_condition_tokens=2, num_condition_classes=2)
     out = model(pixel_values=images(), class_labels=torch.tensor([0, 1]))
     assert out.last_hidden_state.shape == (2, 1 + 2 + 16, 32)
     torch.testing.assert_close(out.pooler_output, out.last_hidden_state[:, 3:].mean(1))
 
 
-def test_p2d_training_step_has_no_graph_breaks():
+def test_p2d_training_step_has_no_graph_breaks(make):
     model = make(target_mode="p2d", impl="sdpa", num_condition_tokens=1, num_condition_classes=2).train()
     plan = vit_plan(model.config, "vmlm", 2, generator=torch.Generator().manual_seed(0), mask_ratio_range=(0.5, 0.75))
     slots = plan.target_positions(pad_to=12)
@@ -269,7 +271,7 @@ def outputs_of(model, x, plan, cond):
 
 
 @pytest.mark.parametrize("mode", ["p2d", "d2d"])
-def test_the_codebook_is_saved_and_loaded_by_from_pretrained_and_the_auto_classes(tmp_path, mode):
+def test_the_codebook_is_saved_and_loaded_by_from_pretrained_and_the_auto_classes(tmp_path, mode, make):
     model = make(impl="sdpa", target_mode=mode, num_condition_tokens=1, num_condition_classes=3)
     codebook, decoder = tokenizer()
     model.save_pretrained(tmp_path)
@@ -292,7 +294,7 @@ def test_the_codebook_is_saved_and_loaded_by_from_pretrained_and_the_auto_classe
     assert clf(pixel_values=x, class_labels=torch.tensor([-1, -1])).logits.shape == (2, 4)
 
 
-def test_the_codebook_travels_with_remote_code_in_a_fresh_process(tmp_path, run_without_package):
+def test_the_codebook_travels_with_remote_code_in_a_fresh_process(tmp_path, run_without_package, make):
     model = make(impl="sdpa", target_mode="d2d", num_condition_tokens=1, num_condition_classes=3)
     model.save_pretrained(tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / "modeling_lookaround_vit.py").exists()
@@ -319,27 +321,27 @@ def test_the_codebook_travels_with_remote_code_in_a_fresh_process(tmp_path, run_
 
 
 # ------------------------------------------------------------------------------------------ bad input
-def test_bad_configs_raise_clear_errors():
+def test_bad_configs_raise_clear_errors(codebook_config):
     with pytest.raises(ValueError, match="target_mode must be one of"):
-        tiny_config(target_mode="p2x")
+        codebook_config(target_mode="p2x")
     for mode in ("p2d", "d2d"):
         with pytest.raises(ValueError, match="codebook_size must be an integer >= 2"):
-            tiny_config(target_mode=mode, codebook_size=1)
-    tiny_config(target_mode="p2p", codebook_size=1)  # p2p has no codebook: its size is not used
+            codebook_config(target_mode=mode, codebook_size=1)
+    codebook_config(target_mode="p2p", codebook_size=1)  # p2p has no codebook: its size is not used
     with pytest.raises(ValueError, match="norm_pix_loss applies to pixel regression"):
-        tiny_config(target_mode="p2d", norm_pix_loss=True)
+        codebook_config(target_mode="p2d", norm_pix_loss=True)
     with pytest.raises(ValueError, match="num_condition_classes=3 needs num_condition_tokens >= 1"):
-        tiny_config(num_condition_classes=3)
+        codebook_config(num_condition_classes=3)
     with pytest.raises(ValueError, match="num_condition_tokens must be an integer >= 0"):
-        tiny_config(num_condition_tokens=-1)
+        codebook_config(num_condition_tokens=-1)
     with pytest.raises(ValueError, match=r"patch_size \(5\) must divide image_size \(28\)"):
-        tiny_config(patch_size=5)
-    assert tiny_config(num_condition_tokens=2).max_position_embeddings == 16 + 3
+        codebook_config(patch_size=5)
+    assert codebook_config(num_condition_tokens=2).max_position_embeddings == 16 + 3
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        tiny_config(num_condition_tokens=2, max_position_embeddings=17)
+        codebook_config(num_condition_tokens=2, max_position_embeddings=17)
 
 
-def test_bad_codebooks_and_inputs_raise_clear_errors():
+def test_bad_codebooks_and_inputs_raise_clear_errors(make):
     codebook, decoder = tokenizer()
     with pytest.raises(ValueError, match="has no codebook"):
         make(target_mode="p2p").set_visual_codebook(codebook)
@@ -373,7 +375,7 @@ def test_bad_codebooks_and_inputs_raise_clear_errors():
         fit_codebook(images(), 5, 4)
 
 
-def test_condition_tokens_raise_clear_errors():
+def test_condition_tokens_raise_clear_errors(make):
     model = make(target_mode="p2p", num_condition_tokens=2, num_condition_classes=3)
     plan = vit_plan(model.config, "gvp", 2, generator=torch.Generator().manual_seed(0), num_groups=4)
     kw = dict(pixel_values=images(), group_ids=plan.group_ids, target_positions=plan.target_positions())

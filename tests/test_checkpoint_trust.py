@@ -14,20 +14,10 @@ import pytest
 
 from hf_lookaround import cli
 from hf_lookaround.cli.pretrain import parse_args
-from hf_lookaround.data.tokenization import train_tokenizer
 from hf_lookaround.training import checkpointing
 from hf_lookaround.training.pretraining import LookAroundTrainer, run
 
 TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,hidden_dropout_prob=0.1"
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory, bbc_text_dir):
-    from hf_lookaround.data.text import load_texts
-
-    out = tmp_path_factory.mktemp("tok")
-    train_tokenizer(load_texts(bbc_text_dir / "train.jsonl.gz")[:8], vocab_size=400, output_dir=out)
-    return out
 
 
 @pytest.fixture(scope="module")

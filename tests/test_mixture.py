@@ -10,7 +10,6 @@ import hf_lookaround as H
 from hf_lookaround import objectives, plans
 from hf_lookaround.cli import main as cli_main
 from hf_lookaround.data.collators import make_collator, max_targets
-from hf_lookaround.data.tokenization import train_tokenizer
 from hf_lookaround.leakcheck import audit_two_stream
 from hf_lookaround.models.lookaround import generation_lookaround
 from hf_lookaround.training.pretraining import ObjectiveArguments
@@ -65,9 +64,7 @@ def test_drawn_components_follow_the_weights_and_each_row_is_its_components_plan
     assert not torch.equal(other.group_ids, plan.group_ids)
 
 
-def test_collator_is_deterministic_never_masks_specials_and_passes_the_leak_audit():
-    tokenizer = train_tokenizer(["the cat sat on the mat and the dog ran far away"] * 20, vocab_size=280,
-                                min_frequency=1)
+def test_collator_is_deterministic_never_masks_specials_and_passes_the_leak_audit(tokenizer, tiny_model):
     rows = [[tokenizer.bos_token_id] + list(range(10, 10 + n)) + [tokenizer.eos_token_id] for n in (14, 18, 9, 18)]
     features = [{"input_ids": r} for r in rows]
     collator = make_collator("mixture", tokenizer, mixture={"dar": 1, "vmlm": 1}, components=COMPONENTS, seed=3,
@@ -79,10 +76,7 @@ def test_collator_is_deterministic_never_masks_specials_and_passes_the_leak_audi
     specials = torch.isin(out["input_ids"], torch.tensor([tokenizer.bos_token_id, tokenizer.eos_token_id]))
     masked_rows = out["group_ids"].max(-1).values == 2  # a vmlm row: ranks 0 (BOS), 1 visible, 2 masked
     assert not (out["labels"].ne(-100) & specials & masked_rows[:, None]).any()
-    torch.manual_seed(0)
-    config = H.LookAroundConfig.from_preset("tiny", vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=2,
-                                            intermediate_size=64, max_position_embeddings=32)
-    model = H.LookAroundForPreTraining(config).eval()
+    model = tiny_model(H.LookAroundForPreTraining, vocab_size=len(tokenizer), max_position_embeddings=32)
     plan_targets = out["labels"] != -100
     report = audit_two_stream(model, out["input_ids"], out["attention_mask"], out["group_ids"], plan_targets)
     assert report.leaks == [] and report.blind == [] and report.targets_checked == int(plan_targets.sum())
@@ -123,13 +117,11 @@ def test_python_form_and_what_the_table_says():
     assert "`dar`" in text and "`vmlm`" in text and "weight 0.5" in text and "AR plan" in text
 
 
-def test_pretrain_a_mixture_through_the_cli_then_decode(bbc_text_dir, tmp_path):
-    from hf_lookaround.data.text import load_texts
+def test_pretrain_a_mixture_through_the_cli_then_decode(bbc_text_dir, tokenizer_dir, tmp_path):
     from hf_lookaround.decoding.infill import infill
 
     text = bbc_text_dir / "train.jsonl.gz"
-    tok = tmp_path / "tok"
-    train_tokenizer(load_texts(text)[:8], vocab_size=400, output_dir=tok)
+    tok = tokenizer_dir
     out = tmp_path / "mixture"
     code = cli_main([
         "pretrain", "--objective", "mixture", "--mixture", "dar=0.5", "vmlm=0.5", "--group_size", "1", "2",

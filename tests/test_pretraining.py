@@ -24,15 +24,6 @@ def text_file(bbc_text_dir):
     return TEXT
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory, text_file):
-    from hf_lookaround.data.text import load_texts
-
-    out = tmp_path_factory.mktemp("tok")
-    train_tokenizer(load_texts(text_file)[:8], vocab_size=400, output_dir=out)
-    return out
-
-
 def args(tokenizer_dir, output_dir, *extra):
     return [
         "--train_files", str(TEXT), "--tokenizer_name", str(tokenizer_dir), "--preset", "tiny",

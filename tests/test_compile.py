@@ -19,7 +19,7 @@ from hf_lookaround.leakcheck import audit_two_stream
 from hf_lookaround.training.unread_content import drop_unread_content
 from hf_lookaround.plans import make_plan
 
-VOCAB = 61
+VOCAB = 61  # tiny_config's vocabulary (tests/conftest.py)
 BERT_LIKE = dict(position_embedding_type="absolute", norm_type="layernorm", hidden_act="gelu", norm_position="post",
                  attention_bias=True, mlp_bias=True)
 CONFIGS = {"llama": {}, "bert": BERT_LIKE}
@@ -42,14 +42,15 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def make(config="llama", impl="sdpa", seq_len=32, **overrides):
-    torch.manual_seed(0)
-    sizes = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                 max_position_embeddings=seq_len)
-    config = H.LookAroundConfig(**{**sizes, **CONFIGS[config], **overrides})
-    model = H.LookAroundForPreTraining(config)
-    model.set_attn_implementation(impl)
-    return model
+@pytest.fixture
+def make(tiny_model):
+    """The shared tiny pretraining model in training mode, Llama-like or BERT-like, for sequences of ``seq_len``."""
+
+    def build(config="llama", impl="sdpa", seq_len=32, **overrides):
+        return tiny_model(H.LookAroundForPreTraining, impl, seed=0, max_position_embeddings=seq_len,
+                          **{**CONFIGS[config], **overrides}).train()
+
+    return build
 
 
 def batch_for(objective, seq_len=32, lengths=(32, 27), seed=0, width=None):
@@ -69,7 +70,7 @@ def grads(model):
 
 # ------------------------------------------------------------------------------------ compiled step, every objective
 @pytest.mark.parametrize("config", ["llama", "bert"])
-def test_compiled_step_with_prepared_masks_every_objective_sdpa(config):
+def test_compiled_step_with_prepared_masks_every_objective_sdpa(config, make):
     """fullgraph (no graph break), one graph per target width, same loss and gradients as eager."""
     model = make(config).train()
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend="aot_eager")
@@ -95,7 +96,7 @@ def test_compiled_step_with_prepared_masks_every_objective_sdpa(config):
 
 @pytest.mark.parametrize("config", ["llama", "bert"])
 @torch.no_grad()
-def test_compiled_flex_forward_with_a_prebuilt_block_mask(config):
+def test_compiled_flex_forward_with_a_prebuilt_block_mask(config, make):
     """The BlockMask is built outside the graph and every layer reuses it; the graph has no break and a new
     batch's BlockMask does not recompile."""
     model = make(config, "flex_attention").eval()
@@ -116,7 +117,7 @@ def test_compiled_flex_forward_with_a_prebuilt_block_mask(config):
         torch.testing.assert_close(got.logits[slots], want.logits[slots], rtol=1e-4, atol=1e-5)
 
 
-def test_inductor_compiles_the_bert_like_masked_step():
+def test_inductor_compiles_the_bert_like_masked_step(make):
     """Issue 9's failure: inductor on the BERT-like masked step (targets padded to ceil(0.15 T), absolute positions
     for T + M rows). Real inductor code generation here, not aot_eager (one layer: it takes a while on the CPU)."""
     model = make("bert", seq_len=64, num_hidden_layers=1).train()
@@ -135,7 +136,7 @@ def test_inductor_compiles_the_bert_like_masked_step():
                                    want_grads["model.layers.0.mlp.up_proj.weight"], rtol=1e-3, atol=1e-5)
 
 
-def test_compiled_step_without_target_positions_has_no_graph_break():
+def test_compiled_step_without_target_positions_has_no_graph_break(make):
     """Labels alone: the compiled graph takes every position as a slot instead of sizing slots on the host."""
     model = make().train()
     batch = batch_for("mlm")
@@ -147,7 +148,7 @@ def test_compiled_step_without_target_positions_has_no_graph_break():
 
 # ------------------------------------------------------------------------------------ leaks on the prepared/compiled path
 @pytest.mark.parametrize("objective", ["ar", "dar", "mlm", "vmlm", "gvp"])
-def test_compiled_step_leaks_nothing(objective):
+def test_compiled_step_leaks_nothing(objective, make):
     model = make(seq_len=40).eval()
     g = torch.Generator().manual_seed(1)
     lengths = [40, 33]
@@ -160,7 +161,7 @@ def test_compiled_step_leaks_nothing(objective):
     assert report.targets_checked == int(plan.is_target.sum()) > 0
 
 
-def test_the_compiled_audit_catches_a_leak(monkeypatch):
+def test_the_compiled_audit_catches_a_leak(monkeypatch, make):
     """The compiled path reads the one mask rule too: a rule that lets the query stream see its own rank is caught."""
     monkeypatch.setattr(masking, "may_attend", lambda q, k, strict, valid: valid & (k <= q))
     model = make(seq_len=40).eval()
@@ -172,7 +173,7 @@ def test_the_compiled_audit_catches_a_leak(monkeypatch):
 
 
 @torch.no_grad()
-def test_prepared_flex_forward_ignores_tokens_it_must_not_see(eager_flex):
+def test_prepared_flex_forward_ignores_tokens_it_must_not_see(eager_flex, make):
     """Forward-only leak check of the prebuilt-BlockMask path (no flex backward on the CPU)."""
     model = make("bert", "flex_attention").eval()
     batch = batch_for("gvp", seed=4)
@@ -200,7 +201,7 @@ def block_occupancy(dense: torch.Tensor, block: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("objective", ["ar", "dar", "gvp", "mlm"])
-def test_block_mask_is_exactly_as_sparse_as_the_plan(objective):
+def test_block_mask_is_exactly_as_sparse_as_the_plan(objective, make):
     seq_len = 512
     model = make(seq_len=seq_len, impl="flex_attention").model
     g = torch.Generator().manual_seed(0)
@@ -227,7 +228,7 @@ def test_block_mask_is_exactly_as_sparse_as_the_plan(objective):
 # ------------------------------------------------------------------------------------ skipped work
 @pytest.mark.parametrize("config", ["llama", "bert"])
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
-def test_skipping_the_last_content_layer_keeps_loss_and_gradients(config, impl):
+def test_skipping_the_last_content_layer_keeps_loss_and_gradients(config, impl, make):
     model = make(config, impl).train()
     batch = batch_for("dar", seed=3)
     results = []
@@ -245,7 +246,7 @@ def test_skipping_the_last_content_layer_keeps_loss_and_gradients(config, impl):
         torch.testing.assert_close(skipped_grads[name], full_grads[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
-def test_skipping_runs_the_last_layer_on_the_query_rows_only():
+def test_skipping_runs_the_last_layer_on_the_query_rows_only(make):
     """The skip is real: the last layer's MLP sees M query rows, not T + M."""
     model = make().train()
     batch = batch_for("mlm")
@@ -261,7 +262,7 @@ def test_skipping_runs_the_last_layer_on_the_query_rows_only():
 
 
 @torch.no_grad()
-def test_skipping_with_flex_keeps_the_logits(eager_flex):
+def test_skipping_with_flex_keeps_the_logits(eager_flex, make):
     model = make("bert", "flex_attention").eval()
     batch = batch_for("vmlm")
     full = model(**batch, return_last_hidden_state=True)
@@ -272,7 +273,7 @@ def test_skipping_with_flex_keeps_the_logits(eager_flex):
 
 # ------------------------------------------------------------------------------------ kernel by length
 @torch.no_grad()
-def test_auto_attention_picks_flex_from_the_threshold(monkeypatch, eager_flex):
+def test_auto_attention_picks_flex_from_the_threshold(monkeypatch, eager_flex, make):
     monkeypatch.setattr(masking, "FLEX_ATTENTION_MIN_KEYS", 48)
     model = make(impl=modeling.AUTO_ATTENTION, seq_len=64).eval()
     reference = make(impl="sdpa", seq_len=64).eval()
@@ -285,7 +286,7 @@ def test_auto_attention_picks_flex_from_the_threshold(monkeypatch, eager_flex):
     assert modeling.resolve_attention_implementation("sdpa", 10**6) == "sdpa"
 
 
-def test_a_prepared_mask_of_another_batch_is_refused():
+def test_a_prepared_mask_of_another_batch_is_refused(make):
     model = make()
     batch = batch_for("dar")
     prepared = model.prepare_attention(**batch_for("mlm"))
@@ -293,7 +294,7 @@ def test_a_prepared_mask_of_another_batch_is_refused():
         model(**batch, prepared_attention=prepared)
 
 
-def test_trainer_under_torch_compile_builds_the_masks_outside_the_model(tmp_path):
+def test_trainer_under_torch_compile_builds_the_masks_outside_the_model(tmp_path, make):
     from transformers import TrainingArguments
 
     from hf_lookaround.training.pretraining import LookAroundTrainer
@@ -318,7 +319,7 @@ def test_trainer_under_torch_compile_builds_the_masks_outside_the_model(tmp_path
 # ------------------------------------------------------------------------------------ content rows nobody reads
 @pytest.mark.parametrize("config", ["llama", "bert"])
 @pytest.mark.parametrize("objective", ["mlm", "vmlm", "gvp", "dar"])
-def test_dropping_unread_content_rows_keeps_loss_and_gradients(config, objective):
+def test_dropping_unread_content_rows_keeps_loss_and_gradients(config, objective, make):
     """The top rank's content rows (masked tokens, GVP's last group) and padding feed no prediction."""
     model = make(config).train()
     batch = batch_for(objective, seed=5)
@@ -341,7 +342,7 @@ def test_dropping_unread_content_rows_keeps_loss_and_gradients(config, objective
         torch.testing.assert_close(dropped_grads[name], full_grads[name], rtol=1e-4, atol=1e-7, msg=name)
 
 
-def test_dropped_content_batch_compiles_with_a_fixed_width_and_refuses_a_narrow_one():
+def test_dropped_content_batch_compiles_with_a_fixed_width_and_refuses_a_narrow_one(make):
     model = make("bert").train()
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend="aot_eager")
     width = 32 - round(0.15 * 27)  # every sequence of these lengths keeps at most this many rows

@@ -7,17 +7,13 @@ import hf_lookaround as H
 from hf_lookaround.models.lookaround.modeling_lookaround import NO_TARGET_RANK
 from hf_lookaround.plans import make_plan
 
-VOCAB = 61
+VOCAB = 61  # tiny_config's vocabulary (tests/conftest.py)
 BACKENDS = ["eager", "sdpa"]
 
 
-def make_backbone(impl, seed=0, **overrides):
-    torch.manual_seed(seed)
-    config = H.LookAroundConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                intermediate_size=64, max_position_embeddings=64, **overrides)
-    model = H.LookAroundModel(config).eval()
-    model.set_attn_implementation(impl)
-    return model
+@pytest.fixture
+def make_backbone(tiny_model):
+    return lambda impl, seed=0, **overrides: tiny_model(H.LookAroundModel, impl, seed, **overrides)
 
 
 def plans_for_one_row(seq_len, seed):
@@ -44,7 +40,7 @@ def group_chunks(ranks: torch.Tensor) -> list[torch.Tensor]:
 @pytest.mark.parametrize("plan_name", ["ar", "dar", "vmlm", "gvp"])
 @pytest.mark.parametrize("rope", [True, False])
 @torch.no_grad()
-def test_cached_chunks_equal_one_full_forward(impl, plan_name, rope):
+def test_cached_chunks_equal_one_full_forward(impl, plan_name, rope, make_backbone):
     """Prefix, then a group, then the next group (any order of positions): the content stream of each chunk and
     the query rows (at the current tokens, and explicit rows at the next group's positions, which have no token
     yet) equal one full two-stream forward with the same ranks."""
@@ -89,7 +85,7 @@ def _copy(cache):
 
 @pytest.mark.parametrize("impl", BACKENDS)
 @torch.no_grad()
-def test_cached_groups_with_left_padding_in_a_batch(impl):
+def test_cached_groups_with_left_padding_in_a_batch(impl, make_backbone):
     """A batch with left padding: padded keys are invalid in the cache as in the full forward."""
     model = make_backbone(impl)
     ranks = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 3, 3, 4]]).repeat(2, 1)
@@ -114,7 +110,7 @@ def test_cached_groups_with_left_padding_in_a_batch(impl):
 
 
 @pytest.mark.parametrize("impl", BACKENDS)
-def test_explicit_query_rows_see_exactly_lower_ranks(impl):
+def test_explicit_query_rows_see_exactly_lower_ranks(impl, make_backbone):
     """A query row of rank r has zero gradient w.r.t. every key of rank >= r, cached or current, and a non-zero
     one for some key of lower rank."""
     model = make_backbone(impl)
@@ -141,7 +137,7 @@ def test_explicit_query_rows_see_exactly_lower_ranks(impl):
             assert per_token[~must_not_see].max() > 0, f"query row of rank {rank} sees nothing it may see"
 
 
-def test_cache_api_bad_input():
+def test_cache_api_bad_input(make_backbone):
     model = make_backbone("eager")
     ids = torch.randint(4, VOCAB, (1, 6))
     ranks = torch.arange(6)[None]

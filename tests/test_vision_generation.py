@@ -10,7 +10,7 @@ from hf_lookaround.models.lookaround.configuration_lookaround_vit import LookAro
 from hf_lookaround.models.lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining, LookAroundViTModel, patchify
 from hf_lookaround.decoding.images import inference_ranks, sample_images, to_display_pixels
 from hf_lookaround.cli.vision import sample_main
-from test_vit_modes import PATCH, SIDE, images, make, tokenizer  # one tiny model for the ViT-mode tests
+from test_vit_modes import PATCH, SIDE, images, make, visual_tokenizer  # make: the ViT-mode tests' tiny model fixture
 
 N_PATCHES = (SIDE // PATCH) ** 2
 
@@ -27,7 +27,7 @@ CASES = [("p2p", {}), ("p2d", {}), ("d2d", {}), ("p2d", {"num_condition_tokens":
 
 
 @pytest.mark.parametrize("mode,cond", CASES, ids=["p2p", "p2d", "d2d", "p2d-class"])
-def test_given_patches_are_kept_and_the_hidden_truth_is_never_read(mode, cond):
+def test_given_patches_are_kept_and_the_hidden_truth_is_never_read(mode, cond, make):
     model = make(target_mode=mode, **cond)
     x, mask = images(3, seed=1), visible_mask(3)
     labels = torch.tensor([0, 1, 2]) if cond else None
@@ -46,7 +46,7 @@ def test_given_patches_are_kept_and_the_hidden_truth_is_never_read(mode, cond):
 
 
 @pytest.mark.parametrize("mode", ["p2p", "p2d", "d2d"])
-def test_a_seed_reproduces_the_images_and_another_seed_changes_them(mode):
+def test_a_seed_reproduces_the_images_and_another_seed_changes_them(mode, make):
     model = make(target_mode=mode)
     first = sample_images(model, num_images=3, num_groups=4, generator=torch.Generator().manual_seed(3))
     assert first.shape == (3, 1, SIDE, SIDE) and torch.isfinite(first).all()
@@ -57,7 +57,7 @@ def test_a_seed_reproduces_the_images_and_another_seed_changes_them(mode):
                                rtol=1e-4, atol=1e-5)
 
 
-def test_one_group_is_one_forward_of_the_inference_plan():
+def test_one_group_is_one_forward_of_the_inference_plan(make):
     """K=1: every hidden patch is predicted at once from the prefix and the visible patches (rank 1 < rank 2)."""
     x, mask = images(2, seed=5), visible_mask(2, seed=5, count=7)
     prefix = 1
@@ -69,12 +69,12 @@ def test_one_group_is_one_forward_of_the_inference_plan():
     torch.testing.assert_close(patchify(got, PATCH)[~mask].reshape(want.shape), want, rtol=1e-5, atol=1e-6)
     p2d = make(target_mode="p2d")
     logits = p2d(pixel_values=x, group_ids=group_ids, target_positions=slots).logits
-    want = tokenizer()[1][logits.argmax(-1)]  # the pixel decoder's patch of the most likely token
+    want = visual_tokenizer()[1][logits.argmax(-1)]  # the pixel decoder's patch of the most likely token
     got = sample_images(p2d, visible_pixels=x, visible_mask=mask, num_groups=1, generator=0, temperature=0)
     assert torch.equal(patchify(got, PATCH)[~mask].reshape(want.shape), want)
 
 
-def test_the_class_label_steers_the_samples():
+def test_the_class_label_steers_the_samples(make):
     model = make(target_mode="p2d", num_condition_tokens=1, num_condition_classes=3)
     a = sample_images(model, num_images=2, class_labels=0, num_groups=4, generator=0, temperature=0)
     b = sample_images(model, num_images=2, class_labels=1, num_groups=4, generator=0, temperature=0)
@@ -93,7 +93,7 @@ def test_inference_ranks_split_the_hidden_patches_into_equal_groups_in_a_random_
     assert not torch.equal(ranks[0], ranks[1])  # each image draws its own order
 
 
-def test_bad_generation_requests_raise_clear_errors():
+def test_bad_generation_requests_raise_clear_errors(make):
     model = make(target_mode="p2d")
     x, mask = images(2), visible_mask(2, count=10)
     with pytest.raises(ValueError, match=r"num_groups=7 is larger than the number of patches to generate \(6"):
@@ -118,7 +118,7 @@ def test_bad_generation_requests_raise_clear_errors():
     with pytest.raises(ValueError, match="norm_pix_loss"):
         sample_images(make(target_mode="p2p", norm_pix_loss=True), num_images=1, num_groups=2)
     no_decoder = make(target_mode="d2d", codebook=False)
-    no_decoder.set_visual_codebook(tokenizer()[0])
+    no_decoder.set_visual_codebook(visual_tokenizer()[0])
     with pytest.raises(ValueError, match="no pixel decoder"):
         sample_images(no_decoder, num_images=1, num_groups=2)
     with pytest.raises(ValueError, match="needs a LookAroundViTForPreTraining"):
@@ -127,7 +127,7 @@ def test_bad_generation_requests_raise_clear_errors():
         LookAroundViTConfig(image_size=28, patch_size=6)
 
 
-def test_the_sample_command_writes_a_reproducible_png_grid(tmp_path):
+def test_the_sample_command_writes_a_reproducible_png_grid(tmp_path, make):
     model = make(impl="sdpa", target_mode="d2d", num_condition_tokens=1, num_condition_classes=3)
     with torch.no_grad():  # an untrained model's tokens are near uniform: sharpen them, to see --class_label work
         model.decoder.weight.mul_(100)
@@ -148,7 +148,7 @@ def test_the_sample_command_writes_a_reproducible_png_grid(tmp_path):
     assert (first - want[0, 0].clamp(0, 1)).abs().max() <= 1 / 255 + 1e-6
 
 
-def test_the_sample_command_undoes_the_image_processors_normalisation(tmp_path):
+def test_the_sample_command_undoes_the_image_processors_normalisation(tmp_path, make):
     from hf_lookaround.models.lookaround.image_processing_lookaround_vit import LookAroundViTImageProcessor
 
     model = make(impl="sdpa", target_mode="p2p")

@@ -34,7 +34,7 @@ def images(n=2, seed=0):
 _TOKENIZER = {}
 
 
-def tokenizer():
+def visual_tokenizer():
     """(codebook, pixel decoder) fitted once on 32 random images."""
     if not _TOKENIZER:
         x = images(32, seed=100)
@@ -50,7 +50,7 @@ def make(tiny_model):
     def build(cls=LookAroundViTForPreTraining, impl="eager", seed=0, codebook=True, **overrides):
         model = tiny_model(cls, impl, seed, **{"codebook_size": K, **overrides})
         if codebook and model.config.uses_codebook:
-            model.set_visual_codebook(*tokenizer())
+            model.set_visual_codebook(*visual_tokenizer())
         return model
 
     return build
@@ -150,7 +150,7 @@ def test_a_target_sees_exactly_the_lower_ranks_and_every_condition_token(mode, c
 # ------------------------------------------------------------------------------------------ the tokenizer
 def test_fit_codebook_is_deterministic_for_a_seed_and_the_pixel_decoder_is_the_mean_member_patch():
     x = images(32, seed=100)
-    codebook, decoder = tokenizer()
+    codebook, decoder = visual_tokenizer()
     assert codebook.shape == (K, PATCH * PATCH) and torch.unique(codebook, dim=0).shape[0] == K
     assert torch.equal(fit_codebook(x, PATCH, K, seed=0), codebook)
     assert not torch.equal(fit_codebook(x, PATCH, K, seed=1), codebook)
@@ -165,7 +165,7 @@ def test_fit_codebook_is_deterministic_for_a_seed_and_the_pixel_decoder_is_the_m
 # ------------------------------------------------------------------------------------------ losses
 def test_p2d_loss_is_cross_entropy_of_the_nearest_centroid_ids_of_the_target_patches(make):
     model = make(target_mode="p2d")
-    codebook, _ = tokenizer()
+    codebook, _ = visual_tokenizer()
     plan = vit_plan(model.config, "vmlm", 3, generator=torch.Generator().manual_seed(1), mask_ratio_range=(0.5, 0.75))
     x = images(3, seed=1)
     slots = plan.target_positions()
@@ -273,7 +273,7 @@ def outputs_of(model, x, plan, cond):
 @pytest.mark.parametrize("mode", ["p2d", "d2d"])
 def test_the_codebook_is_saved_and_loaded_by_from_pretrained_and_the_auto_classes(tmp_path, mode, make):
     model = make(impl="sdpa", target_mode=mode, num_condition_tokens=1, num_condition_classes=3)
-    codebook, decoder = tokenizer()
+    codebook, decoder = visual_tokenizer()
     model.save_pretrained(tmp_path)
     x = images()
     cond = {"class_labels": torch.tensor([2, 0])}
@@ -342,7 +342,7 @@ def test_bad_configs_raise_clear_errors(codebook_config):
 
 
 def test_bad_codebooks_and_inputs_raise_clear_errors(make):
-    codebook, decoder = tokenizer()
+    codebook, decoder = visual_tokenizer()
     with pytest.raises(ValueError, match="has no codebook"):
         make(target_mode="p2p").set_visual_codebook(codebook)
     model = make(target_mode="p2d", codebook=False)

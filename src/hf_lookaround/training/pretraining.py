@@ -361,12 +361,22 @@ class LookAroundTrainer(Trainer):
                 shutil.rmtree(replaced, ignore_errors=True)  # the new checkpoint is complete: the old one goes
             checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
 
-    def compute_loss(self, model, inputs, *args, **kwargs):
-        if getattr(self.args, "drop_unread_content", False) and "group_ids" in inputs and "labels" in inputs:
-            from .unread_content import drop_unread_content
+    def _build_accelerator_args(self, **kwargs):
+        args = super()._build_accelerator_args(**kwargs)
+        if self.args.torch_compile and args.get("dynamo_plugin") is not None and args["dynamo_plugin"].dynamic is None:
+            # one static graph per batch shape (a compiled step sees a few: targets are padded to a fixed width,
+            # dropped content to a multiple of 64). Left to itself, dynamo turns the second width it sees into a
+            # symbolic one, and inductor failed on such graphs of the two-stream step (issue 22: GVP)
+            args["dynamo_plugin"].dynamic = False
+        return args
 
-            # a compiled step sees a few widths only (one graph each), an eager one the exact width
-            inputs = drop_unread_content(inputs, width_multiple=64 if self.args.torch_compile else None)
+    def _get_num_items_in_batch(self, batch_samples, device):
+        # a batch without unread content (DropUnreadContent) carries its labels as query_target_ids, one per query row
+        samples = [dict(b, labels=b["query_target_ids"]) if "labels" not in b and "query_target_ids" in b else b
+                   for b in batch_samples]
+        return super()._get_num_items_in_batch(samples, device)
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
         # under --torch_compile the attention masks (a FlexAttention BlockMask above all) are built here, once per
         # batch and outside the compiled graph, which cannot build a BlockMask inside itself
         if self.args.torch_compile and "group_ids" in inputs and "prepared_attention" not in inputs:
@@ -665,8 +675,9 @@ def write_card(output_dir, objective_args: ObjectiveArguments, dataset) -> None:
 
 
 def run(model_args: ModelArguments, data_args: DataArguments, objective_args: ObjectiveArguments,
-        training_args: TrainingArguments) -> dict:
-    """Pretrain; return the final metrics.
+        training_args: TrainingArguments, callbacks: list | None = None) -> dict:
+    """Pretrain; return the final metrics. ``callbacks``: more ``TrainerCallback``s for the Trainer (a benchmark's
+    step timer, for example).
 
     The main process holds ``output_dir``'s lock for the whole run (a second writer is refused), and a new
     training run in an occupied ``output_dir`` is refused (see :func:`checkpointing.check_output_dir`)."""
@@ -677,7 +688,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
         if training_args.process_index == 0 and training_args.do_train:
             checkpointing.check_output_dir(training_args.output_dir, training_args.resume_from_checkpoint,
                                            getattr(training_args, "overwrite_output_dir", False))
-        return _run(model_args, data_args, objective_args, training_args)
+        return _run(model_args, data_args, objective_args, training_args, callbacks or [])
     finally:
         if lock is not None:
             lock.release()
@@ -697,7 +708,7 @@ def finished_training(checkpoint, training_args: TrainingArguments) -> bool:
 
 
 def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: ObjectiveArguments,
-         training_args: TrainingArguments) -> dict:
+         training_args: TrainingArguments, callbacks: list) -> dict:
     if not (training_args.do_train or training_args.do_eval):
         raise ValueError("nothing to do: pass --do_train and/or --do_eval (with neither, no stage would run)")
     set_seed(training_args.seed)
@@ -731,6 +742,12 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
     train_collator, eval_collator = build_collators(
         objective_args, tokenizer, training_args.seed, block_size, static_shapes=bool(training_args.torch_compile)
     )
+    if training_args.drop_unread_content and not objective_args.single_stream:
+        from .unread_content import DropUnreadContent
+
+        # a compiled step sees a few widths (one graph each), an eager one the exact width. Evaluation keeps whole
+        # batches: Trainer computes an eval loss only for batches with `labels`
+        train_collator = DropUnreadContent(train_collator, width_multiple=64 if training_args.torch_compile else None)
     trainer = LookAroundTrainer(
         model=model,
         args=training_args,
@@ -739,7 +756,7 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         data_collator=train_collator,
         eval_data_collator=eval_collator,
         processing_class=tokenizer,
-        callbacks=[CollatorEpochCallback(train_collator)],
+        callbacks=[CollatorEpochCallback(train_collator), *callbacks],
     )
 
     metrics: dict = {}

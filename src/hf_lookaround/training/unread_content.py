@@ -6,7 +6,7 @@ import torch
 
 from ..models.lookaround.modeling_lookaround import NO_TARGET_RANK, positions_of
 
-__all__ = ["drop_unread_content"]
+__all__ = ["DropUnreadContent", "drop_unread_content"]
 
 
 def drop_unread_content(batch: dict, content_width: int | None = None, width_multiple: int | None = None) -> dict:
@@ -54,3 +54,24 @@ def drop_unread_content(batch: dict, content_width: int | None = None, width_mul
         query_group_ids=torch.where(is_slot, group_ids.gather(1, target_at), NO_TARGET_RANK),
         query_target_ids=torch.where(is_slot, labels.gather(1, target_at), -100),
     )
+
+
+class DropUnreadContent:
+    """A collator whose batches leave out the content rows no prediction reads (:func:`drop_unread_content`).
+
+    The batch is compacted on the host, in the data loader (in its workers on a GPU): the training step then neither
+    compacts it nor waits for the device to say how wide it is. ``width_multiple`` rounds each batch's width up
+    (a compiled step then sees a few widths, one static graph each). Other attributes (``set_epoch``, ...) are the
+    wrapped collator's."""
+
+    def __init__(self, collator, width_multiple: int | None = None):
+        self.collator = collator
+        self.width_multiple = width_multiple
+
+    def __call__(self, features):
+        return drop_unread_content(self.collator(features), width_multiple=self.width_multiple)
+
+    def __getattr__(self, name):
+        if name == "collator":  # not set yet (unpickling in a worker): no recursion
+            raise AttributeError(name)
+        return getattr(self.collator, name)

@@ -1,0 +1,341 @@
+"""Speed where users live: ``hf-lookaround pretrain`` against the Hugging Face Trainer baseline of each family.
+
+Each run is its own process. A package run calls what the command calls (``cli.pretrain.parse_args`` on the
+argument list a user types, then ``training.pretraining.run``), with one more ``TrainerCallback``: a step timer.
+A baseline run is the run_clm / run_mlm recipe for a plain HF model of the same size, on the same blocks
+(the same tokenizer, ``group_texts`` into ``--block_size`` blocks), through ``Trainer`` with the same flags:
+
+| family | objectives | baseline |
+| --- | --- | --- |
+| look ahead | ar, dar | ``LlamaForCausalLM`` (run_clm) |
+| masked | mlm, vmlm | ``BertForMaskedLM`` + ``DataCollatorForLanguageModeling(0.15)`` (run_mlm) |
+| any order | gvp | ``XLNetLMHeadModel`` + ``DataCollatorForPermutationLanguageModeling`` |
+
+What is timed: steady-state steps. The timer synchronises the device at each step's end; tokens/s is the timed
+steps' tokens (B x T each) over the time from the end of step ``--warmup_steps`` to the end of the last step
+(what a user waits for, data loading included). It also reports the compiled graphs dynamo made before and after
+the warm-up (``recompiles after warm-up``, target 0), the share of that time spent outside steps (waiting for
+the next batch), and the collator's cost: the run's own training collator timed in the main process on one batch
+of the run's own blocks, as a share of a step (target <= 2% at B = 16).
+
+    python benchmarks/cli_bench.py --train_file news.jsonl --tokenizer tok/ --out cli_bench.json
+    python benchmarks/cli_bench.py --report cli_bench.json     # the table again
+    python benchmarks/cli_bench.py --smoke --out smoke.json    # a tiny CPU run of every code path
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# (name, family baseline, pretrain arguments beyond the shared ones)
+PACKAGE_RUNS = {
+    "ar": ("llama", ["--objective", "ar"]),
+    "dar t=2": ("llama", ["--objective", "dar", "--group_size", "2"]),
+    "mlm 0.15": ("bert", ["--objective", "mlm", "--mask_ratio", "0.15"]),
+    "mlm 0.15, drop": ("bert", ["--objective", "mlm", "--mask_ratio", "0.15", "--drop_unread_content", "true"]),
+    "vmlm [0.15, 0.3]": ("bert", ["--objective", "vmlm"]),
+    "vmlm [0.15, 0.3], drop": ("bert", ["--objective", "vmlm", "--drop_unread_content", "true"]),
+    "gvp": ("xlnet", ["--objective", "gvp"]),
+    "gvp, drop": ("xlnet", ["--objective", "gvp", "--drop_unread_content", "true"]),
+}
+BASELINES = ("llama", "bert", "xlnet")
+SIZES = {"base": dict(hidden=768, layers=12, heads=12, intermediate=3072),
+         "tiny": dict(hidden=64, layers=2, heads=2, intermediate=256)}
+
+
+# ---------------------------------------------------------------------------------------------
+# in the child process
+# ---------------------------------------------------------------------------------------------
+def step_timer(warmup_steps: int, tokens_per_step: int):
+    import torch
+    from transformers import TrainerCallback
+
+    def graphs() -> int:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.ends, self.gaps, self.graphs_at_warmup, self.collate_ms = [], [], None, None
+            self.loader = None
+
+        def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+            self.loader = train_dataloader
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if self.ends:
+                self.gaps.append(time.perf_counter() - self.ends[-1])
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.ends.append(time.perf_counter())
+            if len(self.ends) == warmup_steps:
+                self.graphs_at_warmup = graphs()
+
+        def on_train_end(self, args, state, control, **kwargs):
+            # the run's training collator, in the main process, on one batch of the run's blocks
+            loader = self.loader
+            if loader is None or getattr(loader, "collate_fn", None) is None:
+                return
+            batch = [loader.dataset[i] for i in range(args.per_device_train_batch_size)]
+            loader.collate_fn(batch)
+            times = []
+            for _ in range(20):
+                t = time.perf_counter()
+                loader.collate_fn(batch)
+                times.append(time.perf_counter() - t)
+            self.collate_ms = 1000 * sorted(times)[len(times) // 2]
+
+        def result(self) -> dict:
+            timed = len(self.ends) - warmup_steps
+            if timed < 1:
+                raise RuntimeError(f"only {len(self.ends)} steps ran; need more than --warmup_steps {warmup_steps}")
+            seconds = self.ends[-1] - self.ends[warmup_steps - 1]
+            step_ms = 1000 * seconds / timed
+            outside = sum(self.gaps[warmup_steps - 1:])  # gap i precedes step i + 2
+            return {"timed_steps": timed, "seconds": seconds, "tokens_per_s": timed * tokens_per_step / seconds,
+                    "step_ms": step_ms, "outside_step_share": outside / seconds,
+                    "graphs_at_warmup": self.graphs_at_warmup, "graphs_at_end": graphs(),
+                    "recompiles_after_warmup": graphs() - (self.graphs_at_warmup or 0),
+                    "collate_ms": self.collate_ms,
+                    "collator_share": None if self.collate_ms is None else self.collate_ms / step_ms}
+
+    return StepTimer()
+
+
+def shared_flags(spec: dict) -> list[str]:
+    flags = ["--per_device_train_batch_size", str(spec["batch_size"]), "--max_steps", str(spec["steps"]),
+             "--save_strategy", "no", "--report_to", "none", "--logging_steps", "10", "--seed", "0",
+             "--output_dir", spec["output_dir"]]
+    if spec["kind"] == "package":
+        flags += ["--overwrite_output_dir", "true"]  # transformers 5's TrainingArguments no longer has it
+    if spec["device"] == "cuda":
+        flags += ["--bf16", "true"]
+    else:
+        flags += ["--use_cpu", "true"]
+    if spec["compile"]:
+        flags += ["--torch_compile", "true"]
+    return flags
+
+
+def run_package(spec: dict) -> dict:
+    from hf_lookaround.cli.pretrain import parse_args
+    from hf_lookaround.training.pretraining import run
+
+    argv = ["--train_files", spec["train_file"], "--tokenizer_name", spec["tokenizer"], "--preset", spec["preset"],
+            "--block_size", str(spec["block_size"]), "--validation_split_percentage", "0",
+            "--max_train_samples", str(spec["batch_size"] * spec["steps"]), "--do_train",
+            *shared_flags(spec), *spec["extra"]]
+    timer = step_timer(spec["warmup_steps"], spec["batch_size"] * spec["block_size"])
+    run(*parse_args(argv), callbacks=[timer])
+    return {"command": "hf-lookaround pretrain " + " ".join(argv), **timer.result()}
+
+
+def run_baseline(spec: dict) -> dict:
+    """run_clm / run_mlm, as the examples do it: tokenize, group_texts, a fresh model, Trainer."""
+    from datasets import load_dataset
+    from transformers import (
+        AutoTokenizer,
+        HfArgumentParser,
+        Trainer,
+        TrainingArguments,
+        default_data_collator,
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["tokenizer"])
+    block = spec["block_size"]
+    raw = load_dataset("json", data_files=spec["train_file"], split="train")
+    tokenized = raw.map(lambda b: tokenizer(b["text"]), batched=True, remove_columns=raw.column_names)
+
+    def group_texts(examples):
+        joined = {k: sum(examples[k], []) for k in examples}
+        total = (len(joined["input_ids"]) // block) * block
+        out = {k: [t[i: i + block] for i in range(0, total, block)] for k, t in joined.items()}
+        out["labels"] = out["input_ids"].copy()  # run_clm; the masked collators replace them
+        return out
+
+    blocks = tokenized.map(group_texts, batched=True)
+    blocks = blocks.select(range(min(len(blocks), spec["batch_size"] * spec["steps"])))
+    model, collator = baseline_model(spec["baseline"], tokenizer, block, SIZES[spec["preset"]])
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(args=shared_flags(spec))
+    timer = step_timer(spec["warmup_steps"], spec["batch_size"] * block)
+    trainer = Trainer(model=model, args=args, train_dataset=blocks, data_collator=collator or default_data_collator,
+                      callbacks=[timer])
+    trainer.train()
+    return {"model": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()), **timer.result()}
+
+
+def baseline_model(name: str, tokenizer, block: int, size: dict):
+    from transformers import (
+        BertConfig,
+        BertForMaskedLM,
+        DataCollatorForLanguageModeling,
+        DataCollatorForPermutationLanguageModeling,
+        LlamaConfig,
+        LlamaForCausalLM,
+        XLNetConfig,
+        XLNetLMHeadModel,
+    )
+
+    vocab = len(tokenizer)
+    if name == "llama":
+        config = LlamaConfig(vocab_size=vocab, hidden_size=size["hidden"], num_hidden_layers=size["layers"],
+                             num_attention_heads=size["heads"], intermediate_size=size["intermediate"],
+                             max_position_embeddings=block, pad_token_id=tokenizer.pad_token_id)
+        return LlamaForCausalLM(config), None  # run_clm: labels = input_ids (default_data_collator)
+    if name == "bert":
+        config = BertConfig(vocab_size=vocab, hidden_size=size["hidden"], num_hidden_layers=size["layers"],
+                            num_attention_heads=size["heads"], intermediate_size=size["intermediate"],
+                            max_position_embeddings=block, pad_token_id=tokenizer.pad_token_id)
+        return BertForMaskedLM(config), DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)
+    if name == "xlnet":
+        config = XLNetConfig(vocab_size=vocab, d_model=size["hidden"], n_layer=size["layers"], n_head=size["heads"],
+                             d_inner=size["intermediate"], pad_token_id=tokenizer.pad_token_id)
+        return XLNetLMHeadModel(config), DataCollatorForPermutationLanguageModeling(tokenizer)
+    raise ValueError(f"unknown baseline {name!r}; choose one of {BASELINES}")
+
+
+def child(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    if spec["kind"] == "baseline":
+        # run_clm's labels: the Trainer computes the shifted loss from labels = input_ids
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        result = run_baseline(spec)
+    else:
+        result = run_package(spec)
+    Path(spec["result"]).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# in the parent process
+# ---------------------------------------------------------------------------------------------
+def launch(name: str, spec: dict, work: Path, timeout_s: int) -> dict:
+    folder = work / name.replace(" ", "_").replace(",", "").replace("[", "").replace("]", "").replace("=", "")
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = dict(spec, output_dir=str(folder / "out"), result=str(folder / "result.json"))
+    (folder / "spec.json").write_text(json.dumps(spec, indent=1))
+    t = time.perf_counter()
+    log = folder / "log.txt"
+    with open(log, "w") as out:
+        try:
+            code = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_child", str(folder / "spec.json")],
+                                  stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    row = {"name": name, "kind": spec["kind"], "wall_s": round(time.perf_counter() - t, 1)}
+    if code == 0 and Path(spec["result"]).is_file():
+        row.update(status="ok", **json.loads(Path(spec["result"]).read_text()))
+    else:
+        tail = log.read_text(errors="replace").strip().splitlines()[-25:]
+        errors = [line for line in tail if "Error" in line or "error" in line]
+        row.update(status="failed", exit=code, error=(errors[-1] if errors else tail[-1] if tail else "")[:400],
+                   log_tail="\n".join(tail)[-3000:])
+    print(f"[cli_bench] {name}: {row['status']} in {row['wall_s']} s"
+          + (f", {row['tokens_per_s']:,.0f} tokens/s" if row["status"] == "ok" else f" ({row['error']})"), flush=True)
+    return row
+
+
+def rate(tokens_per_s: float) -> str:
+    return f"{tokens_per_s / 1e3:,.0f}k" if tokens_per_s >= 1e4 else f"{tokens_per_s:,.0f}"
+
+
+def table(result: dict) -> str:
+    rows = {r["name"]: r for r in result["rows"]}
+    lines = ["| objective | this package, tokens/s | recompiles after warm-up | outside steps | collator share "
+             "| HF baseline, tokens/s | ratio |", "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+    for name, (baseline, _) in PACKAGE_RUNS.items():
+        r = rows.get(name)
+        if r is None:
+            continue
+        b = rows.get(baseline)
+        base = f"{b['model']} {rate(b['tokens_per_s'])}" if b and b["status"] == "ok" else \
+            (f"{baseline}: failed" if b else "not run")
+        if r["status"] != "ok":
+            lines.append(f"| {name} | **failed**: {r['error'][:120]} | | | | {base} | |")
+            continue
+        ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b and b["status"] == "ok" else ""
+        share = "" if r.get("collator_share") is None else f"{100 * r['collator_share']:.1f}% ({r['collate_ms']:.1f} ms)"
+        lines.append(f"| {name} | {rate(r['tokens_per_s'])} ({r['step_ms']:.0f} ms/step) | "
+                     f"{r['recompiles_after_warmup']} | {100 * r['outside_step_share']:.1f}% | {share} | {base} | {ratio} |")
+    for name in BASELINES:
+        b = rows.get(name)
+        if b is not None and b["status"] == "ok":
+            lines.append(f"| baseline {b['model']} | | {b['recompiles_after_warmup']} | "
+                         f"{100 * b['outside_step_share']:.1f}% | "
+                         + ("" if b.get("collator_share") is None else f"{100 * b['collator_share']:.1f}%")
+                         + f" | {rate(b['tokens_per_s'])} ({b['step_ms']:.0f} ms/step) | |")
+        elif b is not None:
+            lines.append(f"| baseline {name} | | | | | **failed**: {b['error'][:120]} | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--train_file", help="a .jsonl(.gz) with a 'text' field")
+    parser.add_argument("--tokenizer", help="a tokenizer folder (hf-lookaround train-tokenizer)")
+    parser.add_argument("--runs", nargs="+", default=[*PACKAGE_RUNS, *BASELINES],
+                        help=f"which runs, in order: {list(PACKAGE_RUNS)} and {list(BASELINES)}")
+    parser.add_argument("--preset", default="base", choices=sorted(SIZES))
+    parser.add_argument("--block_size", type=int, default=1024)
+    parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--warmup_steps", type=int, default=15)
+    parser.add_argument("--timed_steps", type=int, default=30)
+    parser.add_argument("--no_compile", action="store_true")
+    parser.add_argument("--timeout_s", type=int, default=240, help="per run")
+    parser.add_argument("--work_dir", default=None)
+    parser.add_argument("--out", default=None, help="write every row as JSON here (rewritten after each run)")
+    parser.add_argument("--report", default=None, help="print the table of a JSON this script wrote")
+    parser.add_argument("--smoke", action="store_true", help="tiny preset, T=64, B=4, 2+3 steps, CPU, no compile")
+    parser.add_argument("--_child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args._child:
+        return child(args._child)
+    if args.report:
+        print(table(json.loads(Path(args.report).read_text())))
+        return 0
+    if not (args.train_file and args.tokenizer):
+        parser.error("--train_file and --tokenizer are needed (or --report)")
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    if args.smoke:
+        args.preset, args.block_size, args.batch_size, args.warmup_steps, args.timed_steps = "tiny", 64, 4, 2, 3
+        args.no_compile = True
+    unknown = [r for r in args.runs if r not in PACKAGE_RUNS and r not in BASELINES]
+    if unknown:
+        parser.error(f"unknown runs {unknown}")
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="cli_bench_"))
+    common = dict(train_file=str(Path(args.train_file).resolve()), tokenizer=str(Path(args.tokenizer).resolve()),
+                  preset=args.preset, block_size=args.block_size, batch_size=args.batch_size,
+                  warmup_steps=args.warmup_steps, steps=args.warmup_steps + args.timed_steps,
+                  compile=not args.no_compile, device=device)
+    result = {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+              "torch": torch.__version__, "settings": {k: v for k, v in common.items() if k not in ("train_file",)},
+              "train_file": Path(args.train_file).name, "rows": []}
+    for name in args.runs:
+        if name in PACKAGE_RUNS:
+            spec = dict(common, kind="package", extra=PACKAGE_RUNS[name][1])
+        else:
+            spec = dict(common, kind="baseline", baseline=name)
+        result["rows"].append(launch(name, spec, work, args.timeout_s))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1))
+    print(table(result))
+    return 0 if all(r["status"] == "ok" for r in result["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

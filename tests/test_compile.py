@@ -369,3 +369,24 @@ def test_dropped_content_width_rounds_up_to_a_multiple():
     exact = drop_unread_content(batch)["input_ids"].shape[1]
     rounded = drop_unread_content(batch, width_multiple=8)["input_ids"].shape[1]
     assert rounded % 8 == 0 and exact <= rounded < exact + 8
+
+
+def test_the_trainer_compacts_in_the_collator_counts_the_same_targets_and_compiles_static_graphs(tmp_path, make):
+    """--drop_unread_content: the training collator compacts each batch (DropUnreadContent), the Trainer counts
+    the same loss positions in it (num_items_in_batch, for gradient accumulation), and under --torch_compile the
+    accelerator compiles one static graph per width (dynamic=False)."""
+    from transformers import TrainingArguments
+
+    from hf_lookaround.training.pretraining import LookAroundTrainer
+    from hf_lookaround.training.unread_content import DropUnreadContent
+
+    full = batch_for("vmlm", seed=4)
+    collator = DropUnreadContent(lambda features: full, width_multiple=4)
+    compact = collator([])
+    assert compact["input_ids"].shape[1] % 4 == 0 and compact["input_ids"].shape[1] < full["input_ids"].shape[1]
+    args = TrainingArguments(output_dir=str(tmp_path), torch_compile=True, use_cpu=True, report_to=[])
+    trainer = LookAroundTrainer(model=make(), args=args)
+    assert trainer.accelerator.state.dynamo_plugin.dynamic is False
+    counted = trainer._get_num_items_in_batch([compact, compact], torch.device("cpu"))
+    assert int(counted) == 2 * int((full["labels"] != -100).sum()) > 0
+    assert int(trainer._get_num_items_in_batch([full], torch.device("cpu"))) == int((full["labels"] != -100).sum())

@@ -390,3 +390,18 @@ def test_the_trainer_compacts_in_the_collator_counts_the_same_targets_and_compil
     counted = trainer._get_num_items_in_batch([compact, compact], torch.device("cpu"))
     assert int(counted) == 2 * int((full["labels"] != -100).sum()) > 0
     assert int(trainer._get_num_items_in_batch([full], torch.device("cpu"))) == int((full["labels"] != -100).sum())
+
+
+def test_compile_in_one_process_on_several_gpus_is_refused_with_the_launch_command(tmp_path, monkeypatch):
+    """Issue 23 item 7: DataParallel splits the batch but not the prepared masks; the run names accelerate launch."""
+    from transformers import TrainingArguments
+
+    from hf_lookaround.training.pretraining import check_launch
+
+    args = TrainingArguments(output_dir=str(tmp_path), torch_compile=True, use_cpu=True, report_to=[])
+    check_launch(args)  # one device: fine
+    monkeypatch.setattr(TrainingArguments, "n_gpu", property(lambda self: 2))
+    with pytest.raises(ValueError, match=r"accelerate launch --config_file examples/accelerate/ddp.yaml "
+                                         r"--num_processes 2 -m hf_lookaround.cli pretrain"):
+        check_launch(args)
+    check_launch(TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[]))  # eager DataParallel runs

@@ -526,6 +526,20 @@ def build_collators(objective_args: ObjectiveArguments, tokenizer, seed: int, bl
     return train, evaluation
 
 
+def check_launch(training_args: TrainingArguments) -> None:
+    """Refuse the one launch that cannot work: one process on several GPUs with --torch_compile."""
+    from transformers.training_args import ParallelMode
+
+    if training_args.torch_compile and training_args.n_gpu > 1 and \
+            training_args.parallel_mode == ParallelMode.NOT_DISTRIBUTED:
+        raise ValueError(
+            f"--torch_compile in one process on {training_args.n_gpu} visible GPUs: Trainer would wrap the model in "
+            "DataParallel, which splits the batch but not the attention masks prepared outside the compiled graph. "
+            f"Start one process per GPU: accelerate launch --config_file examples/accelerate/ddp.yaml "
+            f"--num_processes {training_args.n_gpu} -m hf_lookaround.cli pretrain ... (or show one GPU with "
+            "CUDA_VISIBLE_DEVICES)")
+
+
 def check_data_args(data_args: DataArguments, training_args: TrainingArguments) -> None:
     """Refuse combinations the data path cannot honour, before anything is read."""
     if data_args.block_size < 2:
@@ -717,6 +731,7 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
     training_args.prediction_loss_only = True
     block_size = data_args.block_size
 
+    check_launch(training_args)
     check_data_args(data_args, training_args)
     with training_args.main_process_first(desc="loading the text"):
         train_raw, eval_raw = read_splits(data_args)

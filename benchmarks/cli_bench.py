@@ -138,7 +138,7 @@ def run_package(spec: dict) -> dict:
             "--block_size", str(spec["block_size"]), "--validation_split_percentage", "0",
             "--max_train_samples", str(spec["batch_size"] * spec["steps"]), "--do_train",
             *shared_flags(spec), *spec["extra"]]
-    timer = step_timer(spec["warmup_steps"], spec["batch_size"] * spec["block_size"])
+    timer = step_timer(spec["warmup_steps"], spec["batch_size"] * spec["block_size"] * world_size())
     run(*parse_args(argv), callbacks=[timer])
     return {"command": "hf-lookaround pretrain " + " ".join(argv), **timer.result()}
 
@@ -170,7 +170,7 @@ def run_baseline(spec: dict) -> dict:
     blocks = blocks.select(range(min(len(blocks), spec["batch_size"] * spec["steps"])))
     model, collator = baseline_model(spec["baseline"], tokenizer, block, SIZES[spec["preset"]])
     (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(args=shared_flags(spec))
-    timer = step_timer(spec["warmup_steps"], spec["batch_size"] * block)
+    timer = step_timer(spec["warmup_steps"], spec["batch_size"] * block * world_size())
     trainer = Trainer(model=model, args=args, train_dataset=blocks, data_collator=collator or default_data_collator,
                       callbacks=[timer])
     trainer.train()
@@ -207,6 +207,10 @@ def baseline_model(name: str, tokenizer, block: int, size: dict):
     raise ValueError(f"unknown baseline {name!r}; choose one of {BASELINES}")
 
 
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def child(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     if spec["kind"] == "baseline":
@@ -215,7 +219,8 @@ def child(spec_path: str) -> int:
         result = run_baseline(spec)
     else:
         result = run_package(spec)
-    Path(spec["result"]).write_text(json.dumps(result, indent=1))
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(spec["result"]).write_text(json.dumps(dict(result, world_size=world_size()), indent=1))
     return 0
 
 
@@ -229,13 +234,18 @@ def launch(name: str, spec: dict, work: Path, timeout_s: int) -> dict:
     (folder / "spec.json").write_text(json.dumps(spec, indent=1))
     t = time.perf_counter()
     log = folder / "log.txt"
+    command = [str(Path(__file__).resolve()), "--_child", str(folder / "spec.json")]
+    if spec["launch"] != "none":  # accelerate launch with the committed config: one process per GPU
+        config, processes = spec["launch"].split(":")
+        command = ["-m", "accelerate.commands.launch", "--config_file", str(HERE.parent / "examples" / "accelerate" /
+                   f"{config}.yaml"), "--num_processes", processes, *command]
     with open(log, "w") as out:
         try:
-            code = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_child", str(folder / "spec.json")],
-                                  stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+            code = subprocess.run([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
             code = "timeout"
-    row = {"name": name, "kind": spec["kind"], "wall_s": round(time.perf_counter() - t, 1)}
+    row = {"name": name, "kind": spec["kind"], "launch": spec["launch"], "wall_s": round(time.perf_counter() - t, 1)}
     if code == 0 and Path(spec["result"]).is_file():
         row.update(status="ok", **json.loads(Path(spec["result"]).read_text()))
     else:
@@ -253,9 +263,18 @@ def rate(tokens_per_s: float) -> str:
 
 
 def table(result: dict) -> str:
-    rows = {r["name"]: r for r in result["rows"]}
-    lines = ["| objective | this package, tokens/s | recompiles after warm-up | outside steps | collator share "
-             "| HF baseline, tokens/s | ratio |", "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+    launches = list(dict.fromkeys(r.get("launch", "none") for r in result["rows"]))
+    return "\n\n".join(launch_table(result, how) for how in launches)
+
+
+def launch_table(result: dict, how: str) -> str:
+    suffix = "" if how == "none" else f" @{how}"
+    rows = {r["name"][: len(r["name"]) - len(suffix)]: r for r in result["rows"] if r.get("launch", "none") == how}
+    one = {r["name"]: r for r in result["rows"] if r.get("launch", "none") == "none"}
+    title = "one process" if how == "none" else f"accelerate launch, {how.replace(':', ' on ')} GPUs"
+    lines = [f"**{title}**", "", "| objective | this package, tokens/s | recompiles after warm-up | outside steps | "
+             "collator share | HF baseline, tokens/s | ratio |" + (" scaling vs one process |" if how != "none" else ""),
+             "| --- | ---: | ---: | ---: | ---: | --- | ---: |" + (" ---: |" if how != "none" else "")]
     for name, (baseline, _) in PACKAGE_RUNS.items():
         r = rows.get(name)
         if r is None:
@@ -268,8 +287,14 @@ def table(result: dict) -> str:
             continue
         ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b and b["status"] == "ok" else ""
         share = "" if r.get("collator_share") is None else f"{100 * r['collator_share']:.1f}% ({r['collate_ms']:.1f} ms)"
+        scaling = ""
+        if how != "none":
+            single = one.get(name)
+            scaling = f" {r['tokens_per_s'] / single['tokens_per_s']:.2f}x |" if single and single["status"] == "ok" \
+                else " |"
         lines.append(f"| {name} | {rate(r['tokens_per_s'])} ({r['step_ms']:.0f} ms/step) | "
-                     f"{r['recompiles_after_warmup']} | {100 * r['outside_step_share']:.1f}% | {share} | {base} | {ratio} |")
+                     f"{r['recompiles_after_warmup']} | {100 * r['outside_step_share']:.1f}% | {share} | {base} | {ratio} |"
+                     + scaling)
     for name in BASELINES:
         b = rows.get(name)
         if b is not None and b["status"] == "ok":
@@ -293,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--warmup_steps", type=int, default=15)
     parser.add_argument("--timed_steps", type=int, default=30)
+    parser.add_argument("--launch", nargs="+", default=["none"],
+                        help="none (one process), or ddp:N / fsdp:N (accelerate launch with examples/accelerate/"
+                             "{ddp,fsdp}.yaml on N GPUs); every run under each; baselines under none and ddp only")
     parser.add_argument("--no_compile", action="store_true")
     parser.add_argument("--timeout_s", type=int, default=240, help="per run")
     parser.add_argument("--work_dir", default=None)
@@ -325,14 +353,18 @@ def main(argv: list[str] | None = None) -> int:
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
               "torch": torch.__version__, "settings": {k: v for k, v in common.items() if k not in ("train_file",)},
               "train_file": Path(args.train_file).name, "rows": []}
-    for name in args.runs:
-        if name in PACKAGE_RUNS:
-            spec = dict(common, kind="package", extra=PACKAGE_RUNS[name][1])
-        else:
-            spec = dict(common, kind="baseline", baseline=name)
-        result["rows"].append(launch(name, spec, work, args.timeout_s))
-        if args.out:
-            Path(args.out).write_text(json.dumps(result, indent=1))
+    for how in args.launch:
+        for name in args.runs:
+            if name in PACKAGE_RUNS:
+                spec = dict(common, kind="package", extra=PACKAGE_RUNS[name][1], launch=how)
+            elif how.startswith("fsdp"):
+                continue  # the FSDP config wraps LookAroundLayer: not a baseline's layer
+            else:
+                spec = dict(common, kind="baseline", baseline=name, launch=how)
+            label = name if how == "none" else f"{name} @{how}"
+            result["rows"].append(launch(label, spec, work, args.timeout_s))
+            if args.out:
+                Path(args.out).write_text(json.dumps(result, indent=1))
     print(table(result))
     return 0 if all(r["status"] == "ok" for r in result["rows"]) else 1
 

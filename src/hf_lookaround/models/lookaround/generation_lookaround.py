@@ -28,6 +28,7 @@ from transformers.generation import (
     MaxLengthCriteria,
     MinPLogitsWarper,
     StoppingCriteriaList,
+    StopStringCriteria,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -269,12 +270,29 @@ class GroupDecodingMixin:
             raise ValueError("assistant_model cannot be combined with group decoding; draft_group_size=k drafts with "
                              "the model's own query stream instead")
         # transformers hands a custom_generate callable only the keys its signature adds to `_sample`'s, so the
-        # streamer would be dropped: it travels bound to the callable (tokenizer= is such a key and arrives)
+        # streamer would be dropped: it travels bound to the callable
         decoder = functools.partial(group_decoding, streamer=kwargs.pop("streamer", None))
+        self._stop_strings_to_criteria(generation_config, kwargs)
         return super().generate(
             inputs, generation_config, *args, custom_generate=decoder, group_size=group_size or 1,
             draft_group_size=draft_group_size, **kwargs,
         )
+
+    def _stop_strings_to_criteria(self, generation_config, kwargs) -> None:
+        """Build the stop-string criterion here: with a custom_generate callable, transformers drops ``tokenizer=``
+        before it builds its stopping criteria (and then finds none)."""
+        tokenizer = kwargs.pop("tokenizer", None)
+        stop_strings = kwargs.get("stop_strings")
+        if stop_strings is None:
+            stop_strings = getattr(generation_config or self.generation_config, "stop_strings", None)
+        if not stop_strings:
+            return
+        if tokenizer is None:
+            raise ValueError("stop_strings need the model's tokenizer: pass tokenizer=... to generate() (the "
+                             "text-generation pipeline passes its own)")
+        criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+        criteria.append(StopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
+        kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
 
     def _warn_if_prompt_ends_with_eos(self, input_ids) -> None:
         eos = self.config.eos_token_id
@@ -300,11 +318,9 @@ def group_decoding(
     streamer=None,
     group_size: int = 1,
     draft_group_size: int | None = None,
-    tokenizer=None,
     **model_kwargs,
 ):
-    """transformers' ``custom_generate`` callable: ``GenerationMixin.generate`` has prepared everything
-    (``tokenizer`` is in the signature so that transformers builds the ``stop_strings`` criteria with it)."""
+    """transformers' ``custom_generate`` callable: ``GenerationMixin.generate`` has prepared everything."""
     if generation_config.num_beams > 1:
         raise ValueError("group decoding takes the argmax or samples; beam search (num_beams > 1) is not supported")
     if getattr(generation_config, "cache_implementation", None) not in (None, "dynamic"):

@@ -1,0 +1,159 @@
+"""generate() features with group decoding (group_size=t) and self-speculative decoding (draft_group_size=k):
+streamers, stop strings, stopping criteria, return_dict_in_generate and scores, each against transformers' own
+token-by-token loop where the tokens must agree."""
+
+import io
+import logging
+from contextlib import redirect_stdout
+
+import pytest
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList, TextStreamer
+from transformers.generation.streamers import BaseStreamer
+
+from hf_lookaround import LookAroundConfig, LookAroundForCausalLM
+from hf_lookaround.data.tokenization import train_tokenizer
+
+CORPUS = [
+    "The committee met on Tuesday and agreed that the budget would be revised before spring.",
+    "the of and to in a is that for it as was with be by on not he",
+]
+# (generate kwargs, what they give): t = 1 through the hook, group decoding, self-speculative decoding
+DECODERS = [{"group_size": 1}, {"group_size": 2}, {"draft_group_size": 2}, {"draft_group_size": 3}]
+EXACT = [d for d in DECODERS if d.get("group_size", 1) == 1]  # the tokens of token-by-token decoding
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tok = train_tokenizer(CORPUS * 5, vocab_size=300, min_frequency=1)
+    tok.padding_side = "left"
+    return tok
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    torch.manual_seed(0)
+    config = LookAroundConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, mask_token_id=tokenizer.mask_token_id, objective="dar",
+        plan_params={"t": [1, 2, 3]}, prediction_stream="query", initializer_range=0.2,
+    )
+    return LookAroundForCausalLM(config).eval()
+
+
+def _prompt(tokenizer, text="The committee met on"):
+    return torch.tensor([[tokenizer.bos_token_id] + tokenizer(text, add_special_tokens=False)["input_ids"]])
+
+
+class Recorder(BaseStreamer):
+    def __init__(self):
+        self.puts, self.ended = [], 0
+
+    def put(self, value):
+        self.puts.append(value.tolist())
+
+    def end(self):
+        self.ended += 1
+
+
+@pytest.mark.parametrize("decoder", DECODERS, ids=str)
+def test_streamers_get_every_token_and_end(model, tokenizer, decoder):
+    prompt = _prompt(tokenizer)
+    recorder = Recorder()
+    out = model.generate(prompt, max_new_tokens=9, eos_token_id=None, streamer=recorder, **decoder)
+    # the prompt first (as transformers' loop does), then the new tokens (a group or the accepted drafts at once)
+    assert recorder.puts[0] == prompt.tolist() and recorder.ended == 1
+    streamed = [tok for put in recorder.puts[1:] for tok in (put[0] if isinstance(put[0], list) else put)]
+    assert streamed == out[0, prompt.shape[1]:].tolist()
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        model.generate(prompt, max_new_tokens=9, eos_token_id=None, streamer=TextStreamer(tokenizer, skip_prompt=True),
+                       **decoder)
+    assert printed.getvalue() == tokenizer.decode(out[0, prompt.shape[1]:]) + "\n"
+
+
+def test_streamer_with_a_batch_is_refused(model, tokenizer):
+    prompt = _prompt(tokenizer).repeat(2, 1)
+    with pytest.raises(ValueError, match="batch size 1"):
+        model.generate(prompt, max_new_tokens=4, streamer=Recorder(), draft_group_size=2)
+
+
+@pytest.mark.parametrize("decoder", DECODERS, ids=str)
+def test_stop_strings_with_the_tokenizer(model, tokenizer, decoder):
+    prompt = _prompt(tokenizer)
+    free = model.generate(prompt, max_new_tokens=20, eos_token_id=None, **decoder)[0, prompt.shape[1]:]
+    # a word the continuation reaches midway (a random model also emits pieces of UTF-8 characters)
+    stop = next(piece for i in range(2, len(free)) if (piece := tokenizer.decode(free[i:i + 1]).strip()).isalpha()
+                and piece not in tokenizer.decode(free[:i]))
+    out = model.generate(prompt, max_new_tokens=20, eos_token_id=None, stop_strings=[stop], tokenizer=tokenizer,
+                         pad_token_id=tokenizer.pad_token_id, **decoder)
+    new = out[0, prompt.shape[1]:]
+    new = new[new != tokenizer.pad_token_id]  # a group decoder pads the rest of the group that held the stop
+    assert stop in tokenizer.decode(new) and stop not in tokenizer.decode(new[:-1]) and len(new) < 20
+    if decoder in EXACT:
+        plain = model.generate(prompt, max_new_tokens=20, eos_token_id=None, stop_strings=[stop], tokenizer=tokenizer)
+        assert torch.equal(out, plain)
+    with pytest.raises(ValueError, match="tokenizer"):
+        model.generate(prompt, max_new_tokens=4, stop_strings=[stop], **decoder)
+
+
+class StopAfter(StoppingCriteria):
+    """Stops a row once it holds `token` among its last 3 tokens (reads the sequence, as stop criteria do)."""
+
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return (input_ids[:, -3:] == self.token).any(-1)
+
+
+@pytest.mark.parametrize("decoder", EXACT, ids=str)
+def test_stopping_criteria_scores_and_return_dict_match_token_by_token(model, tokenizer, decoder):
+    prompts = tokenizer(["<s>The committee met on", "<s>agreed that the"], add_special_tokens=False,
+                        return_tensors="pt", padding=True)
+    free = model.generate(**prompts, max_new_tokens=10, eos_token_id=None)
+    token = free[0, -5].item()  # row 0 reaches it midway
+    # with an EOS criterion transformers pads a row that stopped (without one it goes on writing tokens)
+    kwargs = dict(max_new_tokens=10, eos_token_id=tokenizer.eos_token_id, stopping_criteria=StoppingCriteriaList([StopAfter(token)]),
+                  return_dict_in_generate=True, output_scores=True, output_logits=True,
+                  pad_token_id=tokenizer.pad_token_id)
+    plain = model.generate(**prompts, **kwargs)
+    out = model.generate(**prompts, **kwargs, **decoder)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert len(out.scores) == len(plain.scores) == len(out.logits)
+    finished_at = (plain.sequences[0, prompts["input_ids"].shape[1]:] == token).nonzero()[0].item()
+    for i, (got, want) in enumerate(zip(out.logits, plain.logits)):
+        rows = [0, 1] if i <= finished_at else [1]  # after a row stops, transformers keeps scoring its padding
+        torch.testing.assert_close(got[rows], want[rows], atol=1e-5, rtol=0)
+    if "draft_group_size" in decoder:
+        assert 0 <= out.acceptance_rate <= 1 and out.num_drafted.shape == (2,)
+
+
+def test_group_decoding_scores_have_one_entry_per_token(model, tokenizer):
+    prompt = _prompt(tokenizer)
+    out = model.generate(prompt, group_size=3, max_new_tokens=7, eos_token_id=None, return_dict_in_generate=True,
+                         output_scores=True, output_logits=True)
+    assert out.sequences.shape[1] == prompt.shape[1] + 7 and len(out.scores) == len(out.logits) == 7
+    assert all(s.shape == (1, len(tokenizer)) for s in out.scores)
+    picked = torch.stack([s.argmax(-1) for s in out.scores], 1)
+    assert torch.equal(picked, out.sequences[:, prompt.shape[1]:])
+
+
+def test_default_group_size_is_the_trained_one(tokenizer, caplog):
+    """A checkpoint that never trained t = 1 decodes with its own group size when none is asked for."""
+    torch.manual_seed(0)
+    config = LookAroundConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, objective="dar", plan_params={"t": 2}, prediction_stream="query",
+        initializer_range=0.2,
+    )
+    model = LookAroundForCausalLM(config).eval()
+    prompt = _prompt(tokenizer)
+    with caplog.at_level(logging.INFO, logger="hf_lookaround.models.lookaround.generation_lookaround"):
+        default = model.generate(prompt, max_new_tokens=6, eos_token_id=None)
+    assert "group_size=2" in caplog.text
+    assert torch.equal(default, model.generate(prompt, group_size=2, max_new_tokens=6, eos_token_id=None))
+    assert not torch.equal(default, model.generate(prompt, group_size=1, allow_untrained=True, max_new_tokens=6,
+                                                   eos_token_id=None))

@@ -157,3 +157,54 @@ def test_default_group_size_is_the_trained_one(tokenizer, caplog):
     assert torch.equal(default, model.generate(prompt, group_size=2, max_new_tokens=6, eos_token_id=None))
     assert not torch.equal(default, model.generate(prompt, group_size=1, allow_untrained=True, max_new_tokens=6,
                                                    eos_token_id=None))
+
+
+# ----------------------------------------------------------------------------------------------
+# infilling builds the plan pretraining trained
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("objective", ["mlm", "vmlm", "gvp"])
+def test_infilling_first_step_is_the_pretraining_forward(tokenizer, objective):
+    """The collator's plan on a BOS-prefixed block (BOS rank 0, visible rank 1, the first hidden group rank 2):
+    infilling the same hidden set gives, at its first step, the query logits of the pretraining forward."""
+    from hf_lookaround import LookAroundForPreTraining
+    from hf_lookaround.data.collators import make_collator
+    from hf_lookaround.decoding.infill import infill
+
+    params = {"mlm": {"mask_ratio": 0.3}, "vmlm": {}, "gvp": {"num_groups": 3}}[objective]
+    torch.manual_seed(1)
+    config = LookAroundConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, mask_token_id=tokenizer.mask_token_id, objective=objective,
+        plan_params=params, initializer_range=0.2,
+    )
+    model = LookAroundForPreTraining(config).eval()
+    block = [tokenizer.bos_token_id] + tokenizer(CORPUS[0], add_special_tokens=False)["input_ids"][:20]
+    batch = make_collator(objective, tokenizer, seed=3, **params)([{"input_ids": block}])
+    ranks = batch["group_ids"][0]
+    assert ranks[0] == 0 and (ranks[1:] >= 1).all()  # BOS is the condition token, alone at rank 0
+    visible = ranks <= 1
+    first_hidden = ranks == 2  # the group the first step predicts from BOS and the visible tokens
+    assert first_hidden.any() and visible[1:].any()
+    targets = first_hidden.nonzero().flatten()[None]
+    expected = model(input_ids=batch["input_ids"], group_ids=batch["group_ids"], target_positions=targets).logits[0]
+    out = infill(model, tokenizer, batch["input_ids"][0], hidden=~visible, steps=1, output_logits=True)
+    torch.testing.assert_close(out.logits[0][0, targets[0]], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_infill_text_is_a_string_for_a_string(tokenizer):
+    from hf_lookaround import LookAroundForPreTraining
+    from hf_lookaround.decoding.infill import infill
+
+    torch.manual_seed(0)
+    config = LookAroundConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, mask_token_id=tokenizer.mask_token_id, objective="mlm",
+        plan_params={"mask_ratio": 0.15},
+    )
+    model = LookAroundForPreTraining(config).eval()
+    one = infill(model, tokenizer, "The committee[MASK] on[MASK]")
+    assert isinstance(one.text, str) and one.text.startswith("The committee")
+    two = infill(model, tokenizer, ["The[MASK] met", "agreed[MASK]"])
+    assert isinstance(two.text, list) and len(two.text) == 2

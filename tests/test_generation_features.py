@@ -208,3 +208,72 @@ def test_infill_text_is_a_string_for_a_string(tokenizer):
     assert isinstance(one.text, str) and one.text.startswith("The committee")
     two = infill(model, tokenizer, ["The[MASK] met", "agreed[MASK]"])
     assert isinstance(two.text, list) and len(two.text) == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# prompts end without EOS
+# ----------------------------------------------------------------------------------------------
+def _old_tokenizer(tokenizer, tmp_path):
+    """A tokenizer saved before prompts lost their EOS: its template wraps a single text as <s> ... </s>."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    old = AutoTokenizer.from_pretrained(_saved(tokenizer, tmp_path / "new"))
+    bos, eos = old.bos_token_id, old.eos_token_id
+    old.backend_tokenizer.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> $B:1 </s>:1",
+                                      special_tokens=[("<s>", bos), ("</s>", eos)]),
+    ])
+    return AutoTokenizer.from_pretrained(_saved(old, tmp_path / "old"))  # it still loads
+
+
+def _saved(tokenizer, path):
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_prompts_end_without_eos_and_old_tokenizers_are_warned_about(model, tokenizer, tmp_path, caplog):
+    from transformers import pipeline
+
+    ids = tokenizer("The committee met on")["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id and ids[-1] != tokenizer.eos_token_id
+    assert tokenizer("a", "b")["input_ids"].count(tokenizer.eos_token_id) == 2  # pairs keep their separators
+    old = _old_tokenizer(tokenizer, tmp_path)
+    assert old("The committee met on")["input_ids"] == ids + [tokenizer.eos_token_id]
+    logger = "hf_lookaround.models.lookaround.generation_lookaround"
+    for kwargs in ({}, {"group_size": 2}, {"draft_group_size": 2}):  # token by token, groups, drafts
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=logger):
+            model.generate(**old("The committee met on", return_tensors="pt"), max_new_tokens=2, **kwargs)
+        assert "ends with the EOS token" in caplog.text, kwargs
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=logger):
+            model.generate(**tokenizer("The committee met on", return_tensors="pt"), max_new_tokens=2, **kwargs)
+        assert "ends with the EOS token" not in caplog.text, kwargs
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=logger):
+        pipeline("text-generation", model=model, tokenizer=old)("The committee met on", max_new_tokens=2)
+    assert "ends with the EOS token" in caplog.text
+
+
+def test_classification_inputs_keep_their_end_token(tokenizer, tmp_path):
+    """Fine-tuning and probing encode a single sentence as <s> A </s>, as before and as pairs; truncation keeps
+    the end token; an older tokenizer (which adds it itself) gets no second one."""
+    from hf_lookaround.data.tokenization import encode_sentences
+
+    eos = tokenizer.eos_token_id
+    texts = ["The committee met on Tuesday", "agreed"]
+    enc = encode_sentences(tokenizer, texts)
+    plain = tokenizer(texts)["input_ids"]
+    assert enc["input_ids"] == [ids + [eos] for ids in plain]
+    assert enc["attention_mask"] == [[1] * len(ids) for ids in enc["input_ids"]]
+    short = encode_sentences(tokenizer, texts, truncation=True, max_length=4)["input_ids"]
+    assert all(len(ids) > 4 for ids in enc["input_ids"]) and short == [ids[:3] + [eos] for ids in plain]
+    padded = encode_sentences(tokenizer, texts, padding=True, return_tensors="pt")
+    assert padded["input_ids"].shape == (2, len(enc["input_ids"][0])) and padded["attention_mask"][1].sum() == \
+        len(enc["input_ids"][1])
+    pairs = encode_sentences(tokenizer, texts, ["b", "c"])["input_ids"]
+    assert pairs == tokenizer(texts, ["b", "c"])["input_ids"]
+    old = _old_tokenizer(tokenizer, tmp_path)
+    assert encode_sentences(old, texts)["input_ids"] == enc["input_ids"]

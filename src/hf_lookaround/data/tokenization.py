@@ -116,23 +116,19 @@ def encode_sentences(tokenizer, texts, text_pairs=None, *, truncation: bool = Fa
     sentence ends with the end token a pair puts after its first text (``<s> A </s>``), also with tokenizers that
     add none to a single text, whose single texts are prompts. Fine-tuning, probing and feature extraction thus see
     the inputs they saw before prompts lost their EOS. Truncation keeps the end token."""
+    from transformers import BatchEncoding
+
     args = (texts,) if text_pairs is None else (texts, text_pairs)
     end = _single_lacks_end_token(tokenizer) if text_pairs is None else None
     if end is None:
         return tokenizer(*args, truncation=truncation, max_length=max_length, padding=padding,
                          return_tensors=return_tensors)
     limit = max_length - 1 if (truncation and max_length is not None) else None
-    enc = tokenizer(*args, truncation=limit is not None, max_length=limit)
     single = isinstance(texts, str)
-    rows = [enc["input_ids"]] if single else enc["input_ids"]
-    enc["input_ids"] = [ids + [end] for ids in rows]
-    for key in ("attention_mask", "token_type_ids", "special_tokens_mask"):
-        if key in enc:
-            values = [enc[key]] if single else enc[key]
-            enc[key] = [v + [v[-1] if key == "token_type_ids" else 1] for v in values]
-    if single:
-        enc = {key: value[0] for key, value in enc.items()}
-    if padding or return_tensors:
-        return tokenizer.pad(dict(enc), padding=padding or "longest", return_tensors=return_tensors)
-    return enc
+    enc = tokenizer([texts] if single else texts, truncation=limit is not None, max_length=limit)
+    enc = {key: [row + [end if key == "input_ids" else (row[-1] if key == "token_type_ids" else 1)] for row in rows]
+           for key, rows in enc.items()}
+    if padding or return_tensors:  # a batch (of one for a single string, as tokenizer(str, return_tensors=...))
+        return tokenizer.pad(enc, padding=padding or "longest", return_tensors=return_tensors)
+    return BatchEncoding({key: rows[0] for key, rows in enc.items()} if single else enc)
 

@@ -277,3 +277,27 @@ def test_classification_inputs_keep_their_end_token(tokenizer, tmp_path):
     assert pairs == tokenizer(texts, ["b", "c"])["input_ids"]
     old = _old_tokenizer(tokenizer, tmp_path)
     assert encode_sentences(old, texts)["input_ids"] == enc["input_ids"]
+
+
+def test_cli_decodes_a_dar_checkpoint_with_its_own_group_size(tokenizer, tmp_path, capsys):
+    """`hf-lookaround generate` without --group_size used to ask for t = 1 and so refused a dar t = 2 checkpoint."""
+    import json
+
+    from hf_lookaround import LookAroundForPreTraining
+    from hf_lookaround.cli.generate import main
+    from hf_lookaround.generation import group_generate
+
+    torch.manual_seed(0)
+    config = LookAroundConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, objective="dar", plan_params={"t": 2}, initializer_range=0.2,
+    )
+    model = LookAroundForPreTraining(config).eval()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    assert main([str(tmp_path), "--prompt", "The committee", "--max_new_tokens", "6", "--json", "--device", "cpu"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    prompt = _prompt(tokenizer, "The committee")
+    expected = group_generate(model, prompt, group_size=2, max_new_tokens=6)[0, prompt.shape[1]:]
+    assert result["group_size"] == 2 and result["outputs"] == [tokenizer.decode(expected, skip_special_tokens=True)]

@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+from torch.nn import functional as F
 from transformers.cache_utils import DynamicCache
 from transformers.generation import (
     EosTokenCriteria,
@@ -197,6 +198,60 @@ def _check_length(total: int, config, what: str) -> None:
                          "shorten the input or ask for fewer tokens (nothing is truncated for you)")
 
 
+def _compile_config(model, generation_config):
+    """The ``CompileConfig`` a static-cache decoding step is compiled with, or None (eager), as transformers decides
+    for its own static cache: compiled on CUDA, or anywhere a ``compile_config`` is given; never with
+    ``disable_compile``."""
+    if getattr(generation_config, "disable_compile", False):
+        return None
+    given = getattr(generation_config, "compile_config", None)
+    if given is not None:
+        return given
+    if _device(model).type == "cuda":
+        from transformers import CompileConfig
+
+        return CompileConfig()
+    return None
+
+
+def _static_cache(model, batch: int, max_len: int, dtype_like):
+    """A StaticCache of ``max_len`` slots, reused across calls of one shape (a compiled step guards on it)."""
+    from transformers.cache_utils import StaticCache
+
+    key = (batch, max_len)
+    held = getattr(model, "_lookaround_static_cache", None)
+    if held is not None and held[0] == key:
+        held[1].reset()
+        return held[1]
+    cache = StaticCache(config=model.config, max_cache_len=max_len)
+    model._lookaround_static_cache = (key, cache)
+    return cache
+
+
+def _decoding_step(model, compile_config):
+    """One decoding forward (content rows join the cache, query rows predict) -> float logits of the query rows;
+    compiled with ``compile_config`` (fixed shapes: a static cache and full-width ranks and mask)."""
+    backbone, lm_head = model.base_model, model.lm_head
+
+    def step(input_ids, attention_mask, group_ids, position_ids, cache, query_position_ids, query_group_ids):
+        out = backbone(input_ids=input_ids, attention_mask=attention_mask, group_ids=group_ids,
+                       position_ids=position_ids, past_key_values=cache, use_cache=True,
+                       query_position_ids=query_position_ids, query_group_ids=query_group_ids, content_output=False)
+        return lm_head(out.query_hidden_state).float()
+
+    if compile_config is None:
+        return step
+    held = getattr(model, "_lookaround_compiled_step", None)
+    key = repr(sorted(compile_config.to_dict().items()))
+    if held is None or held[0] != key:
+        options = compile_config.to_dict()
+        compiled = torch.compile(step, fullgraph=options["fullgraph"], dynamic=False, backend=options["backend"],
+                                 mode=options["mode"] if options["backend"] == "inductor" else None,
+                                 options=options["options"])
+        held = model._lookaround_compiled_step = (key, compiled)
+    return held[1]
+
+
 # ----------------------------------------------------------------------------------------------
 # Group decoding
 # ----------------------------------------------------------------------------------------------
@@ -323,10 +378,11 @@ def group_decoding(
     """transformers' ``custom_generate`` callable: ``GenerationMixin.generate`` has prepared everything."""
     if generation_config.num_beams > 1:
         raise ValueError("group decoding takes the argmax or samples; beam search (num_beams > 1) is not supported")
-    if getattr(generation_config, "cache_implementation", None) not in (None, "dynamic"):
+    cache_implementation = getattr(generation_config, "cache_implementation", None)
+    if cache_implementation not in (None, "dynamic", "static"):
         raise ValueError(
-            f"group decoding keeps its own DynamicCache; cache_implementation={generation_config.cache_implementation!r} "
-            "serves token-by-token generate() without group_size"
+            f"group decoding keeps a DynamicCache, or a StaticCache with cache_implementation='static' (compiled, "
+            f"fixed shapes); cache_implementation={cache_implementation!r} serves token-by-token generate() only"
         )
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError("group decoding starts from input_ids (the cache holds content of known tokens); "
@@ -351,6 +407,9 @@ def group_decoding(
         streamer=streamer,
     )
     use_cache = bool(model_kwargs.get("use_cache", True))
+    if cache_implementation == "static":
+        common["compile_config"] = _compile_config(model, generation_config)
+        common["static_cache"] = True
     if draft_group_size is not None:
         if not use_cache:
             raise ValueError("self-speculative decoding crops rejected drafts from the KV cache: use_cache=False "
@@ -452,10 +511,14 @@ def _group_decode(
     output_logits=False,
     streamer=None,
     generator=None,
+    static_cache=False,
+    compile_config=None,
 ):
     backbone, lm_head = model.base_model, model.lm_head
     config = model.config
     batch, prompt_len = input_ids.shape
+    if static_cache and not use_cache:
+        raise ValueError("cache_implementation='static' needs use_cache=True")
     device = input_ids.device
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
@@ -487,6 +550,13 @@ def _group_decode(
     one_call = all(isinstance(p, _POSITIONLESS_PROCESSORS) for p in logits_processor)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
     cache = DynamicCache(config=config) if use_cache else None
+    if static_cache:
+        # fixed shapes, so that a compiled step is reused: every key of the plan is passed (the cache has a slot for
+        # each column), and the query rows of a last, cut group are padded to t
+        cache = _static_cache(model, batch, total, input_ids.dtype)
+        step = _decoding_step(model, compile_config)
+        query_positions = F.pad(positions, (0, group_size), value=0)
+        query_ranks = F.pad(ranks, (0, group_size), value=NO_TARGET_RANK)
     length, past = prompt_len, 0  # columns decided / columns whose content is in the cache
     all_scores, all_logits = [], []
     while True:
@@ -494,7 +564,12 @@ def _group_decode(
         if width <= 0:
             break
         slots = slice(length, length + width)
-        if cache is not None:
+        if static_cache:
+            logits = step(buffer[:, past:length], mask, ranks, positions[:, past:length], cache,
+                          query_positions[:, length : length + group_size],
+                          query_ranks[:, length : length + group_size])[:, :width]
+            past = length
+        elif cache is not None:
             # one forward: content rows of the group sampled last (the prompt at first) join the cache,
             # query rows of the next group read every key of lower rank
             out = backbone(
@@ -510,7 +585,8 @@ def _group_decode(
                 group_ids=ranks[:, : length + width], position_ids=positions[:, : length + width],
                 target_positions=torch.arange(length, length + width, device=device).expand(batch, width),
             )
-        logits = lm_head(out.query_hidden_state[:, :width]).float()
+        if not static_cache:
+            logits = lm_head(out.query_hidden_state[:, :width]).float()
         if one_call:
             group_scores = logits.flatten(0, 1)
             if len(logits_processor):

@@ -301,3 +301,30 @@ def test_cli_decodes_a_dar_checkpoint_with_its_own_group_size(tokenizer, tmp_pat
     prompt = _prompt(tokenizer, "The committee")
     expected = group_generate(model, prompt, group_size=2, max_new_tokens=6)[0, prompt.shape[1]:]
     assert result["group_size"] == 2 and result["outputs"] == [tokenizer.decode(expected, skip_special_tokens=True)]
+
+
+# ----------------------------------------------------------------------------------------------
+# compiled decoding: a static cache and fixed shapes
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("decoder", [{"group_size": 2}, {"group_size": 3}, {"draft_group_size": 2},
+                                     {"draft_group_size": 3}], ids=str)
+def test_static_cache_compiles_once_and_gives_the_same_tokens(model, tokenizer, decoder):
+    """cache_implementation='static' gives the tokens of the DynamicCache decoder; compiled (backend 'eager' on the
+    CPU, fullgraph), a second call with the same shapes compiles nothing: error_on_recompile holds."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    torch._dynamo.reset()
+    prompts = tokenizer(["<s>The committee met on", "<s>agreed that"], add_special_tokens=False, return_tensors="pt",
+                        padding=True)
+    kwargs = dict(max_new_tokens=11, eos_token_id=None, pad_token_id=tokenizer.pad_token_id, **decoder)
+    dynamic = model.generate(**prompts, **kwargs)
+    assert torch.equal(model.generate(**prompts, cache_implementation="static", **kwargs), dynamic)  # eager on CPU
+    compiled = dict(cache_implementation="static", compile_config=CompileConfig(backend="eager", fullgraph=True))
+    before = counters["stats"]["unique_graphs"]  # counters are global: count what this call compiles
+    assert torch.equal(model.generate(**prompts, **compiled, **kwargs), dynamic)
+    graphs = counters["stats"]["unique_graphs"]
+    assert 1 <= graphs - before <= 2  # the prompt's step and the steady step
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        again = model.generate(**prompts, **compiled, **kwargs)
+    assert torch.equal(again, dynamic) and counters["stats"]["unique_graphs"] == graphs

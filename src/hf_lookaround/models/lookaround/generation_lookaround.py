@@ -672,16 +672,36 @@ def _split_criteria(criteria: StoppingCriteriaList, max_length: int):
     return (torch.cat(eos) if eos else None), others
 
 
-def _compact_cache(cache: DynamicCache, key_valid: torch.Tensor, key_pos: torch.Tensor):
-    """Move each row's valid cache columns to the right end (a left-padded layout) and drop the columns no row
-    needs: rows that kept different numbers of drafts leave holes, which would otherwise grow every step."""
-    keep = int(key_valid.sum(-1).max())
-    order = torch.argsort(key_valid.to(torch.int8), dim=1, stable=True)[:, key_valid.shape[1] - keep:]
+def _crop_cache(cache, columns: int) -> None:
+    """Keep the first ``columns`` columns of every layer (a static cache keeps its slots and forgets the rest)."""
+    if isinstance(cache, DynamicCache):
+        cache.crop(columns - cache.get_seq_length())
+        return
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(columns)
+
+
+def _compact_cache(cache, key_valid: torch.Tensor, key_pos: torch.Tensor, columns: int) -> int:
+    """Move each row's valid cache columns (of the first ``columns``) to the right end of the new first columns, a
+    left-padded layout, and drop the columns no row needs: rows that kept different numbers of drafts leave holes,
+    which would otherwise grow every step. ``key_valid`` / ``key_pos`` (full width) are updated in place; returns the
+    new number of columns."""
+    valid = key_valid[:, :columns]
+    keep = int(valid.sum(-1).max())
+    order = torch.argsort(valid.to(torch.int8), dim=1, stable=True)[:, columns - keep :]
     for layer in cache.layers:
         index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-        layer.keys = layer.keys.gather(2, index)
-        layer.values = layer.values.gather(2, index)
-    return key_valid.gather(1, order), key_pos.gather(1, order)
+        keys, values = layer.keys[:, :, :columns].gather(2, index), layer.values[:, :, :columns].gather(2, index)
+        if isinstance(cache, DynamicCache):
+            layer.keys, layer.values = keys, values
+        else:  # a static cache keeps its tensors (a compiled step holds their addresses)
+            layer.keys[:, :, :keep].copy_(keys)
+            layer.values[:, :, :keep].copy_(values)
+    if not isinstance(cache, DynamicCache):
+        _crop_cache(cache, keep)
+    key_valid[:, :keep], key_pos[:, :keep] = valid.gather(1, order), key_pos[:, :columns].gather(1, order)
+    key_valid[:, keep:] = False
+    return keep
 
 
 def _speculative_decode(
@@ -700,6 +720,8 @@ def _speculative_decode(
     output_logits=False,
     streamer=None,
     generator=None,
+    static_cache=False,
+    compile_config=None,
 ):
     """Lossless self-speculative decoding: the tokens of AR (``t = 1``) decoding, up to ``k`` of them per forward.
 
@@ -747,10 +769,19 @@ def _speculative_decode(
     num_new = torch.zeros(batch, dtype=torch.long, device=device)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
     drafted, accepted = torch.zeros_like(num_new), torch.zeros_like(num_new)
-    cache = DynamicCache(config=config)
-    # ranks are positions (the AR plan); the cache's columns: which hold a kept token, and its position
-    key_valid = attention_mask.new_zeros((batch, 0), dtype=torch.bool)
-    key_pos = attention_mask.new_zeros((batch, 0))
+    # ranks are positions (the AR plan); the cache's columns: which hold a kept token, and its position. At most
+    # prompt + new tokens - 1 columns are kept, and a step appends k before its rejected drafts leave
+    max_columns = prompt_len + max_new_tokens + k
+    key_valid = attention_mask.new_zeros((batch, max_columns), dtype=torch.bool)
+    key_pos = attention_mask.new_zeros((batch, max_columns))
+    columns = 0  # columns in the cache
+    if static_cache:
+        # fixed shapes for a compiled step: full-width ranks and mask, always k content rows and k groups of k
+        cache = _static_cache(model, batch, max_columns, input_ids.dtype)
+        step = _decoding_step(model, compile_config)
+    else:
+        cache = DynamicCache(config=config)
+        step = _decoding_step(model, None)
     # the first forward: the prompt's content, one group of k query rows after it
     step_ids, step_pos, step_valid = input_ids, (attention_mask.cumsum(-1) - 1).clamp(min=0), attention_mask != 0
     drafts = draft_probs = None
@@ -762,15 +793,22 @@ def _speculative_decode(
         query_pos = (group_rank[:, :, None] + torch.arange(k, device=device)).flatten(1)  # (B, groups * k)
         query_rank = group_rank[:, :, None].expand(-1, -1, k).flatten(1)
         is_slot = (query_pos <= last_position[:, None]) & unfinished[:, None]
-        out_step = backbone(
-            input_ids=step_ids, attention_mask=torch.cat([key_valid, step_valid], 1).long(),
-            group_ids=torch.cat([key_pos, step_pos], 1), position_ids=step_pos, past_key_values=cache,
-            use_cache=True, query_position_ids=torch.where(is_slot, query_pos, 0),
-            query_group_ids=torch.where(is_slot, query_rank, NO_TARGET_RANK), content_output=False,
-        )
+        query_pos, query_rank = torch.where(is_slot, query_pos, 0), torch.where(is_slot, query_rank, NO_TARGET_RANK)
+        if static_cache and drafts is not None and groups < k:  # pad to k content rows and k groups
+            step_ids = F.pad(step_ids, (0, k - groups), value=pad_token_id)
+            step_pos = F.pad(step_pos, (0, k - groups), value=0)
+            step_valid = F.pad(step_valid, (0, k - groups), value=False)
+            query_pos = F.pad(query_pos, (0, (k - groups) * k), value=0)
+            query_rank = F.pad(query_rank, (0, (k - groups) * k), value=NO_TARGET_RANK)
+        width = step_ids.shape[1]
+        key_valid[:, columns : columns + width], key_pos[:, columns : columns + width] = step_valid, step_pos
+        keys = slice(None) if static_cache else slice(0, columns + width)
+        logits = step(step_ids, key_valid[:, keys].long(), key_pos[:, keys], step_pos, cache, query_pos, query_rank)
         forwards += 1
-        key_valid, key_pos = torch.cat([key_valid, step_valid], 1), torch.cat([key_pos, step_pos], 1)
-        logits = lm_head(out_step.query_hidden_state).float().view(batch, groups, k, -1)
+        columns += width
+        # the columns of the last token and the drafts (after the prompt: its last token), which rejections crop
+        first_new = columns - 1 if drafts is None else columns - width
+        logits = logits[:, : groups * k].view(batch, groups, k, -1)
 
         # verify: the first row of group a is the AR pathway at position nxt + a, after the first a drafts
         ar_logits = logits[:, :, 0]
@@ -816,8 +854,8 @@ def _speculative_decode(
             count = torch.where(has_eos, is_eos.long().argmax(-1) + 1, count)
             stopped |= has_eos
         keep = slot < count[:, None]
-        columns = torch.where(keep, prompt_len + num_new[:, None] + slot, spare)
-        out.scatter_(1, columns, torch.where(keep, candidates, pad_token_id))
+        out_columns = torch.where(keep, prompt_len + num_new[:, None] + slot, spare)
+        out.scatter_(1, out_columns, torch.where(keep, candidates, pad_token_id))
         if other_criteria:  # asked as transformers' loop asks: each row, after each token
             for b in unfinished.nonzero().flatten().tolist():
                 for i in range(int(count[b])):
@@ -843,13 +881,17 @@ def _speculative_decode(
         kept = num_ok + 1
         most = int(kept[unfinished].max())
         kept = torch.where(unfinished, kept, most)  # finished rows are never read again
-        key_valid[:, -groups:] &= slot < kept[:, None]
+        # (a row that finished keeps none: its content is never read again)
+        key_valid[:, first_new:columns] &= (torch.arange(columns - first_new, device=device) < kept[:, None]) \
+            & unfinished[:, None]
         if bool((kept == most).all()):  # every row keeps as many: crop (always so at batch 1)
-            if most < groups:
-                cache.crop(most - groups)
-                key_valid, key_pos = key_valid[:, : most - groups], key_pos[:, : most - groups]
-        else:
-            key_valid, key_pos = _compact_cache(cache, key_valid, key_pos)
+            if first_new + most < columns:
+                columns = first_new + most
+                _crop_cache(cache, columns)
+                key_valid[:, columns:] = False
+        if not bool((kept == most).all()) or columns + k > min(max_columns, limit):
+            # holes: compact (also when rows that finished or lag behind leave too little room for the next step)
+            columns = _compact_cache(cache, key_valid, key_pos, columns)
 
         # the next drafts: the other rows of the group after the accepted ones (it never saw `token`, sampled now)
         draft_logits = logits[rows, num_ok, 1:]  # (B, k - 1, V)
@@ -869,10 +911,11 @@ def _speculative_decode(
         # the next forward: content of the token and of the drafts, causal among themselves, at positions after it
         last = out.gather(1, (prompt_len + num_new - 1)[:, None]).squeeze(1)
         # fewer drafts near the end: none past the largest budget left, no more keys than positions
-        width = min(k, int((max_new_tokens - num_new)[unfinished].max()), limit - key_valid.shape[1])
+        width = min(k, int((max_new_tokens - num_new)[unfinished].max()), limit - columns)
         step_ids = torch.cat([last[:, None], drafts], 1)[:, :width]
         step_pos = (nxt + count - 1)[:, None] + torch.arange(width, device=device)
-        step_valid = step_pos <= last_position[:, None]
+        # a finished row's content is never read: left invalid, it never widens the cache
+        step_valid = (step_pos <= last_position[:, None]) & unfinished[:, None]
         step_pos = step_pos.clamp(max=limit - 1)
 
     length = prompt_len + int(num_new.max())

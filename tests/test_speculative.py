@@ -278,3 +278,24 @@ def test_pipeline_and_cli(tmp_path, capsys, caplog):
     assert 0 <= spec["acceptance_rate"] <= 1 and spec["forwards"] <= 9
     assert main(args + ["--draft_group_size", "2"]) == 0
     assert "of the drafts accepted" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_ragged_batches_with_eos_match_token_by_token_greedy(dar, cache):
+    """Random prompt lengths, rows that stop at EOS at different steps, budgets that run into
+    max_position_embeddings: the cache is cropped and compacted many times, the tokens stay t = 1's."""
+    causal = _causal(dar)
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(2 if cache == "dynamic" else 1):
+        lengths = torch.randint(1, 12, (5,), generator=generator).tolist()
+        prompts = [[BOS] + torch.randint(4, 64, (n - 1,), generator=generator).tolist() for n in lengths]
+        ids, mask = _left_padded(prompts)
+        new = 48 - ids.shape[1]  # up to the last position
+        free = causal.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, eos_token_id=None,
+                               pad_token_id=PAD)
+        eos = int(free[:, ids.shape[1]:].flatten().mode().values)  # a token most rows emit at some point
+        kwargs = dict(attention_mask=mask, max_new_tokens=new, do_sample=False, eos_token_id=eos, pad_token_id=PAD)
+        expected = causal.generate(ids, **kwargs)
+        for k in (2, 4) if cache == "dynamic" else (3,):
+            got = causal.generate(ids, draft_group_size=k, cache_implementation=cache, **kwargs)
+            assert torch.equal(got, expected), (trial, k)

@@ -669,8 +669,11 @@ class LookAroundModel(LookAroundPreTrainedModel):
         return F.pad(group_ids, (0, key_len - width)) if width < key_len else group_ids
 
     def _check_total_length(self, past_len, seq_len: int) -> None:
-        if torch.compiler.is_compiling():
-            return  # needs a host sync; generate() checks the final length before it starts
+        if torch.compiler.is_compiling() or torch.is_tensor(past_len):
+            # needs a host sync; generate() checks the final length before it starts. A static cache (a tensor
+            # past_len) is bounded by its own slots, which may hold more than positions: self-speculative decoding
+            # appends padded drafts past the last position, and leaves holes of rejected ones
+            return
         total_len = int(past_len) + seq_len
         if total_len > self.config.max_position_embeddings:
             raise ValueError(

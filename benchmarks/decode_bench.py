@@ -7,10 +7,11 @@ checkpoint given with ``--checkpoint``. For each batch size (1 and 8) it decodes
 - ``t=1``: ``group_generate(group_size=1)``, AR decoding through the query stream (DynamicCache, eager);
 - ``group t=2`` / ``t=4``: group decoding (fewer forwards, not the t = 1 tokens);
 - ``speculative k=2`` / ``k=4``: self-speculative decoding (``draft_group_size=k``), the tokens of t = 1;
+- the same group and speculative decoders through ``generate(..., cache_implementation="static")``: a StaticCache
+  and fixed shapes, the decoding step compiled (on CUDA; eager on CPU), 0 graphs compiled after warm-up expected;
 - ``generate() eager`` and ``generate() static+compile``: ``LookAroundForCausalLM.generate()`` without
   group_size, transformers' token-by-token loop (the compiled reference; transformers compiles a static cache's
-  decoding step on CUDA only). Group and speculative decoding keep a DynamicCache and run eager (no compiled path
-  yet), so their rows say ``eager``.
+  decoding step on CUDA only).
 
 It times each decoder after a warm-up call on the same shapes, with CUDA synchronisation, median of ``--repeats``
 calls, and reports new tokens/s, forwards, the acceptance rate of the drafts, whether the output equals t = 1's
@@ -142,15 +143,32 @@ def decoders(model, causal, args):
             return out, {"forwards": args.new_tokens}
         return decode
 
+    def static(**decoder):
+        def decode(prompts):
+            torch.manual_seed(0)
+            out = causal.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=args.new_tokens,
+                                  do_sample=args.do_sample, cache_implementation="static", return_dict_in_generate=True,
+                                  **decoder)
+            info = {"forwards": getattr(out, "num_forwards", None) or -(-args.new_tokens // decoder.get("group_size", 1))}
+            if hasattr(out, "acceptance_rate"):
+                info["acceptance_rate"] = out.acceptance_rate
+            return out.sequences, info
+        return decode
+
+    compiled = "static+compile" if torch.cuda.is_available() and not args.smoke else "static, eager on CPU"
     table = {"t=1": ("eager", group(1))}
     for t in (2, 4):
         table[f"group t={t}"] = ("eager", group(t))
     for k in (2, 4):
         table[f"speculative k={k}"] = ("eager", speculative(k))
+    if not args.no_compile:
+        for t in (1, 2, 4):
+            table[f"group t={t} ({compiled})"] = (compiled, static(group_size=t))
+        for k in (2, 4):
+            table[f"speculative k={k} ({compiled})"] = (compiled, static(draft_group_size=k))
     table["generate() eager"] = ("eager", hf(False))
     if not args.no_compile:
-        table["generate() static+compile"] = ("compiled" if torch.cuda.is_available() else "static, not compiled on CPU",
-                                              hf(True))
+        table["generate() static+compile"] = (compiled, hf(True))
     return table
 
 
@@ -181,16 +199,21 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--do_sample", action="store_true", help="sample (default greedy: speculative == t=1 is checked)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default: bf16 on CUDA, fp32 on CPU")
-    p.add_argument("--no_compile", action="store_true", help="skip the static-cache compiled generate() row")
+    p.add_argument("--no_compile", action="store_true", help="skip the static-cache (compiled) rows")
     p.add_argument("--smoke", action="store_true", help="tiny config on CPU, a few tokens: checks the script runs")
     args = p.parse_args(argv)
     if args.smoke:
-        args.batch_sizes, args.prompt_tokens, args.new_tokens, args.repeats = [1, 2], 8, 12, 1
+        args.batch_sizes, args.prompt_tokens, args.new_tokens, args.repeats = [1, 2], 6, 8, 1
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # every decoder and batch size compiles its own graphs of one step function (2 each): above dynamo's default
+    # limit of 8 it would silently fall back to eager
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     model, causal, tokenizer, note, params = build_model(args, device, dtype)

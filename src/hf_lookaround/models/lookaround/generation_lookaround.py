@@ -237,7 +237,8 @@ def _decoding_step(model, compile_config):
         out = backbone(input_ids=input_ids, attention_mask=attention_mask, group_ids=group_ids,
                        position_ids=position_ids, past_key_values=cache, use_cache=True,
                        query_position_ids=query_position_ids, query_group_ids=query_group_ids, content_output=False)
-        return lm_head(out.query_hidden_state).float()
+        # a copy: a CUDA-graph step ("reduce-overhead") overwrites its output at the next call
+        return lm_head(out.query_hidden_state).float().clone()
 
     if compile_config is None:
         return step

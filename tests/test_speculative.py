@@ -299,3 +299,19 @@ def test_ragged_batches_with_eos_match_token_by_token_greedy(dar, cache):
         for k in (2, 4) if cache == "dynamic" else (3,):
             got = causal.generate(ids, draft_group_size=k, cache_implementation=cache, **kwargs)
             assert torch.equal(got, expected), (trial, k)
+
+
+def test_processors_that_read_the_sequence_see_each_rows_own_tokens(dar):
+    """A repetition penalty and min_new_tokens read the sequence so far: with drafts, each row's own tokens
+    (drafts included) up to the slot, so the output is still transformers' token-by-token greedy output."""
+    causal = _causal(dar)
+    ids, mask = _left_padded(PROMPTS)
+    free = causal.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, eos_token_id=None,
+                           pad_token_id=PAD)
+    eos = int(free[0, ids.shape[1] + 1])  # row 0's second token: min_new_tokens must hold it back
+    kwargs = dict(attention_mask=mask, max_new_tokens=14, do_sample=False, repetition_penalty=3.0, min_new_tokens=4,
+                  eos_token_id=eos, pad_token_id=PAD)
+    expected = causal.generate(ids, **kwargs)
+    assert not torch.equal(expected, free)
+    for k in (2, 4):
+        assert torch.equal(causal.generate(ids, draft_group_size=k, **kwargs), expected), k

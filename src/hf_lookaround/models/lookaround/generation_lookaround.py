@@ -148,7 +148,11 @@ def check_draft_group_size(config, draft_group_size, allow_untrained: bool = Fal
     if isinstance(draft_group_size, bool) or not isinstance(draft_group_size, int) or draft_group_size < 2:
         raise ValueError(f"draft_group_size must be an int >= 2 (a group of k query rows: the next token and k - 1 "
                          f"drafts after it), got {draft_group_size!r}")
-    check_group_size(config, draft_group_size, allow_untrained)  # the draft group's own size, and the stream
+    try:  # the draft group's own size, and the stream
+        check_group_size(config, draft_group_size, allow_untrained)
+    except UntrainedDecodingError as error:
+        raise UntrainedDecodingError(f"draft_group_size={draft_group_size} drafts with a group of that size: {error}") \
+            from None
     sizes = trained_group_sizes(config)
     if sizes and 1 not in sizes:
         _refuse_or_warn(
@@ -737,7 +741,7 @@ def _speculative_decode(
     plan's look-ahead), so drafting costs no extra forward. Rejected drafts leave the cache; rows of a batch keep
     different numbers of them (the cache is compacted to a left-padded layout).
     """
-    backbone, lm_head, config = model.base_model, model.lm_head, model.config
+    config = model.config
     k = draft_group_size
     batch, prompt_len = input_ids.shape
     device = input_ids.device

@@ -328,3 +328,16 @@ def test_static_cache_compiles_once_and_gives_the_same_tokens(model, tokenizer, 
     with torch._dynamo.config.patch(error_on_recompile=True):
         again = model.generate(**prompts, **compiled, **kwargs)
     assert torch.equal(again, dynamic) and counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.parametrize("decoder", [{"group_size": 2}, {"draft_group_size": 2}], ids=str)
+def test_pipeline_takes_stop_strings_with_a_tokenizer(model, tokenizer, decoder):
+    """As with transformers' own decoding, the pipeline call names the tokenizer for stop strings."""
+    from transformers import pipeline
+
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    kwargs = dict(max_new_tokens=8, do_sample=False, eos_token_id=None, return_full_text=False, **decoder)
+    full = pipe("The committee met on", **kwargs)
+    assert pipe("The committee met on", stop_strings=["never in the text"], tokenizer=tokenizer, **kwargs) == full
+    with pytest.raises(ValueError, match="tokenizer="):
+        pipe("The committee met on", stop_strings=["never in the text"], **kwargs)

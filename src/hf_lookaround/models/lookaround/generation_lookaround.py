@@ -348,8 +348,8 @@ class GroupDecodingMixin:
         if not stop_strings:
             return
         if tokenizer is None:
-            raise ValueError("stop_strings need the model's tokenizer: pass tokenizer=... to generate() (the "
-                             "text-generation pipeline passes its own)")
+            raise ValueError("stop_strings need the model's tokenizer: pass tokenizer=... to generate() (or to the "
+                             "text-generation pipeline's call), as transformers' own decoding does")
         criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
         criteria.append(StopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
         kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None

@@ -190,6 +190,13 @@ def test_infilling_first_step_is_the_pretraining_forward(tokenizer, objective):
     expected = model(input_ids=batch["input_ids"], group_ids=batch["group_ids"], target_positions=targets).logits[0]
     out = infill(model, tokenizer, batch["input_ids"][0], hidden=~visible, steps=1, output_logits=True)
     torch.testing.assert_close(out.logits[0][0, targets[0]], expected, atol=1e-5, rtol=1e-5)
+    # the fill-mask head (AutoModelForMaskedLM of a two-stream checkpoint) ranks [MASK] inputs the same way
+    from hf_lookaround import LookAroundForMaskedLM
+
+    masked_lm = LookAroundForMaskedLM(model.config).eval()
+    masked_lm.load_state_dict(model.state_dict())
+    masked = torch.where(visible, batch["input_ids"][0], tokenizer.mask_token_id)[None]
+    torch.testing.assert_close(masked_lm(input_ids=masked).logits[0, targets[0]], expected, atol=1e-5, rtol=1e-5)
 
 
 def test_infill_text_is_a_string_for_a_string(tokenizer):

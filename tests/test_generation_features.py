@@ -348,3 +348,14 @@ def test_pipeline_takes_stop_strings_with_a_tokenizer(model, tokenizer, decoder)
     assert pipe("The committee met on", stop_strings=["never in the text"], tokenizer=tokenizer, **kwargs) == full
     with pytest.raises(ValueError, match="tokenizer="):
         pipe("The committee met on", stop_strings=["never in the text"], **kwargs)
+
+
+@pytest.mark.parametrize("decoder", [{"group_size": 2}, {"draft_group_size": 2}], ids=str)
+def test_features_these_decoders_lack_are_refused(model, tokenizer, decoder):
+    prompt = _prompt(tokenizer)
+    for kwargs, match in (({"output_attentions": True, "return_dict_in_generate": True}, "output_attentions"),
+                          ({"output_hidden_states": True, "return_dict_in_generate": True}, "output_hidden_states"),
+                          ({"guidance_scale": 1.5}, "guidance_scale"),
+                          ({"num_beams": 2}, "beam")):
+        with pytest.raises(ValueError, match=match):
+            model.generate(prompt, max_new_tokens=4, **kwargs, **decoder)

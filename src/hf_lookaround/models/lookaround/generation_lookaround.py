@@ -383,6 +383,19 @@ def group_decoding(
     """transformers' ``custom_generate`` callable: ``GenerationMixin.generate`` has prepared everything."""
     if generation_config.num_beams > 1:
         raise ValueError("group decoding takes the argmax or samples; beam search (num_beams > 1) is not supported")
+    # features transformers' own loop has and these decoders do not: a clear error rather than a silent None
+    unsupported = {
+        "output_attentions": "attention weights of each step",
+        "output_hidden_states": "hidden states of each step",
+        "prompt_lookup_num_tokens": "prompt-lookup drafting (use draft_group_size)",
+    }
+    for name, what in unsupported.items():
+        if getattr(generation_config, name, None):
+            raise ValueError(f"{name}: {what} is not supported with group_size / draft_group_size; drop it, or "
+                             "decode token by token (generate() without them)")
+    if getattr(generation_config, "guidance_scale", None) not in (None, 1, 1.0):
+        raise ValueError("guidance_scale (classifier-free guidance) runs the model token by token beside the decoder: "
+                         "not supported with group_size / draft_group_size")
     cache_implementation = getattr(generation_config, "cache_implementation", None)
     if cache_implementation not in (None, "dynamic", "static"):
         raise ValueError(

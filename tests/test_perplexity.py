@@ -148,9 +148,9 @@ def test_masked_two_stream_prefix_matches_brute_force(tokenizer):
     model = LookAroundForPreTraining(_config(tokenizer)).eval()
     result = masked_perplexity(model, tokenizer, TEXTS, max_length=12, stride=5, batch_size=4, mode="two_stream_prefix")
 
-    def one(ids, k):  # prefix: one bidirectional rank-0 group; the target alone in rank 1
+    def one(ids, k):  # as masked pretraining: BOS alone at rank 0, the prefix one bidirectional group, then k
         x = torch.tensor([ids[: k + 1]])
-        groups = torch.tensor([[0] * k + [1]])
+        groups = torch.tensor([[0] + [1] * (k - 1) + [2]] if ids[0] == tokenizer.bos_token_id else [[0] * k + [1]])
         return model(input_ids=x, group_ids=groups, target_positions=torch.tensor([[k]])).logits[0, 0]
 
     np.testing.assert_allclose(result.nlls, _brute_force(tokenizer, 12, 5, one), rtol=1e-4, atol=1e-5)

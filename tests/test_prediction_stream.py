@@ -308,8 +308,8 @@ def test_every_trainable_vit_parameter_gets_a_gradient(head, tmp_path, tiny_vit_
 
 @torch.no_grad()
 def test_masked_prefix_perplexity_through_the_masked_lm_is_the_two_stream_protocol(two_stream_checkpoint, tokenizer):
-    """The `[MASK]` protocol run through AutoModelForMaskedLM of a two-stream checkpoint is its rank-0-prefix,
-    rank-1-target protocol: the same numbers."""
+    """The `[MASK]` protocol run through AutoModelForMaskedLM of a two-stream checkpoint is its two-stream prefix
+    protocol (BOS rank 0, prefix rank 1, target rank 2, as masked pretraining ranks): the same numbers."""
     from hf_lookaround.evaluation.perplexity import masked_perplexity
 
     pretraining = H.LookAroundForPreTraining.from_pretrained(two_stream_checkpoint).eval()

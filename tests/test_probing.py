@@ -14,7 +14,7 @@ from sklearn.preprocessing import StandardScaler
 from hf_lookaround import LookAroundConfig, LookAroundForPreTraining, LookAroundModel
 from hf_lookaround.evaluation.probing import extract_features, linear_probe
 from hf_lookaround.cli.probe import main
-from hf_lookaround.data.tokenization import train_tokenizer
+from hf_lookaround.data.tokenization import encode_sentences, train_tokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TEXTS = ["a good film", "the worst plot I have seen in years", "fine", "an utterly wonderful cast and a great story"]
@@ -36,8 +36,9 @@ def model(tokenizer):
 
 
 def _one_by_one(model, tokenizer, texts, pattern):
-    """Unpadded, unbatched hidden states of each text."""
-    return [model(**tokenizer(t, return_tensors="pt"), attention_pattern=pattern).last_hidden_state[0] for t in texts]
+    """Unpadded, unbatched hidden states of each text, encoded as a classifier sees it (<s> text </s>)."""
+    return [model(**encode_sentences(tokenizer, t, return_tensors="pt"), attention_pattern=pattern).last_hidden_state[0]
+            for t in texts]
 
 
 @pytest.mark.parametrize("pattern", ["causal", "bidirectional"])
@@ -68,7 +69,8 @@ def test_truncation_is_explicit_and_counted(model, tokenizer, caplog):
     with caplog.at_level(logging.WARNING, logger="hf_lookaround.evaluation.probing"):
         feats = extract_features(model, tokenizer, [long_text, "fine"], "mean", max_length=16)
     assert "truncating 1 of 2 examples to max_length=16" in caplog.text
-    ids = tokenizer(long_text, truncation=True, max_length=16, return_tensors="pt")
+    ids = encode_sentences(tokenizer, long_text, truncation=True, max_length=16, return_tensors="pt")
+    assert ids.input_ids[0, -1] == tokenizer.eos_token_id  # truncation keeps the end token
     assert ids.input_ids.shape[1] == 16
     np.testing.assert_allclose(feats[0], model(**ids).last_hidden_state[0].mean(0).detach().numpy(), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="exceeds"):

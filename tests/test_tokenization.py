@@ -21,8 +21,8 @@ def test_cli_trains_a_tokenizer_that_autotokenizer_loads(tmp_path, bbc_text_dir)
     assert len({tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.mask_token_id, tok.unk_token_id}) == 5
     text = "The State of the Union is strong, said the President in 2001."
     ids = tok(text)["input_ids"]
-    # every sequence starts with the condition token (BOS) and ends with EOS
-    assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id
+    # every sequence starts with the condition token (BOS); a single text is a prompt, it ends without EOS
+    assert ids[0] == tok.bos_token_id and tok.eos_token_id not in ids
     assert tok.decode(ids, skip_special_tokens=True) == text  # byte-level: lossless
     assert tok("a", "b")["input_ids"].count(tok.eos_token_id) == 2
     # BPE learned merges: far fewer tokens than bytes

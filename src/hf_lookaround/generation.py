@@ -5,9 +5,12 @@
 from __future__ import annotations
 
 from .models.lookaround.generation_lookaround import (  # noqa: F401  (the group decoding API, re-exported)
+    GenerateSpeculativeOutput,
     GroupDecodingMixin,
     UntrainedDecodingError,
+    check_draft_group_size,
     check_group_size,
+    default_group_size,
     group_decoding,
     group_generate,
     make_logits_processor,

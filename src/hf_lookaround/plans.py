@@ -41,6 +41,7 @@ __all__ = [
     "check_mixture",
     "draw_mixture_components",
     "make_plan",
+    "infilling_ranks",
 ]
 
 PLAN_NAMES = objectives.PLAN_NAMES  # the objectives table (objectives.py) names every plan
@@ -441,4 +442,22 @@ def make_plan(objective: str, lengths, seq_len: int, generator=None, **params) -
 def expected_masked_count(ratio: float, n: int) -> int:
     """The number of targets that :func:`masked_plan` draws for ``n`` maskable positions."""
     return min(n, max(1, round(ratio * n))) if n else 0
+
+
+def infilling_ranks(hidden: torch.Tensor, is_condition: torch.Tensor) -> torch.Tensor:
+    """Ranks ``(B, T)`` of one step of infilling or of the masked-prefix protocol: the plan masked and GVP
+    pretraining trained, for a set of visible tokens and the hidden positions to predict from them.
+
+    As in :func:`masked_plan` / :func:`gvp_plan` with ``num_condition_tokens``: the condition token (BOS, where
+    ``is_condition``) has rank 0 and sees only itself; the visible tokens are the first group (rank 1, or 0 in a
+    row without a condition token), bidirectional among themselves; the hidden positions are the next group
+    (rank 2, or 1), whose query rows read the condition and the visible tokens. Padding gets any rank: its
+    keys are invalid."""
+    hidden, is_condition = torch.as_tensor(hidden, dtype=torch.bool), torch.as_tensor(is_condition, dtype=torch.bool)
+    if hidden.shape != is_condition.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and is_condition {tuple(is_condition.shape)} must have one shape")
+    if (hidden & is_condition).any():
+        raise ValueError("a condition token (BOS) is visible by definition: it cannot be hidden")
+    c = is_condition.any(-1, keepdim=True).long()
+    return torch.where(is_condition, 0, torch.where(hidden, c + 1, c))
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
 from ..decoding.infill import ORDERS, SCHEDULES, infill
-from ..generation import group_generate
+from ..generation import default_group_size, group_generate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--num_tokens", type=int, default=None,
                       help="any-order sampling of this many tokens (after BOS, or after --prompt)")
     parser.add_argument("--prompt", default=None, help="text to continue (group decoding) or to condition --num_tokens on")
-    parser.add_argument("--group_size", type=int, default=1, help="group decoding: tokens per step (t)")
+    parser.add_argument("--group_size", type=int, default=None,
+                        help="group decoding: tokens per step (t); default: 1 if the checkpoint trained it, else the "
+                        "smallest group size it trained")
+    parser.add_argument("--draft_group_size", type=int, default=None,
+                        help="self-speculative decoding: the tokens of t=1 decoding, drafted k at a time by the query "
+                        "stream and verified in the same forward (needs t=1 and t=k in the checkpoint's mixture)")
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--no_cache", action="store_true", help="group decoding: recompute the prefix every step")
     parser.add_argument("--steps", type=int, default=None, help="infilling: steps (default: one per hidden position)")
@@ -75,16 +81,28 @@ def main(argv: list[str] | None = None) -> int:
         bos = tokenizer.bos_token_id
         ids = ([bos] if bos is not None else []) + list(ids)
         input_ids = torch.tensor([ids] * args.num_samples, device=args.device)
-        sequences = group_generate(
-            model, input_ids, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
-            use_cache=not args.no_cache, generator=generator, allow_untrained=args.allow_untrained,
-            pad_token_id=tokenizer.pad_token_id, **sampling,
+        group_size = args.group_size
+        if group_size is None and args.draft_group_size is None:
+            group_size = default_group_size(model.config)
+        result = group_generate(
+            model, input_ids, group_size=group_size, draft_group_size=args.draft_group_size,
+            max_new_tokens=args.max_new_tokens, use_cache=not args.no_cache, generator=generator,
+            allow_untrained=args.allow_untrained, pad_token_id=tokenizer.pad_token_id, return_dict_in_generate=True,
+            **sampling,
         )
-        outputs = [tokenizer.decode(row[len(ids):], skip_special_tokens=True) for row in sequences.tolist()]
-        info = {"mode": "group_decoding", "group_size": args.group_size, "max_new_tokens": args.max_new_tokens}
+        outputs = [tokenizer.decode(row[len(ids):], skip_special_tokens=True) for row in result.sequences.tolist()]
+        if args.draft_group_size is not None:
+            info = {"mode": "self_speculative", "draft_group_size": args.draft_group_size,
+                    "acceptance_rate": result.acceptance_rate, "forwards": result.num_forwards}
+        else:
+            info = {"mode": "group_decoding", "group_size": group_size}
+        info["max_new_tokens"] = args.max_new_tokens
     if args.json:
         print(json.dumps({**info, "outputs": outputs}, ensure_ascii=False))
     else:
         for i, text in enumerate(outputs):
             print(f"[{i}] {text}" if len(outputs) > 1 else text)
+        if "acceptance_rate" in info:
+            print(f"self-speculative decoding: {info['acceptance_rate']:.1%} of the drafts accepted, "
+                  f"{info['forwards']} forwards", file=sys.stderr)
     return 0

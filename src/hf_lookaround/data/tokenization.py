@@ -2,10 +2,14 @@
 
 The result is saved so that ``AutoTokenizer.from_pretrained(dir)`` returns it: a
 ``PreTrainedTokenizerFast`` with ``[PAD]``, ``[MASK]``, ``[UNK]``, BOS ``<s>`` and EOS ``</s>``
-(``<s>``/``</s>`` also serve as CLS/SEP, as in RoBERTa), and a post-processor that wraps every
-sequence as ``<s> ... </s>``: sequences start with a condition token of group rank 0, so the
-autoregressive plan predicts every real token. Byte-level BPE never needs ``[UNK]``; it is there
-for code that expects one.
+(``<s>``/``</s>`` also serve as CLS/SEP, as in RoBERTa), and a post-processor that starts every
+sequence with ``<s>``, the condition token of group rank 0, so that the autoregressive plan predicts
+every real token. A single text gets no ``</s>``: ``tokenizer(text)`` is a prompt to continue (as with
+GPT-2 and Llama tokenizers), and a prompt that ends with EOS asks for a text after the end of a
+finished one. A pair is ``<s> A </s> B </s>``; :func:`encode_sentences` gives classification inputs
+``<s> A </s>`` for single sentences too. Pretraining and perplexity add BOS/EOS themselves
+(``add_special_tokens=False``). Tokenizers saved before this change keep their ``<s> ... </s>`` template
+and load as they are. Byte-level BPE never needs ``[UNK]``; it is there for code that expects one.
 
 A user with a network can pass any hub tokenizer name to the pretraining script instead.
 """
@@ -16,7 +20,7 @@ from collections.abc import Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-__all__ = ["SPECIAL_TOKENS", "train_tokenizer"]
+__all__ = ["SPECIAL_TOKENS", "train_tokenizer", "encode_sentences"]
 
 BOS, EOS, PAD, MASK, UNK = "<s>", "</s>", "[PAD]", "[MASK]", "[UNK]"
 # the order fixes the ids: [PAD] = 0, <s> = 1, </s> = 2, [UNK] = 3, [MASK] = 4
@@ -53,12 +57,13 @@ def train_tokenizer(
     )
     tok.train_from_iterator(_chain(first, texts), trainer=trainer)
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
-    # trim_offsets=False keeps the offsets of the byte-level pieces; the template adds <s> ... </s>
+    # trim_offsets=False keeps the offsets of the byte-level pieces; the template adds <s> in front (a single
+    # text is a prompt: no </s>), and separates a pair as <s> A </s> B </s>
     tok.post_processor = processors.Sequence(
         [
             processors.ByteLevel(trim_offsets=False),
             processors.TemplateProcessing(
-                single=f"{BOS} $A {EOS}",
+                single=f"{BOS} $A",
                 pair=f"{BOS} $A {EOS} $B:1 {EOS}:1",
                 special_tokens=[(BOS, bos), (EOS, eos)],
             ),
@@ -89,3 +94,41 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
 def _chain(first: str, rest: Iterator[str]) -> Iterator[str]:
     yield first
     yield from rest
+
+
+def _single_lacks_end_token(tokenizer) -> int | None:
+    """The end token a single sentence lacks where a pair has it after its first text (this package's tokenizers
+    since prompts end without EOS); None when a single sentence gets the same end as a pair (BERT, RoBERTa, older
+    tokenizers of this package) or the tokenizer has no such token (GPT-2)."""
+    end = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    if end is None:
+        return None
+    single = tokenizer("a")["input_ids"]
+    pair = tokenizer("a", "b")["input_ids"]
+    if single and single[-1] == end:
+        return None
+    return end if end in pair[len(single) - 1:] else None
+
+
+def encode_sentences(tokenizer, texts, text_pairs=None, *, truncation: bool = False, max_length: int | None = None,
+                     padding: bool = False, return_tensors: str | None = None):
+    """Classification inputs with their special tokens: ``tokenizer(texts, text_pairs)``, except that a single
+    sentence ends with the end token a pair puts after its first text (``<s> A </s>``), also with tokenizers that
+    add none to a single text, whose single texts are prompts. Fine-tuning, probing and feature extraction thus see
+    the inputs they saw before prompts lost their EOS. Truncation keeps the end token."""
+    from transformers import BatchEncoding
+
+    args = (texts,) if text_pairs is None else (texts, text_pairs)
+    end = _single_lacks_end_token(tokenizer) if text_pairs is None else None
+    if end is None:
+        return tokenizer(*args, truncation=truncation, max_length=max_length, padding=padding,
+                         return_tensors=return_tensors)
+    limit = max_length - 1 if (truncation and max_length is not None) else None
+    single = isinstance(texts, str)
+    enc = tokenizer([texts] if single else texts, truncation=limit is not None, max_length=limit)
+    enc = {key: [row + [end if key == "input_ids" else (row[-1] if key == "token_type_ids" else 1)] for row in rows]
+           for key, rows in enc.items()}
+    if padding or return_tensors:  # a batch (of one for a single string, as tokenizer(str, return_tensors=...))
+        return tokenizer.pad(enc, padding=padding or "longest", return_tensors=return_tensors)
+    return BatchEncoding({key: rows[0] for key, rows in enc.items()} if single else enc)
+

@@ -18,6 +18,7 @@ from transformers.generation import (
 )
 
 from .. import objectives
+from ..plans import infilling_ranks
 from ..models.lookaround.generation_lookaround import (
     _check_length,
     _device,
@@ -47,12 +48,14 @@ def check_infill_objective(config, allow_untrained: bool = False) -> None:
 class InfillOutput:
     """sequences ``(B, T)`` with every hidden position filled; ``commit_step`` ``(B, T)``: the step (1-based) at
     which each position was committed, 0 for positions that were visible; ``text``: the decoded rows if a
-    tokenizer was given; ``num_steps``: forwards run."""
+    tokenizer was given (a str for a str input, else a list); ``num_steps``: forwards run; ``logits``: each
+    step's logits with ``output_logits``."""
 
     sequences: torch.LongTensor
     commit_step: torch.LongTensor
     num_steps: int
-    text: list[str] | None = None
+    text: list[str] | str | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
 
 
 def commit_schedule(num_hidden: int, steps: int, schedule: str = "cosine") -> list[int]:
@@ -191,6 +194,7 @@ def infill(
     add_bos: bool = True,
     stream: str = "auto",
     allow_untrained: bool = False,
+    output_logits: bool = False,
 ) -> InfillOutput:
     """Fill hidden positions in ``steps`` steps, any order (MaskGIT / MDLM / LLaDA).
 
@@ -207,6 +211,9 @@ def infill(
     of them: those with the most confident token (``order="confidence"``: probability of the chosen token), at
     random, or the leftmost (``"left_to_right"``). Committed tokens become visible; visible tokens never change.
     ``steps`` defaults to the largest number of hidden positions in a row (one commit per step).
+    The ranks are those of masked / GVP pretraining (:func:`plans.infilling_ranks`): a row that starts with a
+    visible BOS gives it rank 0 alone, the visible tokens rank 1 and the hidden positions rank 2.
+    ``output_logits``: also return each step's logits ``(B, T, V)`` (NaN at positions not predicted that step).
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -241,6 +248,13 @@ def infill(
 
     batch = ids.shape[0]
     commit_step = torch.zeros_like(ids)
+    # a row that starts with a visible BOS has its condition token, as every pretraining block had
+    bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
+    bos = config.bos_token_id if bos is None else bos
+    is_condition = torch.zeros_like(remaining)
+    if bos is not None:
+        is_condition[:, 0] = (ids[:, 0] == bos) & valid[:, 0] & ~remaining[:, 0]
+    all_logits = []
     from ..models.lookaround.modeling_lookaround import positions_of  # the model's own (B, T) bool -> (B, M) slots
 
     ran = 0
@@ -252,11 +266,11 @@ def infill(
         is_slot = slots >= 0
         gather_at = slots.clamp(min=0)
         if stream == "query":
-            # visible rank 0 (bidirectional, as in masked pretraining), hidden rank 1; hidden content is an
-            # invalid key, so nobody ever reads it
+            # the plan masked / GVP pretraining trained: BOS rank 0, visible tokens the next rank (bidirectional
+            # among themselves), hidden positions the rank after; hidden content is an invalid key, never read
             out = backbone(
-                input_ids=ids, attention_mask=(valid & ~remaining).long(), group_ids=remaining.long(),
-                target_positions=slots,
+                input_ids=ids, attention_mask=(valid & ~remaining).long(),
+                group_ids=infilling_ranks(remaining, is_condition), target_positions=slots,
             )
             logits = lm_head(out.query_hidden_state).float()
         else:
@@ -265,6 +279,10 @@ def infill(
             logits = lm_head(out.last_hidden_state.gather(1, gather_at[..., None].expand(-1, -1, config.hidden_size)))
             logits = logits.float()
         width = slots.shape[1]
+        if output_logits:
+            step_logits = logits.new_full((batch, ids.shape[1], logits.shape[-1]), float("nan"))
+            step_logits[rows_of(slots)[is_slot], gather_at[is_slot]] = logits[is_slot]
+            all_logits.append(step_logits)
         context = ids.repeat_interleave(width, 0)  # processors see the row's current sequence
         scores = processors(context, logits.flatten(0, 1)) if len(processors) else logits.flatten(0, 1)
         tokens = _pick(scores, do_sample, generator).view(batch, width)
@@ -286,4 +304,11 @@ def infill(
     text = None
     if tokenizer is not None:
         text = [tokenizer.decode(row[v].tolist(), skip_special_tokens=True) for row, v in zip(ids, valid)]
-    return InfillOutput(sequences=ids, commit_step=commit_step, num_steps=ran, text=text)
+        if isinstance(text_or_ids, str):
+            text = text[0]  # one string in, one string out
+    return InfillOutput(sequences=ids, commit_step=commit_step, num_steps=ran, text=text,
+                        logits=tuple(all_logits) if output_logits else None)
+
+
+def rows_of(slots: torch.Tensor) -> torch.Tensor:
+    return torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)

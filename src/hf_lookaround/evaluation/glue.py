@@ -192,6 +192,7 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
     )
 
     import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes)
+    from hf_lookaround.data.tokenization import encode_sentences
     from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info, load_labeled_splits
 
     set_seed(training_args.seed)
@@ -246,9 +247,10 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
     label_to_id = None if labels.is_regression else {v: i for i, v in enumerate(labels.values)}
 
     def preprocess(batch):
-        args = (batch[key1],) if key2 is None else (batch[key1], batch[key2])
-        out = tokenizer(*args, truncation=True, max_length=data_args.max_seq_length)
-        full = tokenizer(*args)["input_ids"]  # to count what truncation cut
+        pairs = None if key2 is None else batch[key2]
+        # encode_sentences: a single sentence keeps its end token (<s> A </s>), as a pair does
+        out = encode_sentences(tokenizer, batch[key1], pairs, truncation=True, max_length=data_args.max_seq_length)
+        full = encode_sentences(tokenizer, batch[key1], pairs)["input_ids"]  # to count what truncation cut
         out["was_truncated"] = [len(ids) > data_args.max_seq_length for ids in full]
         if data_args.label_column in batch:
             gold = batch[data_args.label_column]

@@ -12,8 +12,10 @@ Two protocols, both scoring ``p(x_k | x_<k)`` (DESIGN.md, "Evaluation protocols"
     * ``two_stream``: ``LookAroundForPreTraining`` with the AR plan (``g = arange``): the query stream
       at ``k`` sees exactly the content at ranks ``< k``, so one forward scores every ``k``. The content
       stream of the prefix is causal, as in AR / semi-AR pretraining.
-    * ``two_stream_prefix``: the two-stream model with the prefix as one rank-0 group (bidirectional
-      among itself) and ``k`` as rank 1: the exact two-stream analogue of ``mask_token``; batched over ``k``.
+    * ``two_stream_prefix``: the two-stream model with the plan masked pretraining trained: BOS alone at
+      rank 0, the prefix as one group (bidirectional among itself, rank 1) and ``k`` as the next (rank 2); in a
+      window without BOS the prefix has rank 0 and ``k`` rank 1. The exact two-stream analogue of
+      ``mask_token``; batched over ``k``.
 
 Long text is scored in sliding windows, the way the transformers docs compute perplexity of
 fixed-length models: windows of ``max_length`` tokens, moved by ``stride``; only the new tokens of a
@@ -37,6 +39,7 @@ import numpy as np
 import torch
 
 from .. import objectives
+from ..plans import infilling_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -332,11 +335,15 @@ def _per_prefix(model, windows, batch_size, pad, mask_id, two_stream: bool) -> l
         for i in range(0, len(ks), batch_size):
             chunk = ks[i : i + batch_size]
             if two_stream:
-                # the prefix is one rank-0 group (bidirectional), the target has rank 1
+                # the plan masked pretraining trained: BOS rank 0, the prefix one group (bidirectional), the
+                # target alone in the next group (plans.infilling_ranks)
                 ids, mask = _pad([w.input_ids[: k + 1] for k in chunk], pad)
-                group_ids = torch.zeros_like(ids)
+                hidden = torch.zeros_like(ids, dtype=torch.bool)
                 rows = torch.arange(len(chunk))
-                group_ids[rows, torch.tensor(chunk)] = 1
+                hidden[rows, torch.tensor(chunk)] = True
+                is_condition = torch.zeros_like(hidden)
+                is_condition[:, 0] = bool(w.offset)  # the window starts with the document's BOS
+                group_ids = infilling_ranks(hidden, is_condition)
                 targets = torch.tensor(chunk).unsqueeze(-1)
                 logits = _two_stream_logits(model, ids, mask, group_ids, targets, device)[:, 0]
             else:

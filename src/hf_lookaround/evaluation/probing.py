@@ -40,8 +40,9 @@ def max_length_for(model, tokenizer, max_length: int | None) -> int:
 
 def count_truncated(tokenizer, texts, max_length: int, text_pairs=None) -> int:
     """How many examples are longer than ``max_length`` tokens (special tokens included)."""
-    args = (texts, text_pairs) if text_pairs is not None else (texts,)
-    lengths = [len(ids) for ids in tokenizer(*args)["input_ids"]]
+    from hf_lookaround.data.tokenization import encode_sentences
+
+    lengths = [len(ids) for ids in encode_sentences(tokenizer, texts, text_pairs)["input_ids"]]
     return sum(n > max_length for n in lengths)
 
 
@@ -61,6 +62,7 @@ def extract_features(
     ``attention_pattern`` (``causal`` / ``bidirectional``; None = as pretrained) needs a LookAround
     model; other ``AutoModel`` backbones run as they are.
     """
+    from hf_lookaround.data.tokenization import encode_sentences
     from hf_lookaround.models.lookaround.modeling_lookaround import pool
 
     if pooling not in POOLINGS:
@@ -84,10 +86,9 @@ def extract_features(
     extra = {"attention_pattern": attention_pattern} if is_lookaround else {}
     features = []
     for i in range(0, len(texts), batch_size):
-        args = (texts[i : i + batch_size],)
-        if text_pairs is not None:
-            args += (text_pairs[i : i + batch_size],)
-        enc = tokenizer(*args, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        pairs = text_pairs[i : i + batch_size] if text_pairs is not None else None
+        enc = encode_sentences(tokenizer, texts[i : i + batch_size], pairs, padding=True, truncation=True,
+                               max_length=max_length, return_tensors="pt")
         enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
         hidden = backbone(**enc, **extra).last_hidden_state
         features.append(pool(hidden, enc["attention_mask"], pooling).float().cpu())

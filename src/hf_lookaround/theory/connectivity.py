@@ -28,6 +28,8 @@ def mean_pooled_features(
     import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes when present)
     from transformers import AutoModel, AutoTokenizer
 
+    from ..data.tokenization import encode_sentences
+
     if not texts:
         raise ValueError("no texts to embed")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -41,7 +43,8 @@ def mean_pooled_features(
     model = AutoModel.from_pretrained(model_path).to(device).eval()
     features = []
     for start in range(0, len(texts), batch_size):
-        batch = tokenizer(
+        batch = encode_sentences(
+            tokenizer,
             texts[start : start + batch_size],
             max_length=max_length,
             truncation=True,

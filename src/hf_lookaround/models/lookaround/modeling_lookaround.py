@@ -669,8 +669,11 @@ class LookAroundModel(LookAroundPreTrainedModel):
         return F.pad(group_ids, (0, key_len - width)) if width < key_len else group_ids
 
     def _check_total_length(self, past_len, seq_len: int) -> None:
-        if torch.compiler.is_compiling():
-            return  # needs a host sync; generate() checks the final length before it starts
+        if torch.compiler.is_compiling() or torch.is_tensor(past_len):
+            # needs a host sync; generate() checks the final length before it starts. A static cache (a tensor
+            # past_len) is bounded by its own slots, which may hold more than positions: self-speculative decoding
+            # appends padded drafts past the last position, and leaves holes of rejected ones
+            return
         total_len = int(past_len) + seq_len
         if total_len > self.config.max_position_embeddings:
             raise ValueError(
@@ -899,10 +902,11 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
 
     - `config.prediction_stream == "content"` (checkpoints pretrained single-stream, BERT-style): bidirectional
       single stream; logits at every position come from the content stream.
-    - `"query"` (two-stream checkpoints): the pathway pretraining trained. Every position to predict (holding
-      `config.mask_token_id`, and with labels also every position whose label is not -100) gets rank 1, every
-      other token rank 0; the query stream runs at the positions to predict and sees exactly the rank-0 tokens
-      (never the `[MASK]` inputs, nor each other). Logits at those positions are the query stream's. Logits at
+    - `"query"` (two-stream checkpoints): the pathway pretraining trained, with the ranks of the masked plan. A
+      leading BOS has rank 0 alone, every other visible token rank 1 and every position to predict (holding
+      `config.mask_token_id`, and with labels also every position whose label is not -100) rank 2 (without a
+      leading BOS: 0 and 1); the query stream runs at the positions to predict and sees exactly the visible
+      tokens (never the `[MASK]` inputs, nor each other). Logits at those positions are the query stream's. Logits at
       the other positions are the content stream's LM head; a two-stream checkpoint never trained them, so
       they mean nothing (BERT's are near the input token). The loss covers labels != -100, all of which are
       query-stream positions.
@@ -932,7 +936,8 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         if self.predicts_with_query_stream:
             is_target = self._positions_to_predict(input_ids, attention_mask, labels)
             targets = positions_of(is_target)
-            outputs = self.model(**common, group_ids=is_target.long(), target_positions=targets)
+            outputs = self.model(**common, group_ids=self._masked_plan_ranks(input_ids, attention_mask, is_target),
+                                 target_positions=targets)
             logits = self.lm_head(outputs.last_hidden_state)
             rows, slots = (targets >= 0).nonzero(as_tuple=True)
             query_logits = self.lm_head(outputs.query_hidden_state)
@@ -946,6 +951,21 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
+
+    def _masked_plan_ranks(self, input_ids, attention_mask, is_target) -> torch.Tensor:
+        """The ranks masked pretraining gave a BOS-prefixed block (``plans.masked_plan`` with a condition token):
+        BOS alone at rank 0, the visible tokens rank 1, the positions to predict rank 2; in a row that does not
+        start with a visible BOS, visible rank 0 and targets rank 1 (``plans.infilling_ranks``, which this
+        remote-code file cannot import)."""
+        bos = self.config.bos_token_id
+        is_condition = torch.zeros_like(is_target)
+        if input_ids is not None and bos is not None:
+            first = (input_ids[:, 0] == bos) & ~is_target[:, 0]
+            if attention_mask is not None:
+                first = first & (attention_mask[:, 0].to(first.device) != 0)
+            is_condition[:, 0] = first
+        c = is_condition.any(-1, keepdim=True).long()
+        return torch.where(is_condition, 0, torch.where(is_target, c + 1, c))
 
     def _positions_to_predict(self, input_ids, attention_mask, labels) -> torch.Tensor:
         mask_id = self.config.mask_token_id

@@ -1,0 +1,281 @@
+"""Decoding speed benchmark (issue 19): t = 1, group decoding, self-speculative decoding, compiled generate().
+
+One model of about 110 M parameters (the ``base`` preset, 768 hidden, 12 layers, 32 000-token vocabulary), or the
+checkpoint given with ``--checkpoint``. For each batch size (1 and 8) it decodes ``--new_tokens`` new tokens after
+``--prompt_tokens``-token prompts with:
+
+- ``t=1``: ``group_generate(group_size=1)``, AR decoding through the query stream (DynamicCache, eager);
+- ``group t=2`` / ``t=4``: group decoding (fewer forwards, not the t = 1 tokens);
+- ``speculative k=2`` / ``k=4``: self-speculative decoding (``draft_group_size=k``), the tokens of t = 1;
+- the same group and speculative decoders through ``generate(..., cache_implementation="static")``: a StaticCache
+  and fixed shapes, the decoding step compiled (on CUDA; eager on CPU), 0 graphs compiled after warm-up expected;
+- ``generate() eager`` and ``generate() static+compile``: ``LookAroundForCausalLM.generate()`` without
+  group_size, transformers' token-by-token loop (the compiled reference; transformers compiles a static cache's
+  decoding step on CUDA only).
+
+It times each decoder after a warm-up call on the same shapes, with CUDA synchronisation, median of ``--repeats``
+calls, and reports new tokens/s, forwards, the acceptance rate of the drafts, whether the output equals t = 1's
+(greedy: it must, for the speculative rows), and the perplexity of the continuations under the model's own AR
+(t = 1) pathway. **With random weights (no --checkpoint) the acceptance rate and the perplexities mean nothing**:
+the drafts of an untrained model are noise, so speculative decoding accepts few and is slower than t = 1; the
+table says so. Give a checkpoint trained with t = 1, 2 and 4 in its mixture (``hf-lookaround pretrain --objective
+dar --group_size 1 2 4``) for meaningful acceptance rates; its tokenizer encodes ``--prompts`` (text, one prompt
+per line) if given, otherwise prompts are random token ids.
+
+GPU:
+
+    PYTHONPATH=src python benchmarks/decode_bench.py --output decode_bench.json
+    PYTHONPATH=src python benchmarks/decode_bench.py --checkpoint runs/dar124 --prompts prompts.txt --output d.json
+
+CPU smoke (tiny config, under a minute):
+
+    PYTHONPATH=src python benchmarks/decode_bench.py --smoke --output /tmp/decode_smoke.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import hf_lookaround as H
+from hf_lookaround.generation import group_generate, trained_group_sizes
+
+SIZES = (1, 2, 4)  # the group sizes the random model claims to have trained (every decoder below may run)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def build_model(args, device, dtype):
+    """(LookAroundForPreTraining, LookAroundForCausalLM sharing its weights, tokenizer or None, note)."""
+    if args.checkpoint:
+        from transformers import AutoTokenizer
+
+        model = H.LookAroundForPreTraining.from_pretrained(args.checkpoint, dtype=dtype).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+        note = f"checkpoint {args.checkpoint} (trained group sizes {list(trained_group_sizes(model.config) or [])})"
+    else:
+        if args.smoke:
+            config = H.LookAroundConfig.from_preset("tiny", vocab_size=300, max_position_embeddings=128)
+        else:
+            config = H.LookAroundConfig.from_preset(args.preset, vocab_size=args.vocab_size,
+                                                    max_position_embeddings=1024)
+        config.objective, config.plan_params = "dar", {"t": list(SIZES)}
+        torch.manual_seed(0)
+        model = H.LookAroundForPreTraining(config).to(device=device, dtype=dtype).eval()
+        tokenizer = None
+        note = "random weights: acceptance rates and perplexities mean nothing (pass --checkpoint)"
+    causal = H.LookAroundForCausalLM(model.config).to(device=device, dtype=dtype).eval()
+    causal.load_state_dict(model.state_dict())
+    causal.generation_config.eos_token_id = None  # every decoder emits exactly new_tokens
+    causal.generation_config.pad_token_id = model.config.pad_token_id
+    params = sum(p.numel() for p in model.parameters())
+    return model, causal, tokenizer, note, params
+
+
+def make_prompts(args, model, tokenizer, batch, device) -> torch.Tensor:
+    """(batch, prompt_tokens) ids starting with BOS, all of one length (no padding, so that batch 1 and 8 compare)."""
+    config = model.config
+    if tokenizer is not None and args.prompts:
+        lines = [line for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = []
+        for i in range(batch):
+            ids = tokenizer(lines[i % len(lines)], add_special_tokens=False)["input_ids"][: args.prompt_tokens - 1]
+            ids = ids + ids[-1:] * (args.prompt_tokens - 1 - len(ids))  # too short: repeat the last token
+            rows.append([config.bos_token_id] + ids)
+        return torch.tensor(rows, device=device)
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, config.vocab_size, (batch, args.prompt_tokens), generator=generator)
+    ids[:, 0] = config.bos_token_id
+    return ids.to(device)
+
+
+@torch.no_grad()
+def ar_perplexity(model, sequences: torch.Tensor, prompt_len: int) -> float:
+    """Perplexity of the continuation under the model's own AR pathway (query stream, plan g[i] = i)."""
+    batch, length = sequences.shape
+    group_ids = torch.arange(length, device=sequences.device).expand(batch, length)
+    targets = torch.arange(prompt_len, length, device=sequences.device).expand(batch, -1)
+    logits = model(input_ids=sequences, group_ids=group_ids, target_positions=targets).logits.float()
+    nll = -torch.log_softmax(logits, -1).gather(-1, sequences[:, prompt_len:, None]).squeeze(-1)
+    return float(torch.exp(nll.mean()))
+
+
+def decoders(model, causal, args):
+    """name -> (kind, decode(prompts) -> (sequences, info)); kind says eager or compiled."""
+    common = dict(max_new_tokens=args.new_tokens, eos_token_id=[], do_sample=args.do_sample)
+
+    def group(t):
+        def decode(prompts):
+            out = group_generate(model, prompts, group_size=t, generator=torch.Generator(prompts.device).manual_seed(0),
+                                 **common)
+            return out, {"forwards": -(-args.new_tokens // t)}
+        return decode
+
+    def speculative(k):
+        def decode(prompts):
+            out = group_generate(model, prompts, draft_group_size=k, return_dict_in_generate=True,
+                                 generator=torch.Generator(prompts.device).manual_seed(0), **common)
+            return out.sequences, {"forwards": out.num_forwards, "acceptance_rate": out.acceptance_rate}
+        return decode
+
+    def hf(static):
+        def decode(prompts):
+            torch.manual_seed(0)
+            kwargs = {"cache_implementation": "static"} if static else {}
+            out = causal.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=args.new_tokens,
+                                  do_sample=args.do_sample, **kwargs)
+            return out, {"forwards": args.new_tokens}
+        return decode
+
+    def static(**decoder):
+        def decode(prompts):
+            torch.manual_seed(0)
+            out = causal.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=args.new_tokens,
+                                  do_sample=args.do_sample, cache_implementation="static", return_dict_in_generate=True,
+                                  **decoder)
+            info = {"forwards": getattr(out, "num_forwards", None) or -(-args.new_tokens // decoder.get("group_size", 1))}
+            if hasattr(out, "acceptance_rate"):
+                info["acceptance_rate"] = out.acceptance_rate
+            return out.sequences, info
+        return decode
+
+    compiled = "static+compile" if torch.cuda.is_available() and not args.smoke else "static, eager on CPU"
+    table = {"t=1": ("eager", group(1))}
+    for t in (2, 4):
+        table[f"group t={t}"] = ("eager", group(t))
+    for k in (2, 4):
+        table[f"speculative k={k}"] = ("eager", speculative(k))
+    if not args.no_compile:
+        for t in (1, 2, 4):
+            table[f"group t={t} ({compiled})"] = (compiled, static(group_size=t))
+        for k in (2, 4):
+            table[f"speculative k={k} ({compiled})"] = (compiled, static(draft_group_size=k))
+    table["generate() eager"] = ("eager", hf(False))
+    if not args.no_compile:
+        table["generate() static+compile"] = (compiled, hf(True))
+    return table
+
+
+def time_decoder(decode, prompts, device, repeats):
+    decode(prompts)  # warm-up on the very shapes that are timed (compiles, allocator)
+    synchronize(device)
+    graphs = graphs_compiled()
+    times, out, info = [], None, {}
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        out, info = decode(prompts)
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return out, info, statistics.median(times), graphs_compiled() - graphs
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--output", required=True, help="JSON file to write (after every row)")
+    p.add_argument("--checkpoint", default=None, help="a LookAround checkpoint (trained with t=1,2,4 for all rows)")
+    p.add_argument("--prompts", default=None, help="with --checkpoint: a text file, one prompt per line")
+    p.add_argument("--preset", default="base", help="model size without --checkpoint (base: ~110 M parameters)")
+    p.add_argument("--vocab_size", type=int, default=32000)
+    p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--prompt_tokens", type=int, default=64)
+    p.add_argument("--new_tokens", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--do_sample", action="store_true", help="sample (default greedy: speculative == t=1 is checked)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--no_compile", action="store_true", help="skip the static-cache (compiled) rows")
+    p.add_argument("--smoke", action="store_true", help="tiny config on CPU, a few tokens: checks the script runs")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.batch_sizes, args.prompt_tokens, args.new_tokens, args.repeats = [1, 2], 6, 8, 1
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # every decoder and batch size compiles its own graphs of one step function (2 each): above dynamo's default
+    # limit of 8 it would silently fall back to eager
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    model, causal, tokenizer, note, params = build_model(args, device, dtype)
+    result = {
+        "note": note, "parameters": params, "device": torch.cuda.get_device_name() if device.type == "cuda" else
+        platform.processor() or "cpu", "dtype": str(dtype), "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__, "args": vars(args), "rows": [],
+    }
+    print(f"# {params / 1e6:.1f} M parameters on {result['device']}, {dtype}; {note}", flush=True)
+    for batch in args.batch_sizes:
+        prompts = make_prompts(args, model, tokenizer, batch, device)
+        reference = None
+        for name, (kind, decode) in decoders(model, causal, args).items():
+            try:
+                out, info, seconds, graphs = time_decoder(decode, prompts, device, args.repeats)
+            except Exception as error:  # noqa: BLE001 - one failed row must not lose the others
+                row = {"decoder": name, "batch": batch, "error": f"{type(error).__name__}: {error}"}
+                print(f"  {name} batch {batch}: {row['error']}", flush=True)
+                result["rows"].append(row)
+                continue
+            made = out.shape[1] - prompts.shape[1]
+            if name == "t=1":
+                reference = out
+            row = {
+                "decoder": name, "kind": kind, "batch": batch, "seconds": seconds,
+                "new_tokens_per_s": batch * made / seconds, **info,
+                "graphs_compiled_after_warmup": graphs,
+                "equals_t1": bool(reference is not None and torch.equal(out, reference)),
+                "ar_perplexity": ar_perplexity(model, out, prompts.shape[1]),
+            }
+            base = next((r for r in result["rows"] if r["decoder"] == "t=1" and r["batch"] == batch), row)
+            row["speedup_vs_t1"] = row["new_tokens_per_s"] / base["new_tokens_per_s"]
+            result["rows"].append(row)
+            print(f"  {name} batch {batch}: {row['new_tokens_per_s']:.0f} new tokens/s", flush=True)
+            Path(args.output).write_text(json.dumps(result, indent=2))
+    print(markdown_table(result))
+    Path(args.output).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def markdown_table(result) -> str:
+    def fmt(value, spec):
+        return "–" if value is None else format(value, spec)
+
+    lines = [
+        f"{result['note']}; {result['parameters'] / 1e6:.1f} M parameters, {result['device']}, {result['dtype']}",
+        "",
+        "| decoder | kind | batch | new tokens/s | vs t=1 | forwards | acceptance | = t=1 tokens | graphs after warm-up "
+        "| AR ppl |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['decoder']} | – | {r['batch']} | {r['error']} | | | | | | |")
+            continue
+        lines.append(
+            f"| {r['decoder']} | {r['kind']} | {r['batch']} | {r['new_tokens_per_s']:.0f} | "
+            f"{r['speedup_vs_t1']:.2f} | {r['forwards']} | {fmt(r.get('acceptance_rate'), '.2f')} | "
+            f"{'yes' if r['equals_t1'] else 'no'} | {r['graphs_compiled_after_warmup']} | {r['ar_perplexity']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -239,9 +239,12 @@ def launch(name: str, spec: dict, work: Path, timeout_s: int) -> dict:
         config, processes = spec["launch"].split(":")
         command = ["-m", "accelerate.commands.launch", "--config_file", str(HERE.parent / "examples" / "accelerate" /
                    f"{config}.yaml"), "--num_processes", processes, *command]
+    env = dict(os.environ)
+    if spec["launch"] == "none" and spec["device"] == "cuda":
+        env.setdefault("CUDA_VISIBLE_DEVICES", "0")  # one process, one GPU (several would mean DataParallel)
     with open(log, "w") as out:
         try:
-            code = subprocess.run([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT,
+            code = subprocess.run([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env,
                                   timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
             code = "timeout"

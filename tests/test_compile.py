@@ -405,3 +405,25 @@ def test_compile_in_one_process_on_several_gpus_is_refused_with_the_launch_comma
                                          r"--num_processes 2 -m hf_lookaround.cli pretrain"):
         check_launch(args)
     check_launch(TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[]))  # eager DataParallel runs
+
+
+def test_dropping_unread_content_is_on_by_default_for_the_masked_objectives_only(tmp_path):
+    from hf_lookaround.cli.pretrain import parse_args
+    from hf_lookaround.training.pretraining import without_unread_content
+    from hf_lookaround.training.unread_content import DropUnreadContent
+
+    def collator(*extra):
+        _, _, objective_args, training_args = parse_args(["--train_files", "x", "--output_dir", str(tmp_path),
+                                                           "--use_cpu", "true", *extra])
+        return without_unread_content(object(), objective_args, training_args, block_size=1024)
+
+    for objective in ("mlm", "vmlm"):
+        wrapped = collator("--objective", objective, "--torch_compile", "true")
+        assert isinstance(wrapped, DropUnreadContent) and wrapped.width_multiple == 64
+        assert isinstance(collator("--objective", objective), DropUnreadContent)
+        assert not isinstance(collator("--objective", objective, "--drop_unread_content", "false"), DropUnreadContent)
+        assert not isinstance(collator("--objective", objective, "--masked_form", "single_stream"), DropUnreadContent)
+    for objective in ("ar", "dar", "gvp"):
+        assert not isinstance(collator("--objective", objective), DropUnreadContent)
+    wrapped = collator("--objective", "gvp", "--drop_unread_content", "--torch_compile", "true")
+    assert isinstance(wrapped, DropUnreadContent) and wrapped.width_multiple == 256  # a quarter of the block

@@ -70,6 +70,7 @@ def test_end_to_end_records_objective_and_evaluates(tokenizer_dir, tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["objective"] == "dar" and config["plan_params"] == {"t": [2, 3]}
     assert config["default_attention"] == "causal" and config["architectures"] == ["LookAroundForPreTraining"]
+    assert config["use_cache"] is True  # not Trainer's use_cache=False: generate() of the output keeps a KV cache
     # every head is mapped, so the output loads as a causal or masked LM with trust_remote_code as well
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_lookaround.LookAroundForCausalLM"
     assert config["auto_map"]["AutoModelForMaskedLM"] == "modeling_lookaround.LookAroundForMaskedLM"

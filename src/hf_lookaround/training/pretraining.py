@@ -337,6 +337,11 @@ class LookAroundTrainer(Trainer):
 
     def __init__(self, *args, eval_data_collator=None, **kwargs):
         super().__init__(*args, **kwargs)
+        # transformers 5's Trainer writes TrainingArguments.use_cache (default False) into the config, and so into
+        # every saved checkpoint, whose generate() then decodes without a KV cache. Training never uses the cache
+        # (the model ignores it in train mode), so the checkpoints keep the config's own default
+        if getattr(self.model, "config", None) is not None and not self.args.use_cache:
+            self.model.config.use_cache = True
         self.eval_data_collator = eval_data_collator
         checkpointing.allow_indexed_cpu_map_location()  # resuming a multi-process CPU run
 

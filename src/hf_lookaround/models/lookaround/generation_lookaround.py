@@ -424,7 +424,8 @@ def group_decoding(
         output_logits=generation_config.output_logits,
         streamer=streamer,
     )
-    use_cache = bool(model_kwargs.get("use_cache", True))
+    use_cache = model_kwargs.get("use_cache")
+    use_cache = True if use_cache is None else bool(use_cache)  # unset: group decoding keeps a KV cache
     if cache_implementation == "static":
         common["compile_config"] = _compile_config(model, generation_config)
         common["static_cache"] = True

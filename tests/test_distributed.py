@@ -63,7 +63,9 @@ def pretrain_args(corpus, output_dir, *extra):
             "--max_train_samples", "24", "--objective", "vmlm", "--output_dir", str(output_dir),
             "--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "4", "--learning_rate", "3e-3",
             "--max_steps", str(STEPS), "--save_steps", str(SAVE_EVERY), "--seed", "13", "--logging_steps", "1",
-            "--use_cpu", "true", "--disable_tqdm", "true", "--dataloader_num_workers", "0", *extra]
+            "--use_cpu", "true", "--disable_tqdm", "true", "--dataloader_num_workers", "0",
+            # the worker records each rank's batches as the plan collator made them (not compacted)
+            "--drop_unread_content", "false", *extra]
 
 
 def read_jsonl(path):

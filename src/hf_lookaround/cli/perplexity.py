@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 
 from ..evaluation import perplexity
+from ..hub.weights import check_local_weights
+from .common import resolve_device
 from ..evaluation.perplexity import (
     MASKED_MODES,
     PROTOCOLS,
@@ -53,6 +55,7 @@ def _load_model(args):
 
     import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes)
 
+    check_local_weights(args.model_name_or_path)
     config = transformers.AutoConfig.from_pretrained(args.model_name_or_path)
     # a LookAround checkpoint pretrained with a plan (two streams) is evaluated through its query stream
     two_stream = "LookAroundForPreTraining" in (config.architectures or [])
@@ -74,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from hf_lookaround.evaluation.tasks import load_texts
 
+    device = resolve_device(args.device)
     model = _load_model(args)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
 

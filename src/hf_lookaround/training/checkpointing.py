@@ -26,6 +26,7 @@ is renamed into place (a rename is atomic on POSIX file systems). Readers (``las
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -34,6 +35,7 @@ import re
 import shutil
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -57,6 +59,7 @@ __all__ = [
     "check_output_dir",
     "OutputDirLock",
     "LOCK_FILE",
+    "disk_full_is_one_line",
 ]
 
 COMPLETE_MARKER = "checkpoint_complete.json"
@@ -344,6 +347,31 @@ def allow_indexed_cpu_map_location() -> None:
     taken = {entry[0] for entry in getattr(torch.serialization, "_package_registry", [])}
     torch.serialization.register_package(max(taken, default=0) + 1, lambda obj: None, restore)
     _CPU_INDEX_REGISTERED = True
+
+
+def _disk_full(err: BaseException, folder) -> bool:
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        return True
+    text = str(err)
+    if "No space left on device" in text or "StorageFull" in text:  # safetensors' SafetensorError, torch.save
+        return True
+    try:  # torch.save says only "file write failed": look at the disk itself
+        return "write" in text and shutil.disk_usage(Path(folder).parent).free < (1 << 20)
+    except OSError:
+        return False
+
+
+@contextmanager
+def disk_full_is_one_line(folder):
+    """A save that fails because the disk is full raises ``OSError`` naming the folder (the CLI prints it as one
+    line), instead of safetensors' or torch's own error deep in a traceback. Other errors pass unchanged."""
+    try:
+        yield
+    except Exception as err:
+        if not _disk_full(err, folder):
+            raise
+        raise OSError(f"saving into {folder} failed: the disk is full (no space left on device); free some space "
+                      "or give an --output_dir on another disk, then resume with --resume_from_checkpoint last") from err
 
 
 # ---------------------------------------------------------------------------------------------

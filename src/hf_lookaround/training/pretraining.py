@@ -351,7 +351,8 @@ class LookAroundTrainer(Trainer):
         self.accelerator.wait_for_everyone()  # no process writes into the folder before it is moved aside
         self.args.save_total_limit = None
         try:
-            super()._save_checkpoint(model, trial)
+            with checkpointing.disk_full_is_one_line(folder):
+                super()._save_checkpoint(model, trial)
         finally:
             self.args.save_total_limit = limit
         self.accelerator.wait_for_everyone()  # every process has written its files (RNG states, shards)
@@ -360,6 +361,10 @@ class LookAroundTrainer(Trainer):
             if replaced is not None:
                 shutil.rmtree(replaced, ignore_errors=True)  # the new checkpoint is complete: the old one goes
             checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        with checkpointing.disk_full_is_one_line(output_dir or self.args.output_dir):
+            return super().save_model(output_dir, _internal_call)
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         if getattr(self.args, "drop_unread_content", False) and "group_ids" in inputs and "labels" in inputs:
@@ -501,6 +506,9 @@ def build_model(config, model_args: ModelArguments, objective_args: ObjectiveArg
     cls = LookAroundForMaskedLM if objective_args.single_stream else LookAroundForPreTraining
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path:
+        from ..hub.weights import check_local_weights
+
+        check_local_weights(model_args.model_name_or_path)
         return cls.from_pretrained(model_args.model_name_or_path, config=config, **kwargs)
     return cls._from_config(config, **kwargs)
 

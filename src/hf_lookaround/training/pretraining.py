@@ -331,9 +331,10 @@ class LookAroundTrainer(Trainer):
     """``Trainer`` with a fixed-plan evaluation collator, the objective's perplexity in eval metrics, and
     checkpoints that are complete or ignored (see :mod:`hf_lookaround.training.checkpointing`)."""
 
-    def __init__(self, *args, eval_data_collator=None, **kwargs):
+    def __init__(self, *args, eval_data_collator=None, run_settings: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.eval_data_collator = eval_data_collator
+        self.run_settings = run_settings  # recorded in each checkpoint's marker, checked on resume
         checkpointing.allow_indexed_cpu_map_location()  # resuming a multi-process CPU run
 
     def _save_checkpoint(self, model, trial):
@@ -357,7 +358,7 @@ class LookAroundTrainer(Trainer):
             self.args.save_total_limit = limit
         self.accelerator.wait_for_everyone()  # every process has written its files (RNG states, shards)
         if self.args.should_save:
-            checkpointing.mark_complete(folder, self.state.global_step, self.args.world_size)
+            checkpointing.mark_complete(folder, self.state.global_step, self.args.world_size, self.run_settings)
             if replaced is not None:
                 shutil.rmtree(replaced, ignore_errors=True)  # the new checkpoint is complete: the old one goes
             checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
@@ -528,6 +529,12 @@ def check_data_args(data_args: DataArguments, training_args: TrainingArguments) 
     """Refuse combinations the data path cannot honour, before anything is read."""
     if data_args.block_size < 2:
         raise ValueError(f"--block_size must be >= 2 (BOS + at least one token), got {data_args.block_size}")
+    for name in ("max_train_samples", "max_eval_samples"):
+        value = getattr(data_args, name)
+        if value is not None and value < 1:  # 0 would be read as "no limit"
+            raise ValueError(f"--{name} must be >= 1 (blocks to keep), got {value}; leave it out to keep every block")
+    if data_args.shuffle_buffer_size < 0:
+        raise ValueError(f"--shuffle_buffer_size must be >= 0 (0: stream order), got {data_args.shuffle_buffer_size}")
     if not data_args.streaming:
         return
     if getattr(training_args, "dataloader_workers_by_default", False):
@@ -545,6 +552,17 @@ def check_data_args(data_args: DataArguments, training_args: TrainingArguments) 
         raise ValueError(
             "--streaming cannot hold out --validation_split_percentage of a stream of unknown length: give "
             "--validation_files, or train only (--do_train without --do_eval)"
+        )
+
+
+def check_group_sizes(objective_args: ObjectiveArguments, block_size: int) -> None:
+    """A dar group larger than a block's predictable tokens (block_size - 1, after BOS) cannot be formed."""
+    uses_t = objective_args.objective == "dar" or (
+        objective_args.is_mixture and "dar" in objective_args.mixture_weights())
+    if uses_t and max(objective_args.group_size) > block_size - 1:
+        raise ValueError(
+            f"--group_size {max(objective_args.group_size)} is larger than a block's {block_size - 1} predicted tokens "
+            f"(--block_size {block_size} minus BOS): use a group size <= {block_size - 1} or a larger --block_size"
         )
 
 
@@ -715,6 +733,7 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
     block_size = data_args.block_size
 
     check_data_args(data_args, training_args)
+    check_group_sizes(objective_args, block_size)
     with training_args.main_process_first(desc="loading the text"):
         train_raw, eval_raw = read_splits(data_args)
     if training_args.do_eval and eval_raw is None:
@@ -748,6 +767,7 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         eval_data_collator=eval_collator,
         processing_class=tokenizer,
         callbacks=[CollatorEpochCallback(train_collator)],
+        run_settings={"block_size": block_size},
     )
 
     metrics: dict = {}
@@ -763,7 +783,8 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
             if training_args.should_save:  # the future this run replaces (and damaged checkpoints) go aside
                 checkpointing.set_aside_later_checkpoints(training_args.output_dir, checkpoint)
         if checkpoint is not None:
-            checkpointing.check_resume_compatible(checkpoint, model.config, training_args.world_size)
+            checkpointing.check_resume_compatible(checkpoint, model.config, training_args.world_size,
+                                                  run={"block_size": block_size})
     done = checkpoint is not None and finished_training(checkpoint, training_args)
     final_state = Path(training_args.output_dir) / "trainer_state.json"
     saved = done and final_state.is_file() and (Path(training_args.output_dir) / "config.json").is_file() and (

@@ -280,10 +280,32 @@ class LookAroundTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
+        if not self.use_cpu and launched_on_cpu_only():
+            # without use_cpu, transformers sets up no process group on a machine without an accelerator: each
+            # torchrun process would train alone, as rank 0 of a world of 1, and they would race for output_dir
+            logger.info("%s processes and no accelerator: training on the CPU with gloo (--use_cpu true)",
+                        os.environ["WORLD_SIZE"])
+            self.use_cpu = True
         if self.dataloader_num_workers is None:
             self.dataloader_workers_by_default = True
             self.dataloader_num_workers = default_dataloader_workers(self.use_cpu)
         super().__post_init__()
+
+
+def launched_on_cpu_only() -> bool:
+    """Whether this process is one of several (torchrun, accelerate launch: ``WORLD_SIZE`` > 1) on a machine
+    with no accelerator (no CUDA GPU, nor any other device torch knows)."""
+    import torch
+
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return False
+    if world <= 1:
+        return False
+    accelerator = getattr(torch, "accelerator", None)
+    has_accelerator = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+    return not has_accelerator
 
 
 def default_dataloader_workers(use_cpu: bool) -> int:

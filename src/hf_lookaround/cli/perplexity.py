@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--max_documents", type=int, default=None, help="score only the first N documents")
     p.add_argument("--no_bos", action="store_true", help="do not prepend BOS/CLS (the first token is then unscored)")
+    p.add_argument("--positions_per_window", type=int, default=None,
+                   help="masked protocol, per-prefix modes: score only this many evenly spaced prefix lengths of each "
+                        "window (one forward row each; default: every position)")
     p.add_argument("--output_dir", required=True)
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     return p
@@ -96,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.protocol == "ar":
         result = ar_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos)
     else:
-        result = masked_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos, args.masked_mode)
+        result = masked_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos, args.masked_mode,
+                                   positions_per_window=args.positions_per_window)
     mode = result.extra.get("masked_mode") or result.extra.get("ar_mode")
     result.extra.update({"model": args.model_name_or_path, "split": args.split, "num_documents": len(texts)})
 

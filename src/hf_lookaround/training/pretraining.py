@@ -111,6 +111,11 @@ class DataArguments:
     perplexity_max_documents: int = field(
         default=100, metadata={"help": "validation documents scored with the p(x_k|x_<k) protocol at the end"}
     )
+    perplexity_positions_per_window: int = field(
+        default=16,
+        metadata={"help": "masked/GVP checkpoints: prefix lengths scored per window at the end (evenly spaced; one "
+                          "forward row each, so all of a 256-token window cost 256 rows); 0: every position"},
+    )
     preprocessing_num_workers: int | None = field(
         default=None, metadata={"help": "processes that tokenize and pack (datasets .map num_proc); not with --streaming"}
     )
@@ -555,6 +560,9 @@ def check_data_args(data_args: DataArguments, training_args: TrainingArguments) 
         value = getattr(data_args, name)
         if value is not None and value < 1:  # 0 would be read as "no limit"
             raise ValueError(f"--{name} must be >= 1 (blocks to keep), got {value}; leave it out to keep every block")
+    if data_args.perplexity_positions_per_window < 0:
+        raise ValueError("--perplexity_positions_per_window must be >= 0 (0: every position), got "
+                         f"{data_args.perplexity_positions_per_window}")
     if data_args.shuffle_buffer_size < 0:
         raise ValueError(f"--shuffle_buffer_size must be >= 0 (0: stream order), got {data_args.shuffle_buffer_size}")
     if not data_args.streaming:
@@ -679,20 +687,33 @@ def build_training_data(data_args: DataArguments, training_args: TrainingArgumen
     return train_blocks, eval_blocks
 
 
-def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments, block_size: int, batch_size: int):
-    """``p(x_k | x_<k)`` on held-out documents with the protocol of hf_lookaround.evaluation.perplexity."""
-    from ..evaluation.perplexity import masked_perplexity
+def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments, block_size: int, batch_size: int,
+                     positions_per_window: int | None = 16, progress: bool = True):
+    """``p(x_k | x_<k)`` on held-out documents with the protocol of hf_lookaround.evaluation.perplexity.
+
+    The per-prefix protocol of masked/GVP checkpoints runs one forward row per scored position: by default 16
+    evenly spaced prefix lengths of each window are scored (``positions_per_window``; None or 0: all), which
+    keeps it near the cost of a short training run; the log says how many of how many."""
+    from ..evaluation.perplexity import default_masked_mode, masked_perplexity
 
     # auto: the AR plan for (semi-)AR checkpoints, the bidirectional prefix for masked/GVP ones,
     # [MASK] inputs for single-stream masked LMs (see evaluation.perplexity.default_masked_mode)
     mode = "auto"
+    per_window = positions_per_window or None
+    if default_masked_mode(model) != "two_stream" and per_window is not None:
+        logger.info("masked perplexity at the end: %d evenly spaced prefix lengths of each %d-token window of %d "
+                    "document(s) (--perplexity_positions_per_window; 0 scores every position, %dx the work)",
+                    per_window, block_size, len(texts), max(1, block_size // per_window))
     was_training = model.training
     model.eval()
     try:
         result = masked_perplexity(model, tokenizer, texts, max_length=block_size, stride=max(1, block_size // 2),
-                                   batch_size=batch_size, mode=mode)
+                                   batch_size=batch_size, mode=mode, positions_per_window=per_window,
+                                   progress=progress)
     finally:
         model.train(was_training)
+    if "num_scorable_tokens" in result.extra:
+        logger.info("masked perplexity: scored %d of %d positions", result.num_tokens, result.extra["num_scorable_tokens"])
     name = "eval_masked_perplexity" if objective_args.objective in MASKED else "eval_ar_perplexity"
     return {name: result.perplexity, "eval_bits_per_byte": result.bits_per_byte}
 
@@ -840,7 +861,8 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         eval_metrics = trainer.evaluate()
         eval_metrics.update(final_perplexity(
             trainer.model, tokenizer, eval_texts[: data_args.perplexity_max_documents], objective_args, block_size,
-            training_args.per_device_eval_batch_size,
+            training_args.per_device_eval_batch_size, data_args.perplexity_positions_per_window,
+            progress=not training_args.disable_tqdm,
         ))
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)

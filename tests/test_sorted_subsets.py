@@ -65,7 +65,7 @@ def test_vision_num_train_of_a_class_sorted_folder_probes_every_class(tmp_path):
     argv = ["--dataset", str(folder), "--output_dir", str(out), "--objective", "gvp", "--num_groups", "4",
             "--image_size", "8", "--patch_size", "2", "--hidden_size", "32", "--num_hidden_layers", "1",
             "--num_attention_heads", "2", "--intermediate_size", "64", "--num_train", "20", "--num_probe_train", "30",
-            "--max_steps", "1", "--batch_size", "8", "--finetune_steps", "0", "--no_baselines",
+            "--max_steps", "1", "--batch_size", "8", "--finetune_steps", "1", "--no_baselines",
             "--probe_backend", "sklearn_path"]
     torch.manual_seed(0)
     assert main(argv) == 0
@@ -74,3 +74,4 @@ def test_vision_num_train_of_a_class_sorted_folder_probes_every_class(tmp_path):
     # three classes of distinct brightness: a probe that saw them all separates them; the first 20 + 30 train
     # images would hold classes 0 and 1 only, and every test image of class 2 would be missed (accuracy <= 2/3)
     assert accuracy > 0.9, probe
+    assert (out / "README.md").is_file() and (out / "classifier" / "README.md").is_file()  # item 14: cards

@@ -337,6 +337,14 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
                 f.write("index\tprediction\n")
                 for i, p in enumerate(preds):
                     f.write(f"{i}\t{p:.3f}\n" if labels.is_regression else f"{i}\t{labels.names[int(p)]}\n")
+    if training_args.do_train and trainer.is_world_process_zero():
+        from ..hub.cards import write_model_card
+
+        # the fine-tuned classifier gets its own card: its base model, task and results
+        write_model_card(training_args.output_dir, base_model=model_args.model_name_or_path,
+                         dataset=data_args.dataset_name or data_args.train_file or data_args.task_name,
+                         eval_dataset=data_args.validation_file or data_args.dataset_name or data_args.task_name,
+                         pipeline_tag="text-classification")
     return metrics
 
 

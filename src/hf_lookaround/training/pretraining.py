@@ -718,14 +718,27 @@ def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments
     return {name: result.perplexity, "eval_bits_per_byte": result.bits_per_byte}
 
 
-def card_kwargs(objective_args: ObjectiveArguments, dataset) -> dict:
-    return {"objective": objective_args.objective, "plan_params": objective_args.plan_params(), "dataset": dataset}
+def card_kwargs(objective_args: ObjectiveArguments, dataset, eval_dataset=None) -> dict:
+    return {"objective": objective_args.objective, "plan_params": objective_args.plan_params(), "dataset": dataset,
+            "eval_dataset": eval_dataset}
 
 
-def write_card(output_dir, objective_args: ObjectiveArguments, dataset) -> None:
+def eval_data_name(data_args: DataArguments) -> str | None:
+    """What the eval_* results of a run were measured on, in words, for its model card."""
+    if data_args.validation_files:
+        return ", ".join(str(f) for f in data_args.validation_files)
+    if data_args.dataset_name and not data_args.train_files:
+        return f"{data_args.dataset_name} (validation split)"
+    if data_args.validation_split_percentage:
+        return (f"the last {data_args.validation_split_percentage:g} % of the documents of "
+                f"{', '.join(str(f) for f in data_args.train_files)} (held out from training)")
+    return None
+
+
+def write_card(output_dir, objective_args: ObjectiveArguments, dataset, eval_dataset=None) -> None:
     from ..hub.cards import write_model_card
 
-    write_model_card(output_dir, **card_kwargs(objective_args, dataset))
+    write_model_card(output_dir, **card_kwargs(objective_args, dataset, eval_dataset))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -869,7 +882,7 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         metrics.update(eval_metrics)
     dataset = data_args.dataset_name or [str(f) for f in data_args.train_files]
     if training_args.do_train and not saved and trainer.is_world_process_zero():
-        write_card(training_args.output_dir, objective_args, dataset)
+        write_card(training_args.output_dir, objective_args, dataset, eval_data_name(data_args))
         from ..hub.remote_code import ensure_remote_code
 
         # save_model maps only the trained head in auto_map: map every head, so that the output loads as a
@@ -879,5 +892,5 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         from ..hub.push import push_trainer_output
 
         # not trainer.push_to_hub(): that replaces our card and maps only the saved head in auto_map
-        push_trainer_output(trainer, **card_kwargs(objective_args, dataset))
+        push_trainer_output(trainer, **card_kwargs(objective_args, dataset, eval_data_name(data_args)))
     return metrics

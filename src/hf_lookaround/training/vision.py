@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ..hub.cards import write_model_card
 from ..models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
 from ..data.image_collator import make_image_collator
 from ..data.images import (
@@ -226,6 +227,8 @@ def run(args) -> dict:
             # a pipeline-ready classifier: weights, config (id2label) and the image processor side by side
             classifier.save_pretrained(out / "classifier")
             processor.save_pretrained(out / "classifier")
+            write_model_card(out / "classifier", dataset=str(args.dataset), base_model=str(out),
+                             pipeline_tag="image-classification")
             if args.no_baselines:
                 return {"pretrained": accuracy}
             scratch_classifier = LookAroundViTForImageClassification(LookAroundViTConfig.from_pretrained(out))
@@ -234,4 +237,5 @@ def run(args) -> dict:
                                               test_labels, out / "ft_scratch")}
 
         stage("finetune_test_accuracy", finetune)
+    write_model_card(out, dataset=str(args.dataset))  # the measurements are in vision_results.json beside it
     return results

@@ -36,3 +36,6 @@ def test_torchrun_on_a_cpu_machine_makes_one_world_of_two(tmp_path):
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 2 and state["train_batch_size"] == 2
     assert "gloo" in proc.stderr and "--use_cpu true" in proc.stderr  # it says what it chose
+    # the data summary is logged by the main process only (issue 23, item 15)
+    assert proc.stderr.count("training blocks of 16 tokens") == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("training data: ") == 1, proc.stderr[-3000:]

@@ -543,10 +543,12 @@ def pack_blocks(tokenized, tokenizer, block_size: int, num_proc: int | None = No
 
 
 def build_blocks(ds, tokenizer, block_size: int, text_column: str = "text", num_proc: int | None = None,
-                 load_from_cache_file: bool = True, what: str = "training data", batch_size: int = 100):
+                 load_from_cache_file: bool = True, what: str = "training data", batch_size: int = 100,
+                 log: bool = True):
     """Tokenize and pack a text dataset (map-style or streaming). Returns ``(blocks, PackingStats | None)``.
 
-    ``batch_size``: documents per ``.map`` batch (memory per worker); the blocks do not depend on it."""
+    ``batch_size``: documents per ``.map`` batch (memory per worker); the blocks do not depend on it.
+    ``log``: log the summary (False on all but the main process of a multi-process run)."""
     import datasets
 
     tokenized = tokenize_documents(ds, tokenizer, text_column, num_proc=num_proc,
@@ -555,7 +557,9 @@ def build_blocks(ds, tokenizer, block_size: int, text_column: str = "text", num_
         raise ValueError(f"no text found in the {what}: every document is empty (field {text_column!r})")
     blocks, stats = pack_blocks(tokenized, tokenizer, block_size, num_proc=num_proc,
                                 load_from_cache_file=load_from_cache_file, batch_size=batch_size)
-    if stats is not None:
+    if not log:
+        pass
+    elif stats is not None:
         logger.info("%s: %s", what, stats.describe())
     else:
         logger.info("%s (streaming): packed on the fly into blocks of %d; each pass over the stream drops its "

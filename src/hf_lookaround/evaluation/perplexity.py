@@ -141,7 +141,8 @@ def encode_documents(tokenizer, texts: list[str], add_bos: bool | None = None):
     fast = getattr(tokenizer, "is_fast", False)
     docs, num_bytes = [], 0
     for text in texts:
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=fast)
+        # verbose=False: a document longer than model_max_length is expected here (windows cut it)
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=fast, verbose=False)
         ids = list(enc["input_ids"])
         if not ids:
             continue

@@ -650,8 +650,9 @@ def build_training_data(data_args: DataArguments, training_args: TrainingArgumen
     ``--max_train_samples`` blocks, repeated without end, shuffled in a buffer (seeded, the same on every
     rank), then split across ranks with ``split_dataset_by_node``."""
     block_size = data_args.block_size
+    main = training_args.process_index == 0  # one data summary in the log, not one per process
     common = dict(text_column=data_args.text_column, num_proc=data_args.preprocessing_num_workers,
-                  load_from_cache_file=not data_args.overwrite_cache)
+                  load_from_cache_file=not data_args.overwrite_cache, log=main)
     with training_args.main_process_first(desc="tokenizing and packing"):
         train_blocks, _ = build_blocks(train_raw, tokenizer, block_size, what="training data", **common)
         eval_blocks = None
@@ -682,8 +683,9 @@ def build_training_data(data_args: DataArguments, training_args: TrainingArgumen
         train_blocks = train_blocks.select(range(min(data_args.max_train_samples, len(train_blocks))))
     if eval_blocks is not None and data_args.max_eval_samples:
         eval_blocks = eval_blocks.select(range(min(data_args.max_eval_samples, len(eval_blocks))))
-    logger.info("%d training blocks of %d tokens; %s validation blocks", len(train_blocks), block_size,
-                len(eval_blocks) if eval_blocks is not None else 0)
+    if main:
+        logger.info("%d training blocks of %d tokens; %s validation blocks", len(train_blocks), block_size,
+                    len(eval_blocks) if eval_blocks is not None else 0)
     return train_blocks, eval_blocks
 
 

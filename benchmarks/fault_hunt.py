@@ -5,7 +5,8 @@
 For every objective, one uninterrupted run is the reference. Each trial then starts the same run in a fresh
 folder and SIGKILLs the ``pretrain`` process, either
 
-- ``time``: at a random moment of its life (start-up, a training step, a save, the final save), or
+- ``step``: at a random moment of its life: during start-up (a random time before the first step), or a random
+  fraction of a second after training step ``s`` was logged (inside the next step, or a save), or
 - ``file k``: inside the save of a random ``checkpoint-N`` (the final save included), as soon as its folder
   holds ``k`` files (the parent polls the folder, so the process may have written a little more by the time
   the signal lands: the table shows the files that were there),
@@ -50,18 +51,21 @@ def write_corpus(folder: Path, documents: int = 60, seed: int = 0) -> Path:
     return path
 
 
-def pretrain_args(corpus: Path, tokenizer: Path, out: Path, objective: str, steps: int, save_steps: int) -> list[str]:
+def pretrain_args(corpus: Path, tokenizer: Path, out: Path, objective: str, steps: int, save_steps: int,
+                  extra=()) -> list[str]:
     return [
         "pretrain", "--train_files", str(corpus), "--tokenizer_name", str(tokenizer), "--preset", "tiny",
         "--config_overrides", TINY, "--block_size", "32", "--objective", objective, "--output_dir", str(out),
         "--do_train", "--max_steps", str(steps), "--save_steps", str(save_steps), "--save_total_limit", "2",
         "--per_device_train_batch_size", "4", "--learning_rate", "3e-3", "--logging_steps", "1", "--seed", "7",
-        "--report_to", "none", "--disable_tqdm", "true", "--validation_split_percentage", "0",
+        "--report_to", "none", "--disable_tqdm", "true", "--validation_split_percentage", "0", *extra,
     ]
 
 
 def env() -> dict:
-    e = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    # unbuffered: the parent reads the step logs as they are written
+    e = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+             PYTHONUNBUFFERED="1")
     e["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [e.get("PYTHONPATH")])])
     return e
 
@@ -83,16 +87,25 @@ def files_in(folder: Path) -> int:
 
 
 def run_and_kill(args: list[str], log: Path, out: Path, kill: tuple) -> str:
-    """Start the run, SIGKILL it at ``kill``: ``("time", seconds)``, or ``("file", k, step)`` (``k`` files in
-    ``checkpoint-step``; step 0: the final save into ``out``, which the kill counts from the first file
-    written after training); say where it died."""
+    """Start the run, SIGKILL it at ``kill``: ``("time", seconds)`` after its start, ``("step", s, delay)``
+    (``delay`` seconds after the ``s``-th training loss of this process is logged), or ``("file", k, step)``
+    (``k`` files in ``checkpoint-step``; step 0: the final save into ``out``); say where it died."""
+    offset = log.stat().st_size if log.exists() else 0
     with open(log, "a") as f:
         proc = subprocess.Popen(command(args), env=env(), stdout=f, stderr=subprocess.STDOUT)
         start = time.monotonic()
-        where = None
+        where, seen_at = None, None
         while proc.poll() is None:
             if kill[0] == "time" and time.monotonic() - start >= kill[1]:
-                where = f"t={kill[1]:.1f}s"
+                where = f"t={kill[1]:.1f}s (start-up)"
+            elif kill[0] == "step":
+                if seen_at is None:
+                    with open(log) as g:
+                        g.seek(offset)
+                        if g.read().count("'loss':") >= kill[1]:
+                            seen_at = time.monotonic()
+                elif time.monotonic() - seen_at >= kill[2]:
+                    where = f"{kill[2]:.2f}s after step {kill[1]}"
             elif kill[0] == "file":
                 if kill[2]:
                     folder = out / f"checkpoint-{kill[2]}"
@@ -107,7 +120,7 @@ def run_and_kill(args: list[str], log: Path, out: Path, kill: tuple) -> str:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
                 return where
-            time.sleep(0.0005 if kill[0] == "file" else 0.01)
+            time.sleep(0.0005 if kill[0] == "file" else 0.005)
     return f"finished first (rc {proc.returncode})"
 
 
@@ -149,8 +162,10 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None, help="keep the runs here (default: a temporary folder)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--extra", default="", help="more pretrain arguments, in one string (e.g. evaluation)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
+    extra = args.extra.split()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="fault_hunt_"))
     work.mkdir(parents=True, exist_ok=True)
 
@@ -168,7 +183,8 @@ def main(argv=None) -> None:
         out = work / f"reference-{objective}"
         shutil.rmtree(out, ignore_errors=True)
         start = time.monotonic()
-        rc = run_to_end(pretrain_args(corpus, tokenizer, out, objective, args.steps, args.save_steps), work / f"{out.name}.log")
+        rc = run_to_end(pretrain_args(corpus, tokenizer, out, objective, args.steps, args.save_steps, extra),
+                        work / f"{out.name}.log")
         durations[objective] = time.monotonic() - start
         if rc:
             sys.exit(f"the reference run of {objective} failed (rc {rc}): see {work / out.name}.log")
@@ -181,12 +197,15 @@ def main(argv=None) -> None:
         out, log = work / f"trial{trial:02d}-{objective}", work / f"trial{trial:02d}-{objective}.log"
         shutil.rmtree(out, ignore_errors=True)
         log.unlink(missing_ok=True)
-        base = pretrain_args(corpus, tokenizer, out, objective, args.steps, args.save_steps)
+        base = pretrain_args(corpus, tokenizer, out, objective, args.steps, args.save_steps, extra)
         kills, states, starts = [], [], []
         first = True
         for _ in range(rng.randint(1, args.kills)):
-            if trial % 2 == 0:  # a random moment of the run's life
-                kill = ("time", rng.uniform(0.4, 1.0) * durations[objective])
+            if trial % 2 == 0:  # a random moment of the run's life: start-up, or inside a step or a save
+                last = checkpointing.last_complete_checkpoint(out) if not first else None
+                left = args.steps - (int(last.name.split("-")[1]) if last is not None else 0)  # steps this run logs
+                step = rng.randint(0, max(left, 1))
+                kill = ("time", rng.uniform(0.5, 5.0)) if step == 0 else ("step", step, rng.uniform(0.0, 0.4))
             else:  # at a file boundary of a save (a checkpoint holds about a dozen files), 0: the final save
                 saves = [*range(args.save_steps, args.steps + 1, args.save_steps), 0]
                 kill = ("file", rng.randint(1, 12), rng.choice(saves))

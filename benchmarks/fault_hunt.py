@@ -201,13 +201,13 @@ def main(argv=None) -> None:
         kills, states, starts = [], [], []
         first = True
         for _ in range(rng.randint(1, args.kills)):
+            last = checkpointing.last_complete_checkpoint(out) if not first else None
+            done_step = int(last.name.split("-")[1]) if last is not None else 0  # where this run starts
             if trial % 2 == 0:  # a random moment of the run's life: start-up, or inside a step or a save
-                last = checkpointing.last_complete_checkpoint(out) if not first else None
-                left = args.steps - (int(last.name.split("-")[1]) if last is not None else 0)  # steps this run logs
-                step = rng.randint(0, max(left, 1))
+                step = rng.randint(0, max(args.steps - done_step, 1))  # the steps this run logs
                 kill = ("time", rng.uniform(0.5, 5.0)) if step == 0 else ("step", step, rng.uniform(0.0, 0.4))
-            else:  # at a file boundary of a save (a checkpoint holds about a dozen files), 0: the final save
-                saves = [*range(args.save_steps, args.steps + 1, args.save_steps), 0]
+            else:  # at a file boundary of a save this run makes (a checkpoint holds about a dozen files), 0: final
+                saves = [*range(done_step + args.save_steps, args.steps + 1, args.save_steps), 0]
                 kill = ("file", rng.randint(1, 12), rng.choice(saves))
             resume = base if first else base + resume_flags(out)
             kills.append(run_and_kill(resume, log, out, kill))

@@ -21,6 +21,7 @@ import torch
 
 from hub_server import HubServer
 
+from hf_lookaround import cli
 from hf_lookaround.cli import push as push_command
 from hf_lookaround.hub import cards, load, push
 from hf_lookaround.models.lookaround.configuration_lookaround import LookAroundConfig
@@ -169,7 +170,7 @@ def test_push_and_load_round_trip(server, online, checkpoint, tmp_path):
     assert set(auto_map) == {"AutoConfig", *HEAD_CLASSES}
     readme = files["README.md"].decode()
     assert f'from_pretrained("{REPO}", trust_remote_code=True)' in readme
-    assert cards.REPO_PLACEHOLDER not in readme and "name: lab/tiny-lookaround" in readme
+    assert "<namespace>/<model-name>" not in readme and "name: lab/tiny-lookaround" in readme
 
     # reference outputs: the package's classes on the local folder
     inputs = torch.load(checkpoint.parent / "inputs.pt")
@@ -213,8 +214,10 @@ def test_failed_push_is_clear_and_leaves_checkpoint_intact(server, online, check
             push.push_checkpoint(checkpoint, "lab/failing")
         message = str(err.value)
         assert "lab/failing" in message and "500" in message and "not modified" in message
-        assert push_command.main([str(checkpoint), "lab/failing"]) == 1
-        assert "error: pushing" in capsys.readouterr().out
+        # the CLI's one-line error form, exit status 2
+        assert cli.main(["push", str(checkpoint), "lab/failing"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("hf-lookaround push: error: pushing"), err
     finally:
         server.fail_commits = 0
     assert server.requests.count(("POST", "/api/models/lab/failing/commit/main")) >= 2  # retried, then gave up

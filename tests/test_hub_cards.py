@@ -51,7 +51,8 @@ def test_masked_card_from_config_with_results(tmp_path):
     text = card.text
     assert "variable-length masked" in text and "| `mask_ratio_range` | `(0.15, 0.3)` | default |" in text
     assert "State of the Union addresses." in text and "Zhang, Qi and Du, Tianqi" in text
-    assert 'AutoModelForMaskedLM.from_pretrained("<namespace>/<model-name>", trust_remote_code=True)' in text
+    # before a push the load snippets name the checkpoint's folder, which loads it (a push puts the repo id there)
+    assert f'AutoModelForMaskedLM.from_pretrained("{folder}", trust_remote_code=True)' in text
     assert r"p(x_k \| x_<k)" in text  # escaped inside the results table
     # the arguments are kept in the metadata, so `push` can re-render the card with the repo id
     assert card.data.to_dict()["hf_lookaround"]["objective"] == "vmlm"

@@ -98,6 +98,13 @@ def _register_models(family: str) -> None:
                             IMAGE_PROCESSORS[family][1])
         AutoImageProcessor.register(config, image_processor_classes={"pil": processor}, exist_ok=True)
         processor.register_for_auto_class()
+        # image pipelines also look for a video processor: from the image processor's auto_map transformers derives
+        # one (LookAroundViTVideoProcessor) that exists nowhere, and, finding no local video processor for the
+        # config, asks on stdin whether to run the repo's code ("[y/N]", 15 s). Registering "none" for the config
+        # tells it the local code is known: no prompt, and no video processor (there is none to find)
+        from transformers.models.auto.video_processing_auto import AutoVideoProcessor
+
+        AutoVideoProcessor.register(config, None, exist_ok=True)
 
 
 def register_configs() -> None:

@@ -203,7 +203,8 @@ def evaluate_one(model, tokenizer, splits, args, row: Row) -> Row:
     # bidirectional rank-0 group (as in their pretraining), x_k is masked and nothing after k is visible
     # evaluation batches are larger than training ones: no gradients, and fewer, larger forwards run faster
     ppl = masked_perplexity(model, tokenizer, test_texts, max_length=args.block_size,
-                            stride=args.block_size // 2, batch_size=4 * args.batch_size, mode="auto")
+                            stride=args.block_size // 2, batch_size=4 * args.batch_size, mode="auto",
+                            progress=not args.quiet)  # --quiet: no progress bars
     row.perplexity_protocol = ppl.extra.get("masked_mode")
     row.perplexity, row.bits_per_byte = ppl.perplexity, ppl.bits_per_byte
     row.by_prefix_length = bucket_by_prefix_length(ppl.nlls, ppl.prefix_lengths, PREFIX_BUCKETS)

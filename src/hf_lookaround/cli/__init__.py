@@ -5,8 +5,9 @@ module is imported only when the command runs (its ``--help`` included, so that 
 torch and transformers).
 
 A ``ValueError`` (bad input) or ``OSError`` (a missing file or folder) ends the command with one line,
-``hf-lookaround <command>: error: ...``, and exit status 2, as argparse does for bad options. ``--debug``
-(anywhere on the command line) shows the traceback instead.
+``hf-lookaround <command>: error: ...``, and exit status 2, as argparse does for bad options. ``--traceback``
+(or ``--debug``, anywhere on the command line) shows the traceback instead. The Trainer commands keep
+``--debug VALUE`` for ``TrainingArguments.debug`` (``--debug underflow_overflow``).
 """
 
 from __future__ import annotations
@@ -28,18 +29,34 @@ COMMANDS = {
     "push": ("push", "push a checkpoint, its card and remote code to the Hub"),
 }
 USER_ERRORS = (ValueError, OSError)
+# commands whose own options include TrainingArguments' `--debug VALUE`
+TRAINER_COMMANDS = ("pretrain", "glue")
+
+
+def _own_debug_flag(argv: list[str]) -> tuple[bool, list[str]]:
+    """Take the CLI's traceback flag out of ``argv``: ``--traceback``, or a ``--debug`` that carries no value
+    of a Trainer command (``pretrain ... --debug underflow_overflow`` is TrainingArguments' and stays)."""
+    trainer = bool(argv) and argv[0] in TRAINER_COMMANDS
+    found, rest = False, []
+    for i, arg in enumerate(argv):
+        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("-")
+        if arg == "--traceback" or (arg == "--debug" and not (trainer and has_value)):
+            found = True
+            continue
+        rest.append(arg)
+    return found, rest
 
 
 def usage() -> str:
     lines = [f"  {name:<16} {help_}" for name, (_, help_) in COMMANDS.items()]
-    return ("usage: hf-lookaround <command> [options] [--debug]\n\ncommands:\n" + "\n".join(lines)
-            + "\n\n`hf-lookaround <command> --help` for a command's options; --debug shows tracebacks of errors")
+    return ("usage: hf-lookaround <command> [options] [--traceback]\n\ncommands:\n" + "\n".join(lines)
+            + "\n\n`hf-lookaround <command> --help` for a command's options; --traceback (or --debug) shows "
+            "tracebacks of errors")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
+    debug, argv = _own_debug_flag(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0

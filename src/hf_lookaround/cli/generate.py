@@ -10,6 +10,8 @@ import torch
 
 from ..decoding.infill import ORDERS, SCHEDULES, infill
 from ..generation import default_group_size, group_generate
+from ..hub.weights import check_local_weights
+from .common import resolve_device
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--allow_untrained", action="store_true",
                         help="decode even with a group size / decoder the checkpoint was not trained for (warns)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of plain text")
     return parser
 
@@ -53,11 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``hf-lookaround generate``; bad input raises ValueError, which the CLI prints as one line (exit 2)."""
     args = build_parser().parse_args(argv)
+    args.device = resolve_device(args.device)
 
     from transformers import AutoModelForPreTraining, AutoTokenizer  # the package's import registered our classes
 
     if args.infill is None and args.num_tokens is None and args.prompt is None:
         raise SystemExit("give --prompt (group decoding), --infill TEXT or --num_tokens N")
+    check_local_weights(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     # every LookAround checkpoint loads into the pretraining head: the query stream and the LM head
     model = AutoModelForPreTraining.from_pretrained(args.model).to(args.device).eval()

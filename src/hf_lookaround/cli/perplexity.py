@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 
 from ..evaluation import perplexity
+from ..hub.weights import check_local_weights
+from .common import resolve_device
 from ..evaluation.perplexity import (
     MASKED_MODES,
     PROTOCOLS,
@@ -43,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--max_documents", type=int, default=None, help="score only the first N documents")
     p.add_argument("--no_bos", action="store_true", help="do not prepend BOS/CLS (the first token is then unscored)")
+    p.add_argument("--positions_per_window", type=int, default=None,
+                   help="masked protocol, per-prefix modes: score only this many evenly spaced prefix lengths of each "
+                        "window (one forward row each; default: every position)")
     p.add_argument("--output_dir", required=True)
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     return p
@@ -53,6 +58,7 @@ def _load_model(args):
 
     import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes)
 
+    check_local_weights(args.model_name_or_path)
     config = transformers.AutoConfig.from_pretrained(args.model_name_or_path)
     # a LookAround checkpoint pretrained with a plan (two streams) is evaluated through its query stream
     two_stream = "LookAroundForPreTraining" in (config.architectures or [])
@@ -74,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from hf_lookaround.evaluation.tasks import load_texts
 
+    device = resolve_device(args.device)
     model = _load_model(args)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
 
@@ -93,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.protocol == "ar":
         result = ar_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos)
     else:
-        result = masked_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos, args.masked_mode)
+        result = masked_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos, args.masked_mode,
+                                   positions_per_window=args.positions_per_window)
     mode = result.extra.get("masked_mode") or result.extra.get("ar_mode")
     result.extra.update({"model": args.model_name_or_path, "split": args.split, "num_documents": len(texts)})
 

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 
 from ..evaluation import probing
+from ..hub.weights import check_local_weights
+from .common import resolve_device
 from ..evaluation.probing import (
     POOLINGS,
     count_truncated,
@@ -96,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("sentence column(s): %s; %s", (key1, key2), "regression" if labels.is_regression else f"{labels.num_labels} classes")
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+    device = resolve_device(args.device)
+    check_local_weights(args.model_name_or_path)
     model = AutoModel.from_pretrained(args.model_name_or_path)
-    model.to(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(device)
     pattern = None if args.attention_pattern == "pretrained" else args.attention_pattern
     max_length = max_length_for(model, tokenizer, args.max_length)
 

@@ -91,6 +91,14 @@ class ImageSource:
         first = self.images[0]
         return int(max(first.shape[:2]) if isinstance(first, np.ndarray) else max(first.size))
 
+    def shuffled(self, seed: int) -> "ImageSource":
+        """The same images in a seeded random order: a first-N slice of a class-sorted folder then holds every
+        class (an imagefolder is read class by class)."""
+        order = np.random.default_rng(seed).permutation(len(self))
+        labels = None if self.labels is None else self.labels[order]
+        images = self.images[order] if isinstance(self.images, np.ndarray) else [self.images[i] for i in order]
+        return ImageSource(images, labels, self.label_names, self.name, self.split, list(self.notes))
+
     def select(self, start: int, stop: int) -> "ImageSource":
         labels = None if self.labels is None else self.labels[start:stop]
         images = self.images[start:stop] if isinstance(self.images, np.ndarray) else list(self.images[start:stop])

@@ -187,11 +187,26 @@ def load_text_dataset(inputs: str | Sequence[str], text_column: str = "text", sp
     files = [p for i in inputs for p in find_files(i)]
     if not files:
         raise ValueError(f"no text found in {inputs!r}: no files of the types {TEXT_SUFFIXES}")
+    # `datasets` fails on an empty JSON Lines or parquet file with a bare StopIteration: leave them out
+    empty = [p for p in files if _is_empty(p)]
+    if len(empty) == len(files):
+        raise ValueError(f"no text in {', '.join(map(str, empty))}: the file(s) are empty; give files that hold "
+                         f"documents ({split} data)")
+    if empty:
+        logger.warning("skipping %d empty file(s) of the %s data: %s", len(empty), split, ", ".join(map(str, empty)))
+        files = [p for p in files if p not in empty]
     parts = []
     for (builder, _), group in itertools.groupby(files, key=_file_kind):
         kwargs = {"sample_by": "document"} if builder == "text" else {}
-        ds = datasets.load_dataset(builder, data_files=[str(p) for p in group], split="train", streaming=streaming,
-                                   cache_dir=cache_dir, **kwargs)
+        group = list(group)
+        try:
+            ds = datasets.load_dataset(builder, data_files=[str(p) for p in group], split="train",
+                                       streaming=streaming, cache_dir=cache_dir, **kwargs)
+        except Exception as err:  # DatasetGenerationError, ArrowInvalid, ...: none of them names the file
+            problem = next(filter(None, (_file_problem(p, text_column) for p in group)), None)
+            if problem is None:
+                raise
+            raise ValueError(problem) from err
         if builder == "text" and text_column != "text":
             ds = ds.rename_column("text", text_column)
         parts.append(_only_text_column(ds, text_column, f"{builder} files"))
@@ -210,13 +225,77 @@ def _file_kind(path: Path) -> tuple[str, object]:
         import pyarrow.parquet as pq
 
         return builder, tuple(pq.read_schema(path).names)
-    with _open(path) as f:
-        first = next((line for line in f if line.strip()), "")
+    first = _first_line(path) or ""
     try:
         record = json.loads(first)
     except ValueError:  # a .json array or a record over several lines: that file alone
         return builder, str(path)
     return builder, tuple(sorted(record)) if isinstance(record, dict) else str(path)
+
+
+def _not_utf8(path: Path, err: UnicodeDecodeError) -> str:
+    return (f"{path}: not UTF-8 text ({err.reason}, byte {err.object[err.start:err.start + 1]!r}): convert the "
+            "file to UTF-8, e.g. `iconv -f latin1 -t utf-8`")
+
+
+def _first_line(path: Path) -> str | None:
+    """The first non-blank line of a text file (None: there is none)."""
+    try:
+        with _open(path) as f:
+            return next((line for line in f if line.strip()), None)
+    except UnicodeDecodeError as err:
+        raise ValueError(_not_utf8(path, err)) from None
+    except (OSError, EOFError) as err:  # e.g. a cut-short .gz
+        raise ValueError(f"{path}: cannot be read ({err}): the file is damaged or cut short; fix or remove it") from None
+
+
+def _is_empty(path: Path) -> bool:
+    """Whether a data file holds no record (a .txt file is one document, even when empty)."""
+    builder = _BUILDERS[_suffix(path)]
+    if builder == "text":
+        return False
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_metadata(path).num_rows == 0
+        except Exception as err:
+            raise ValueError(f"{path}: not a readable parquet file ({err}); fix or remove it") from None
+    return _first_line(path) is None
+
+
+def _file_problem(path: Path, text_column: str) -> str | None:
+    """What makes ``path`` unreadable as a data file, in one line naming it (None: nothing found)."""
+    builder = _BUILDERS[_suffix(path)]
+    if builder == "parquet":
+        try:
+            import pyarrow.parquet as pq
+
+            pq.read_table(path, columns=[text_column])
+        except Exception as err:
+            return f"{path}: not a readable parquet file with a {text_column!r} column ({err}); fix or remove it"
+        return None
+    lineno = 0
+    try:
+        with _open(path) as f:
+            if builder == "text":
+                f.read()
+                return None
+            first = _first_line(path) or ""
+            if first.lstrip().startswith("[") and not first.rstrip().endswith("}"):  # a .json array
+                json.load(f)
+                return None
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    json.loads(line)
+    except UnicodeDecodeError as err:
+        return _not_utf8(path, err)
+    except ValueError as err:
+        return (f"{path}:{lineno}: not a JSON record ({getattr(err, 'msg', err)}): the line is cut short or "
+                "malformed; fix or remove it")
+    except (OSError, EOFError) as err:
+        return f"{path}: cannot be read ({err}): the file is damaged or cut short; fix or remove it"
+    return None
 
 
 def _load_hub(name: str, text_column: str, split: str, streaming: bool, cache_dir, config_name):
@@ -464,10 +543,12 @@ def pack_blocks(tokenized, tokenizer, block_size: int, num_proc: int | None = No
 
 
 def build_blocks(ds, tokenizer, block_size: int, text_column: str = "text", num_proc: int | None = None,
-                 load_from_cache_file: bool = True, what: str = "training data", batch_size: int = 100):
+                 load_from_cache_file: bool = True, what: str = "training data", batch_size: int = 100,
+                 log: bool = True):
     """Tokenize and pack a text dataset (map-style or streaming). Returns ``(blocks, PackingStats | None)``.
 
-    ``batch_size``: documents per ``.map`` batch (memory per worker); the blocks do not depend on it."""
+    ``batch_size``: documents per ``.map`` batch (memory per worker); the blocks do not depend on it.
+    ``log``: log the summary (False on all but the main process of a multi-process run)."""
     import datasets
 
     tokenized = tokenize_documents(ds, tokenizer, text_column, num_proc=num_proc,
@@ -476,7 +557,9 @@ def build_blocks(ds, tokenizer, block_size: int, text_column: str = "text", num_
         raise ValueError(f"no text found in the {what}: every document is empty (field {text_column!r})")
     blocks, stats = pack_blocks(tokenized, tokenizer, block_size, num_proc=num_proc,
                                 load_from_cache_file=load_from_cache_file, batch_size=batch_size)
-    if stats is not None:
+    if not log:
+        pass
+    elif stats is not None:
         logger.info("%s: %s", what, stats.describe())
     else:
         logger.info("%s (streaming): packed on the fly into blocks of %d; each pass over the stream drops its "

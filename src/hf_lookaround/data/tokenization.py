@@ -17,6 +17,7 @@ A user with a network can pass any hub tokenizer name to the pretraining script 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -40,6 +41,10 @@ def train_tokenizer(
 
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must be at least {256 + len(SPECIAL_TOKENS)} (256 bytes + special tokens), got {vocab_size}")
+    if output_dir is not None and Path(output_dir).exists() and not Path(output_dir).is_dir():
+        # save_pretrained would only log an error and save nothing
+        raise ValueError(f"--output_dir {output_dir} is a file, not a folder: a tokenizer is saved as several files "
+                         "in a folder; give a folder path")
     texts = _non_empty(texts)
     first = next(texts, None)
     if first is None:

@@ -268,8 +268,17 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
     for split, ds in raw.items():
         if split not in caps:
             continue
-        if caps[split] is not None:
-            ds = ds.select(range(min(caps[split], len(ds))))
+        if caps[split] is not None and caps[split] < len(ds):
+            # the first N rows of a file sorted by label would hold one label: draw N at random (seeded); the
+            # test split keeps its order (its predictions are written row by row)
+            ds = ds.shuffle(seed=training_args.seed) if split != "test" else ds
+            ds = ds.select(range(caps[split]))
+            if split != "test" and label_to_id is not None and data_args.label_column in ds.column_names:
+                seen = set(ds[data_args.label_column])
+                missing = [v for v in labels.values if v not in seen]
+                if missing:
+                    logger.warning("%s: the %d examples kept by --max_%s_samples hold no example of the label(s) %s",
+                                   split, caps[split], "train" if split == "train" else "eval", missing)
         removable = [c for c in ds.column_names if c != "label"]
         ds = ds.map(preprocess, batched=True, remove_columns=removable, desc=f"tokenizing {split}")
         truncated = int(sum(ds["was_truncated"]))
@@ -330,6 +339,14 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
                 f.write("index\tprediction\n")
                 for i, p in enumerate(preds):
                     f.write(f"{i}\t{p:.3f}\n" if labels.is_regression else f"{i}\t{labels.names[int(p)]}\n")
+    if training_args.do_train and trainer.is_world_process_zero():
+        from ..hub.cards import write_model_card
+
+        # the fine-tuned classifier gets its own card: its base model, task and results
+        write_model_card(training_args.output_dir, base_model=model_args.model_name_or_path,
+                         dataset=data_args.dataset_name or data_args.train_file or data_args.task_name,
+                         eval_dataset=data_args.validation_file or data_args.dataset_name or data_args.task_name,
+                         pipeline_tag="text-classification")
     return metrics
 
 

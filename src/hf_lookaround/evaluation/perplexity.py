@@ -86,6 +86,8 @@ class PerplexityResult:
     prefix_lengths: np.ndarray
     num_bytes: int
     extra: dict = field(default_factory=dict)
+    # tokens the bytes hold when only a sample of them was scored (``positions_per_window``); None: all were
+    num_scorable_tokens: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -101,7 +103,9 @@ class PerplexityResult:
 
     @property
     def bits_per_byte(self) -> float:
-        return float(self.nlls.sum() / math.log(2) / self.num_bytes)
+        # a sample of the tokens stands for all of them: its mean NLL times the number of tokens
+        total = self.nlls.sum() if self.num_scorable_tokens is None else self.nlls.mean() * self.num_scorable_tokens
+        return float(total / math.log(2) / self.num_bytes)
 
     def to_dict(self, dataset: str | None = None, buckets=None) -> dict:
         key = "ar_perplexity" if self.protocol == "ar" else "masked_perplexity"
@@ -140,7 +144,8 @@ def encode_documents(tokenizer, texts: list[str], add_bos: bool | None = None):
     fast = getattr(tokenizer, "is_fast", False)
     docs, num_bytes = [], 0
     for text in texts:
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=fast)
+        # verbose=False: a document longer than model_max_length is expected here (windows cut it)
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=fast, verbose=False)
         ids = list(enc["input_ids"])
         if not ids:
             continue
@@ -254,11 +259,16 @@ def ar_perplexity(model, tokenizer, texts, max_length=512, stride=256, batch_siz
 
 @torch.inference_mode()
 def masked_perplexity(
-    model, tokenizer, texts, max_length=512, stride=256, batch_size=8, add_bos=None, mode="auto"
+    model, tokenizer, texts, max_length=512, stride=256, batch_size=8, add_bos=None, mode="auto",
+    positions_per_window: int | None = None, progress: bool = True,
 ) -> PerplexityResult:
     """Masked-model perplexity ``p(x_k | x_<k)``: prefix visible, ``k`` masked, nothing after ``k``.
 
-    ``mode="auto"`` picks :func:`default_masked_mode` of the model."""
+    ``mode="auto"`` picks :func:`default_masked_mode` of the model. The per-prefix modes (``mask_token``,
+    ``two_stream_prefix``) run one row per scored position, ``max_length`` times the work of one forward per
+    window: ``positions_per_window=m`` scores only ``m`` evenly spaced prefix lengths of each window (every
+    prefix-length bucket keeps tokens; bits per byte extrapolate the sample's mean NLL to all tokens).
+    ``progress``: a tqdm bar over the windows."""
     if mode == "auto":
         mode = default_masked_mode(model)
     if mode not in MASKED_MODES:
@@ -276,10 +286,31 @@ def masked_perplexity(
             mask_id = getattr(model.config, "mask_token_id", None)
         if mode == "mask_token" and mask_id is None:
             raise ValueError("the mask_token protocol needs a mask token: the tokenizer and config have none")
-        nlls = _per_prefix(model, windows, batch_size, pad, mask_id, two_stream=(mode == "two_stream_prefix"))
+        if positions_per_window is not None and positions_per_window < 1:
+            raise ValueError(f"positions_per_window must be >= 1 (or None: every position), got {positions_per_window}")
+        chosen = [_positions(w, positions_per_window) for w in windows]
+        nlls = _per_prefix(model, windows, batch_size, pad, mask_id, two_stream=(mode == "two_stream_prefix"),
+                           chosen=chosen, progress=progress)
+        scorable = sum(len(w.input_ids) - w.first_scored for w in windows)
+        prefixes = [np.asarray(ks) - w.offset for w, ks in zip(windows, chosen)]
+        result = _result("masked", nlls, prefixes, num_bytes, max_length, stride)
+        if result.num_tokens < scorable:
+            result.num_scorable_tokens = scorable
+            result.extra["positions_per_window"] = positions_per_window
+            result.extra["num_scorable_tokens"] = scorable
+        result.extra["masked_mode"] = mode
+        return result
     result = _result("masked", nlls, [w.prefix_lengths() for w in windows], num_bytes, max_length, stride)
     result.extra["masked_mode"] = mode
     return result
+
+
+def _positions(window: Window, per_window: int | None) -> list[int]:
+    """The scored positions of ``window``: all, or ``per_window`` of them evenly spaced (first and last kept)."""
+    ks = np.arange(window.first_scored, len(window.input_ids))
+    if per_window is None or per_window >= len(ks):
+        return ks.tolist()
+    return sorted(set(np.linspace(ks[0], ks[-1], per_window).round().astype(int).tolist()))
 
 
 def default_masked_mode(model) -> str:
@@ -324,13 +355,19 @@ def _two_stream_logits(model, ids, mask, group_ids, targets, device):
     ).logits
 
 
-def _per_prefix(model, windows, batch_size, pad, mask_id, two_stream: bool) -> list[torch.Tensor]:
-    """One row per scored position ``k``: ``x_<k`` then the target slot, truncated after ``k``.
+def _per_prefix(model, windows, batch_size, pad, mask_id, two_stream: bool, chosen=None,
+                progress: bool = False) -> list[torch.Tensor]:
+    """One row per scored position ``k`` (``chosen[i]``: those of window ``i``; default all): ``x_<k`` then the
+    target slot, truncated after ``k``. Rows of one window have close lengths: batching them wastes little."""
+    from tqdm.auto import tqdm
 
-    Rows of one window have consecutive lengths, so batching them wastes little on padding."""
     device, out = _device(model), []
-    for w in windows:
-        ks = list(range(w.first_scored, len(w.input_ids)))
+    rows = sum(len(ks) for ks in chosen) if chosen is not None else None
+    bar = tqdm(total=len(windows), desc=f"masked perplexity, one row per position ({rows or 'all'} rows)",
+               unit="window", disable=not progress)
+    for index, w in enumerate(windows):
+        ks = list(chosen[index]) if chosen is not None else list(range(w.first_scored, len(w.input_ids)))
+        bar.update(1)
         nll = []
         for i in range(0, len(ks), batch_size):
             chunk = ks[i : i + batch_size]
@@ -353,6 +390,7 @@ def _per_prefix(model, windows, batch_size, pad, mask_id, two_stream: bool) -> l
             gold = torch.tensor([w.input_ids[k] for k in chunk], device=device)
             nll.append(_nll(logits, gold).cpu())
         out.append(torch.cat(nll))
+    bar.close()
     return out
 
 

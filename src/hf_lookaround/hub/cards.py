@@ -53,8 +53,8 @@ CITATION = """\
   note  = {paper (b) of hf_lookaround's design; full reference to be completed}
 }"""
 
-# The card's load snippets name the repo; before a push the checkpoint has none yet.
-REPO_PLACEHOLDER = "<namespace>/<model-name>"
+# The card's load snippets name the repo; before a push the checkpoint has none yet, and its folder is what loads it
+# (a push renders the card again with the repo id).
 # Metadata key holding the arguments a card was rendered with, so that a push can re-render it.
 CARD_ARGS_KEY = "hf_lookaround"
 
@@ -117,17 +117,23 @@ def build_model_card(
     dataset_description: str | None = None,
     model_id: str | None = None,
     family: str | None = None,
-    license: str = "apache-2.0",
-    language: str | list[str] | None = "en",
+    license: str | None = None,
+    language: str | list[str] | None = None,
     base_model: str | None = None,
     tags: list[str] | None = None,
+    eval_dataset: str | None = None,
+    pipeline_tag: str | None = None,
 ):
     """Render the card of the checkpoint in ``checkpoint_dir`` and return a ``huggingface_hub.ModelCard``.
 
     ``objective`` / ``plan_params`` default to the ``objective`` / ``plan_params`` fields of
     ``config.json``; parameters not given are filled with the defaults of :mod:`hf_lookaround.plans`
     (and marked so). ``dataset`` names the pretraining data (a Hub dataset id goes into the metadata;
-    a local name or path is only described). ``model_id`` is the repo id used in the load snippets.
+    a local name or path is only described); ``eval_dataset`` the data the ``eval_*`` results were measured on
+    (the validation files, or the held-out part of the training data). ``model_id`` is the repo id used in
+    the load snippets (default: the checkpoint's folder, which is what loads it before a push).
+    ``license`` and ``language`` are left out of the metadata unless given: nothing here knows them.
+    ``pipeline_tag`` overrides the family's (a fine-tuned classifier: ``text-classification``).
     """
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -149,18 +155,21 @@ def build_model_card(
     # The Hub's `datasets` metadata takes dataset ids; a local path would be a broken link.
     # ("name:config" is how the pretraining script names a datasets config)
     hub_datasets = [d.split(":")[0] for d in datasets if d.count("/") <= 1 and not os.path.exists(d) and " " not in d]
-    model_id = model_id or REPO_PLACEHOLDER
-    pipeline_tag = {"two-stream": "text-generation", "masked": "fill-mask", "vision": "image-feature-extraction"}
-    eval_results = collect_results(folder, dataset=", ".join(datasets) or None,
-                                   task_type=pipeline_tag[family] if family != "vision" else "image-classification")
+    model_id = model_id or str(checkpoint_dir)
+    tag = pipeline_tag or {"two-stream": "text-generation", "masked": "fill-mask",
+                           "vision": "image-feature-extraction"}[family]
+    eval_results = collect_results(folder, dataset=eval_dataset or ", ".join(datasets) or None,
+                                   task_type=tag if family != "vision" else "image-classification")
 
     card_args = {k: v for k, v in dict(objective=objective, plan_params=given or None, dataset=dataset or None,
-                                       dataset_description=dataset_description, family=family).items() if v}
+                                       dataset_description=dataset_description, family=family,
+                                       eval_dataset=eval_dataset, license=license, language=language,
+                                       base_model=base_model, pipeline_tag=pipeline_tag).items() if v}
     card_data = ModelCardData(
         language=language,
         license=license,
         library_name="transformers",
-        pipeline_tag=pipeline_tag[family],
+        pipeline_tag=tag,
         tags=sorted({"hf_lookaround", "lookaround", "custom_code", family, *(tags or []),
                      *([objective] if objective else [])}),
         datasets=hub_datasets or None,

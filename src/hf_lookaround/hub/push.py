@@ -28,10 +28,17 @@ class HubPushError(RuntimeError):
 
 
 def _files_to_push(folder: Path) -> list[Path]:
-    return sorted(
+    files = sorted(
         p for p in folder.iterdir()
         if p.is_file() and not any(fnmatch.fnmatch(p.name, pattern) for pattern in EXCLUDED_FILES)
     )
+    root = folder.resolve()
+    for path in files:
+        # a link out of the folder would upload a file the checkpoint does not hold (a key, another run's weights)
+        if path.is_symlink() and root not in path.resolve().parents:
+            raise ValueError(f"{path} is a symbolic link to {path.resolve()}, outside {folder}: a push uploads only "
+                             "what the checkpoint folder holds; copy the file into it, or remove the link")
+    return files
 
 
 def _stage(folder: Path, staging: Path, repo_id: str, card_kwargs: dict | None) -> list[str]:
@@ -61,6 +68,29 @@ def _stage(folder: Path, staging: Path, repo_id: str, card_kwargs: dict | None) 
     return generated
 
 
+def preview_push(checkpoint_dir, repo_id: str, preview_dir, card_kwargs: dict | None = None) -> list[str]:
+    """A dry run of :func:`push_checkpoint` with no Hub: write into ``preview_dir`` exactly what would be uploaded
+    (links to the checkpoint's files, plus the generated card and remote code); return the file names."""
+    folder, preview = Path(checkpoint_dir), Path(preview_dir)
+    _check_checkpoint(folder, repo_id)
+    if preview.exists() and any(preview.iterdir()):
+        raise ValueError(f"--dry-run {preview}: the folder is not empty; give a new or empty folder")
+    if preview.resolve() == folder.resolve():
+        raise ValueError("--dry-run: give a folder other than the checkpoint's")
+    preview.mkdir(parents=True, exist_ok=True)
+    _stage(folder, preview, repo_id, card_kwargs)
+    return sorted(p.name for p in preview.iterdir())
+
+
+def _check_checkpoint(folder: Path, repo_id: str) -> None:
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder} is not a checkpoint: it has no config.json (save the model with save_pretrained)")
+    if repo_id.count("/") > 1 or not all(repo_id.split("/")):
+        raise ValueError(f"repo_id must be 'name' or 'namespace/name', got {repo_id!r}")
+    check_weights(folder)
+    _files_to_push(folder)  # refuses links out of the folder
+
+
 def push_checkpoint(
     checkpoint_dir,
     repo_id: str,
@@ -83,11 +113,7 @@ def push_checkpoint(
     from huggingface_hub.errors import HfHubHTTPError
 
     folder = Path(checkpoint_dir)
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"{folder} is not a checkpoint: it has no config.json (save the model with save_pretrained)")
-    if repo_id.count("/") > 1 or not all(repo_id.split("/")):
-        raise ValueError(f"repo_id must be 'name' or 'namespace/name', got {repo_id!r}")
-    check_weights(folder)
+    _check_checkpoint(folder, repo_id)
     if constants.is_offline_mode():
         raise HubPushError("HF_HUB_OFFLINE is set, so nothing can be pushed: unset it (or set HF_HUB_OFFLINE=0)")
 

@@ -55,3 +55,10 @@ def check_weights(folder, where: str | None = None) -> list[Path]:
     for path in files:
         _check_safetensors(path, where)
     return files
+
+
+def check_local_weights(model_name_or_path) -> None:
+    """For a local checkpoint folder, :func:`check_weights` before ``from_pretrained``, which names no file when
+    ``model.safetensors`` is cut short; a Hub name is left to ``from_pretrained`` (see ``load.load_pretrained``)."""
+    if Path(model_name_or_path).is_dir():
+        check_weights(model_name_or_path)

@@ -26,6 +26,7 @@ is renamed into place (a rename is atomic on POSIX file systems). Readers (``las
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -34,6 +35,7 @@ import re
 import shutil
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -57,6 +59,7 @@ __all__ = [
     "check_output_dir",
     "OutputDirLock",
     "LOCK_FILE",
+    "disk_full_is_one_line",
 ]
 
 COMPLETE_MARKER = "checkpoint_complete.json"
@@ -177,9 +180,10 @@ def _fsync(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
-def mark_complete(folder, global_step: int, world_size: int) -> None:
+def mark_complete(folder, global_step: int, world_size: int, run: dict | None = None) -> None:
     """fsync every file of ``folder`` and the folder, then write the marker atomically.
 
+    ``run``: the settings a resume must share that no other file of the checkpoint holds (``block_size``).
     Call it on the process that saves, after all processes have finished writing into ``folder``."""
     folder = Path(folder)
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
@@ -192,6 +196,7 @@ def mark_complete(folder, global_step: int, world_size: int) -> None:
         "world_size": int(world_size),
         "files": {str(p.relative_to(folder)): p.stat().st_size for p in files},
         "samples": {str(p.relative_to(folder)): _sample_digest(p, p.stat().st_size) for p in files},
+        **({"run": dict(run)} if run else {}),
     }
     tmp = folder / (COMPLETE_MARKER + ".tmp")
     with open(tmp, "w") as f:
@@ -282,10 +287,19 @@ def resolve_resume_checkpoint(resume_from_checkpoint, output_dir) -> str | None:
     return str(path)
 
 
-def check_resume_compatible(checkpoint, config, world_size: int | None = None) -> None:
-    """Raise if ``checkpoint``'s config.json has another objective, plan or model size than ``config``;
+def check_resume_compatible(checkpoint, config, world_size: int | None = None, run: dict | None = None) -> None:
+    """Raise if ``checkpoint``'s config.json has another objective, plan or model size than ``config``, or its
+    marker another ``run`` setting (``block_size``: the blocks, and so every batch, would differ);
     warn if it was saved by another number of processes (the run goes on, but not exactly as it would have)."""
     marker = Path(checkpoint) / COMPLETE_MARKER
+    saved_run = (json.loads(marker.read_text()).get("run") or {}) if marker.is_file() else {}
+    for key, value in (run or {}).items():
+        if key in saved_run and saved_run[key] != value:
+            raise ValueError(
+                f"cannot resume from {checkpoint}: it was trained with --{key} {saved_run[key]}, this run has "
+                f"--{key} {value}; resume with --{key} {saved_run[key]}, or start a new run from its weights with "
+                "--model_name_or_path (without --resume_from_checkpoint)"
+            )
     if world_size is not None and marker.is_file():
         saved_world = json.loads(marker.read_text()).get("world_size")
         if saved_world is not None and saved_world != world_size:
@@ -344,6 +358,31 @@ def allow_indexed_cpu_map_location() -> None:
     taken = {entry[0] for entry in getattr(torch.serialization, "_package_registry", [])}
     torch.serialization.register_package(max(taken, default=0) + 1, lambda obj: None, restore)
     _CPU_INDEX_REGISTERED = True
+
+
+def _disk_full(err: BaseException, folder) -> bool:
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        return True
+    text = str(err)
+    if "No space left on device" in text or "StorageFull" in text:  # safetensors' SafetensorError, torch.save
+        return True
+    try:  # torch.save says only "file write failed": look at the disk itself
+        return "write" in text and shutil.disk_usage(Path(folder).parent).free < (1 << 20)
+    except OSError:
+        return False
+
+
+@contextmanager
+def disk_full_is_one_line(folder):
+    """A save that fails because the disk is full raises ``OSError`` naming the folder (the CLI prints it as one
+    line), instead of safetensors' or torch's own error deep in a traceback. Other errors pass unchanged."""
+    try:
+        yield
+    except Exception as err:
+        if not _disk_full(err, folder):
+            raise
+        raise OSError(f"saving into {folder} failed: the disk is full (no space left on device); free some space "
+                      "or give an --output_dir on another disk, then resume with --resume_from_checkpoint last") from err
 
 
 # ---------------------------------------------------------------------------------------------

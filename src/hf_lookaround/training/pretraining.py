@@ -111,6 +111,11 @@ class DataArguments:
     perplexity_max_documents: int = field(
         default=100, metadata={"help": "validation documents scored with the p(x_k|x_<k) protocol at the end"}
     )
+    perplexity_positions_per_window: int = field(
+        default=16,
+        metadata={"help": "masked/GVP checkpoints: prefix lengths scored per window at the end (evenly spaced; one "
+                          "forward row each, so all of a 256-token window cost 256 rows); 0: every position"},
+    )
     preprocessing_num_workers: int | None = field(
         default=None, metadata={"help": "processes that tokenize and pack (datasets .map num_proc); not with --streaming"}
     )
@@ -284,10 +289,32 @@ class LookAroundTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
+        if not self.use_cpu and launched_on_cpu_only():
+            # without use_cpu, transformers sets up no process group on a machine without an accelerator: each
+            # torchrun process would train alone, as rank 0 of a world of 1, and they would race for output_dir
+            logger.info("%s processes and no accelerator: training on the CPU with gloo (--use_cpu true)",
+                        os.environ["WORLD_SIZE"])
+            self.use_cpu = True
         if self.dataloader_num_workers is None:
             self.dataloader_workers_by_default = True
             self.dataloader_num_workers = default_dataloader_workers(self.use_cpu)
         super().__post_init__()
+
+
+def launched_on_cpu_only() -> bool:
+    """Whether this process is one of several (torchrun, accelerate launch: ``WORLD_SIZE`` > 1) on a machine
+    with no accelerator (no CUDA GPU, nor any other device torch knows)."""
+    import torch
+
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return False
+    if world <= 1:
+        return False
+    accelerator = getattr(torch, "accelerator", None)
+    has_accelerator = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+    return not has_accelerator
 
 
 def default_dataloader_workers(use_cpu: bool) -> int:
@@ -335,7 +362,7 @@ class LookAroundTrainer(Trainer):
     """``Trainer`` with a fixed-plan evaluation collator, the objective's perplexity in eval metrics, and
     checkpoints that are complete or ignored (see :mod:`hf_lookaround.training.checkpointing`)."""
 
-    def __init__(self, *args, eval_data_collator=None, **kwargs):
+    def __init__(self, *args, eval_data_collator=None, run_settings: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         # transformers 5's Trainer writes TrainingArguments.use_cache (default False) into the config, and so into
         # every saved checkpoint, whose generate() then decodes without a KV cache. Training never uses the cache
@@ -343,6 +370,7 @@ class LookAroundTrainer(Trainer):
         if getattr(self.model, "config", None) is not None and not self.args.use_cache:
             self.model.config.use_cache = True
         self.eval_data_collator = eval_data_collator
+        self.run_settings = run_settings  # recorded in each checkpoint's marker, checked on resume
         checkpointing.allow_indexed_cpu_map_location()  # resuming a multi-process CPU run
 
     def _save_checkpoint(self, model, trial):
@@ -360,15 +388,20 @@ class LookAroundTrainer(Trainer):
         self.accelerator.wait_for_everyone()  # no process writes into the folder before it is moved aside
         self.args.save_total_limit = None
         try:
-            super()._save_checkpoint(model, trial)
+            with checkpointing.disk_full_is_one_line(folder):
+                super()._save_checkpoint(model, trial)
         finally:
             self.args.save_total_limit = limit
         self.accelerator.wait_for_everyone()  # every process has written its files (RNG states, shards)
         if self.args.should_save:
-            checkpointing.mark_complete(folder, self.state.global_step, self.args.world_size)
+            checkpointing.mark_complete(folder, self.state.global_step, self.args.world_size, self.run_settings)
             if replaced is not None:
                 shutil.rmtree(replaced, ignore_errors=True)  # the new checkpoint is complete: the old one goes
             checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        with checkpointing.disk_full_is_one_line(output_dir or self.args.output_dir):
+            return super().save_model(output_dir, _internal_call)
 
     def _build_accelerator_args(self, **kwargs):
         args = super()._build_accelerator_args(**kwargs)
@@ -520,6 +553,9 @@ def build_model(config, model_args: ModelArguments, objective_args: ObjectiveArg
     cls = LookAroundForMaskedLM if objective_args.single_stream else LookAroundForPreTraining
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path:
+        from ..hub.weights import check_local_weights
+
+        check_local_weights(model_args.model_name_or_path)
         return cls.from_pretrained(model_args.model_name_or_path, config=config, **kwargs)
     return cls._from_config(config, **kwargs)
 
@@ -570,6 +606,15 @@ def check_data_args(data_args: DataArguments, training_args: TrainingArguments) 
     """Refuse combinations the data path cannot honour, before anything is read."""
     if data_args.block_size < 2:
         raise ValueError(f"--block_size must be >= 2 (BOS + at least one token), got {data_args.block_size}")
+    for name in ("max_train_samples", "max_eval_samples"):
+        value = getattr(data_args, name)
+        if value is not None and value < 1:  # 0 would be read as "no limit"
+            raise ValueError(f"--{name} must be >= 1 (blocks to keep), got {value}; leave it out to keep every block")
+    if data_args.perplexity_positions_per_window < 0:
+        raise ValueError("--perplexity_positions_per_window must be >= 0 (0: every position), got "
+                         f"{data_args.perplexity_positions_per_window}")
+    if data_args.shuffle_buffer_size < 0:
+        raise ValueError(f"--shuffle_buffer_size must be >= 0 (0: stream order), got {data_args.shuffle_buffer_size}")
     if not data_args.streaming:
         return
     if getattr(training_args, "dataloader_workers_by_default", False):
@@ -587,6 +632,17 @@ def check_data_args(data_args: DataArguments, training_args: TrainingArguments) 
         raise ValueError(
             "--streaming cannot hold out --validation_split_percentage of a stream of unknown length: give "
             "--validation_files, or train only (--do_train without --do_eval)"
+        )
+
+
+def check_group_sizes(objective_args: ObjectiveArguments, block_size: int) -> None:
+    """A dar group larger than a block's predictable tokens (block_size - 1, after BOS) cannot be formed."""
+    uses_t = objective_args.objective == "dar" or (
+        objective_args.is_mixture and "dar" in objective_args.mixture_weights())
+    if uses_t and max(objective_args.group_size) > block_size - 1:
+        raise ValueError(
+            f"--group_size {max(objective_args.group_size)} is larger than a block's {block_size - 1} predicted tokens "
+            f"(--block_size {block_size} minus BOS): use a group size <= {block_size - 1} or a larger --block_size"
         )
 
 
@@ -644,8 +700,9 @@ def build_training_data(data_args: DataArguments, training_args: TrainingArgumen
     ``--max_train_samples`` blocks, repeated without end, shuffled in a buffer (seeded, the same on every
     rank), then split across ranks with ``split_dataset_by_node``."""
     block_size = data_args.block_size
+    main = training_args.process_index == 0  # one data summary in the log, not one per process
     common = dict(text_column=data_args.text_column, num_proc=data_args.preprocessing_num_workers,
-                  load_from_cache_file=not data_args.overwrite_cache)
+                  load_from_cache_file=not data_args.overwrite_cache, log=main)
     with training_args.main_process_first(desc="tokenizing and packing"):
         train_blocks, _ = build_blocks(train_raw, tokenizer, block_size, what="training data", **common)
         eval_blocks = None
@@ -676,37 +733,64 @@ def build_training_data(data_args: DataArguments, training_args: TrainingArgumen
         train_blocks = train_blocks.select(range(min(data_args.max_train_samples, len(train_blocks))))
     if eval_blocks is not None and data_args.max_eval_samples:
         eval_blocks = eval_blocks.select(range(min(data_args.max_eval_samples, len(eval_blocks))))
-    logger.info("%d training blocks of %d tokens; %s validation blocks", len(train_blocks), block_size,
-                len(eval_blocks) if eval_blocks is not None else 0)
+    if main:
+        logger.info("%d training blocks of %d tokens; %s validation blocks", len(train_blocks), block_size,
+                    len(eval_blocks) if eval_blocks is not None else 0)
     return train_blocks, eval_blocks
 
 
-def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments, block_size: int, batch_size: int):
-    """``p(x_k | x_<k)`` on held-out documents with the protocol of hf_lookaround.evaluation.perplexity."""
-    from ..evaluation.perplexity import masked_perplexity
+def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments, block_size: int, batch_size: int,
+                     positions_per_window: int | None = 16, progress: bool = True):
+    """``p(x_k | x_<k)`` on held-out documents with the protocol of hf_lookaround.evaluation.perplexity.
+
+    The per-prefix protocol of masked/GVP checkpoints runs one forward row per scored position: by default 16
+    evenly spaced prefix lengths of each window are scored (``positions_per_window``; None or 0: all), which
+    keeps it near the cost of a short training run; the log says how many of how many."""
+    from ..evaluation.perplexity import default_masked_mode, masked_perplexity
 
     # auto: the AR plan for (semi-)AR checkpoints, the bidirectional prefix for masked/GVP ones,
     # [MASK] inputs for single-stream masked LMs (see evaluation.perplexity.default_masked_mode)
     mode = "auto"
+    per_window = positions_per_window or None
+    if default_masked_mode(model) != "two_stream" and per_window is not None:
+        logger.info("masked perplexity at the end: %d evenly spaced prefix lengths of each %d-token window of %d "
+                    "document(s) (--perplexity_positions_per_window; 0 scores every position, %dx the work)",
+                    per_window, block_size, len(texts), max(1, block_size // per_window))
     was_training = model.training
     model.eval()
     try:
         result = masked_perplexity(model, tokenizer, texts, max_length=block_size, stride=max(1, block_size // 2),
-                                   batch_size=batch_size, mode=mode)
+                                   batch_size=batch_size, mode=mode, positions_per_window=per_window,
+                                   progress=progress)
     finally:
         model.train(was_training)
+    if "num_scorable_tokens" in result.extra:
+        logger.info("masked perplexity: scored %d of %d positions", result.num_tokens, result.extra["num_scorable_tokens"])
     name = "eval_masked_perplexity" if objective_args.objective in MASKED else "eval_ar_perplexity"
     return {name: result.perplexity, "eval_bits_per_byte": result.bits_per_byte}
 
 
-def card_kwargs(objective_args: ObjectiveArguments, dataset) -> dict:
-    return {"objective": objective_args.objective, "plan_params": objective_args.plan_params(), "dataset": dataset}
+def card_kwargs(objective_args: ObjectiveArguments, dataset, eval_dataset=None) -> dict:
+    return {"objective": objective_args.objective, "plan_params": objective_args.plan_params(), "dataset": dataset,
+            "eval_dataset": eval_dataset}
 
 
-def write_card(output_dir, objective_args: ObjectiveArguments, dataset) -> None:
+def eval_data_name(data_args: DataArguments) -> str | None:
+    """What the eval_* results of a run were measured on, in words, for its model card."""
+    if data_args.validation_files:
+        return ", ".join(str(f) for f in data_args.validation_files)
+    if data_args.dataset_name and not data_args.train_files:
+        return f"{data_args.dataset_name} (validation split)"
+    if data_args.validation_split_percentage:
+        return (f"the last {data_args.validation_split_percentage:g} % of the documents of "
+                f"{', '.join(str(f) for f in data_args.train_files)} (held out from training)")
+    return None
+
+
+def write_card(output_dir, objective_args: ObjectiveArguments, dataset, eval_dataset=None) -> None:
     from ..hub.cards import write_model_card
 
-    write_model_card(output_dir, **card_kwargs(objective_args, dataset))
+    write_model_card(output_dir, **card_kwargs(objective_args, dataset, eval_dataset))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -759,6 +843,7 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
 
     check_launch(training_args)
     check_data_args(data_args, training_args)
+    check_group_sizes(objective_args, block_size)
     with training_args.main_process_first(desc="loading the text"):
         train_raw, eval_raw = read_splits(data_args)
     if training_args.do_eval and eval_raw is None:
@@ -794,6 +879,7 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         eval_data_collator=eval_collator,
         processing_class=tokenizer,
         callbacks=[CollatorEpochCallback(train_collator), *callbacks],
+        run_settings={"block_size": block_size},
     )
 
     metrics: dict = {}
@@ -809,7 +895,8 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
             if training_args.should_save:  # the future this run replaces (and damaged checkpoints) go aside
                 checkpointing.set_aside_later_checkpoints(training_args.output_dir, checkpoint)
         if checkpoint is not None:
-            checkpointing.check_resume_compatible(checkpoint, model.config, training_args.world_size)
+            checkpointing.check_resume_compatible(checkpoint, model.config, training_args.world_size,
+                                                  run={"block_size": block_size})
     done = checkpoint is not None and finished_training(checkpoint, training_args)
     final_state = Path(training_args.output_dir) / "trainer_state.json"
     saved = done and final_state.is_file() and (Path(training_args.output_dir) / "config.json").is_file() and (
@@ -843,14 +930,15 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         eval_metrics = trainer.evaluate()
         eval_metrics.update(final_perplexity(
             trainer.model, tokenizer, eval_texts[: data_args.perplexity_max_documents], objective_args, block_size,
-            training_args.per_device_eval_batch_size,
+            training_args.per_device_eval_batch_size, data_args.perplexity_positions_per_window,
+            progress=not training_args.disable_tqdm,
         ))
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
     dataset = data_args.dataset_name or [str(f) for f in data_args.train_files]
     if training_args.do_train and not saved and trainer.is_world_process_zero():
-        write_card(training_args.output_dir, objective_args, dataset)
+        write_card(training_args.output_dir, objective_args, dataset, eval_data_name(data_args))
         from ..hub.remote_code import ensure_remote_code
 
         # save_model maps only the trained head in auto_map: map every head, so that the output loads as a
@@ -860,5 +948,5 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         from ..hub.push import push_trainer_output
 
         # not trainer.push_to_hub(): that replaces our card and maps only the saved head in auto_map
-        push_trainer_output(trainer, **card_kwargs(objective_args, dataset))
+        push_trainer_output(trainer, **card_kwargs(objective_args, dataset, eval_data_name(data_args)))
     return metrics

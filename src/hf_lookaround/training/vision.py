@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ..hub.cards import write_model_card
 from ..models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
 from ..data.image_collator import make_image_collator
 from ..data.images import (
@@ -120,8 +121,10 @@ def run(args) -> dict:
                          f"+ --num_probe_train ({n_probe}) must fit in it, with at least 1 and 2 images")
     if args.num_test is not None and not 1 <= args.num_test <= len(test_source):
         raise ValueError(f"--num_test must lie in [1, {len(test_source)}] (the test split's size), got {args.num_test}")
-    train_source = train_source.select(0, n_pre + n_probe)
-    test_source = test_source.select(0, args.num_test or len(test_source))
+    # shuffled (seeded) before slicing: the pretraining, probe and test images of a class-sorted folder would
+    # otherwise be a few classes each (a probe then scores 0)
+    train_source = train_source.shuffled(args.seed).select(0, n_pre + n_probe)
+    test_source = test_source.shuffled(args.seed).select(0, args.num_test or len(test_source))
     processor, train_pixels = fit_image_processor(train_source, image_size)
     test_images = pixel_values_of(test_source, processor)
     train_labels = torch.from_numpy(train_source.labels)
@@ -136,6 +139,11 @@ def run(args) -> dict:
     probe_images, probe_labels = train_pixels[n_pre:], train_labels[n_pre:]
     if len(set(probe_labels.tolist())) < 2:
         raise ValueError(f"the {n_probe} probe images hold a single class; raise --num_probe_train")
+    for what, part in (("--num_probe_train", probe_labels), ("--num_test", test_labels)):
+        missing = sorted(set(range(num_labels)) - set(part.tolist()))
+        if missing:
+            logger.warning("the images kept by %s hold no image of %d class(es) (%s): their accuracy cannot be "
+                           "measured; raise %s", what, len(missing), [label_names[i] for i in missing][:10], what)
 
     params = _plan_params(args)
     sizes = {k: getattr(args, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -219,6 +227,8 @@ def run(args) -> dict:
             # a pipeline-ready classifier: weights, config (id2label) and the image processor side by side
             classifier.save_pretrained(out / "classifier")
             processor.save_pretrained(out / "classifier")
+            write_model_card(out / "classifier", dataset=str(args.dataset), base_model=str(out),
+                             pipeline_tag="image-classification")
             if args.no_baselines:
                 return {"pretrained": accuracy}
             scratch_classifier = LookAroundViTForImageClassification(LookAroundViTConfig.from_pretrained(out))
@@ -227,4 +237,5 @@ def run(args) -> dict:
                                               test_labels, out / "ft_scratch")}
 
         stage("finetune_test_accuracy", finetune)
+    write_model_card(out, dataset=str(args.dataset))  # the measurements are in vision_results.json beside it
     return results

@@ -177,6 +177,11 @@ def make_logits_processor(do_sample: bool, temperature=None, top_k=None, top_p=N
         if given:
             raise ValueError(f"{sorted(given)} only apply when sampling: pass do_sample=True (CLI: --do_sample)")
         return LogitsProcessorList()
+    # transformers' warpers accept top_p > 1 (and 1.5 would silently mean "no top-p"): refuse what is not one
+    if top_p is not None and not 0.0 < float(top_p) <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}: the share of probability mass kept")
+    if top_k is not None and int(top_k) < 0:
+        raise ValueError(f"top_k must be >= 0 (0: no top-k), got {top_k}")
     processors = LogitsProcessorList()
     if temperature is not None and temperature != 1.0:
         processors.append(TemperatureLogitsWarper(float(temperature)))  # checks temperature > 0

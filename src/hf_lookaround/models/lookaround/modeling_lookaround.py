@@ -41,7 +41,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import can_return_tuple
+from transformers.utils import can_return_tuple, logging
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_lookaround import GLU_ACTIVATIONS, LookAroundConfig, with_prediction_stream
@@ -638,6 +638,8 @@ class LookAroundModel(LookAroundPreTrainedModel):
                 f"query_position_ids and query_group_ids must both have shape ({batch}, M); got "
                 f"{tuple(query_position_ids.shape)} and {tuple(query_group_ids.shape)}"
             )
+        check_rank_dtype("query_group_ids", query_group_ids)
+        check_rank_dtype("query_position_ids", query_position_ids)
         query_position_ids = query_position_ids.to(device=device, dtype=torch.long)
         query_group_ids = query_group_ids.to(device=device, dtype=torch.long)
         is_slot = query_group_ids != NO_TARGET_RANK
@@ -665,6 +667,7 @@ class LookAroundModel(LookAroundPreTrainedModel):
                 f"group_ids must have the shape of the input, ({batch}, {expected}): a rank for every cached and "
                 f"current token (past_len = {int(past_len)}); got {tuple(group_ids.shape)}"
             )
+        check_rank_dtype("group_ids", group_ids)
         group_ids = group_ids.to(device=device, dtype=torch.long)
         return F.pad(group_ids, (0, key_len - width)) if width < key_len else group_ids
 
@@ -741,6 +744,41 @@ def positions_of(is_target: torch.Tensor, width: int | None = None) -> torch.Ten
     positions = torch.full((is_target.shape[0], width + 1), -1, dtype=torch.long, device=is_target.device)
     indices = torch.arange(is_target.shape[1], device=is_target.device).expand_as(slot)
     return positions.scatter_(1, slot, indices)[:, :width]
+
+
+logger = logging.get_logger(__name__)
+
+
+def check_rank_dtype(name: str, ranks: torch.Tensor) -> None:
+    """Ranks are integers: a float tensor would be cut to integers silently (0.5 -> 0) by `.long()`."""
+    if ranks.dtype.is_floating_point or ranks.dtype.is_complex or ranks.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer (long) tensor of group ranks, got dtype {ranks.dtype}: a "
+                         f"{ranks.dtype} rank would be truncated; build it as integers (torch.long)")
+
+
+PLAN_INPUTS = ("group_ids", "target_positions", "query_group_ids", "query_position_ids")
+
+
+def refuse_plan_inputs(model, kwargs: dict) -> None:
+    """The single-stream heads take no plan: a `group_ids` passed to them would be swallowed by `**kwargs`."""
+    given = [name for name in PLAN_INPUTS if kwargs.get(name) is not None]
+    if given:
+        raise ValueError(f"{type(model).__name__} takes no {', '.join(given)} (it would ignore them): a plan is "
+                         "read by LookAroundForPreTraining (AutoModelForPreTraining); load the checkpoint with that "
+                         "head, or drop them")
+
+
+def loss_or_zero(loss: torch.Tensor | None, logits: torch.Tensor, labels: torch.Tensor, shifted: bool = False):
+    """A batch without any target (every label -100) has no loss to average: cross-entropy gives nan (0 / 0),
+    which would poison the weights. Its loss is defined as 0 (no gradient), with a warning."""
+    if loss is None or torch.compiler.is_compiling():
+        return loss
+    counted = labels[..., 1:] if shifted else labels
+    if counted.numel() and bool((counted != -100).any()):
+        return loss
+    logger.warning_once("a batch has no target (every label is -100): its loss is 0 instead of nan, and it trains "
+                        "nothing; check the collator or the labels")
+    return logits.sum() * 0.0
 
 
 def check_labels(labels: torch.Tensor, vocab_size: int) -> None:
@@ -853,8 +891,10 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
             slots = outputs.target_positions
             target_labels = torch.where(slots >= 0, labels.gather(1, slots.clamp(min=0)), -100)
             loss = self.loss_function(logits, target_labels, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))
+            loss = loss_or_zero(loss, logits, labels)
         elif query_target_ids is not None:
             loss = self.loss_function(logits, query_target_ids, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))
+            loss = loss_or_zero(loss, logits, query_target_ids)
         return LookAroundForPreTrainingOutput(
             loss=loss,
             logits=logits,
@@ -924,6 +964,7 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         output_attentions: bool | None = None,
         **kwargs,
     ) -> MaskedLMOutput:
+        refuse_plan_inputs(self, kwargs)
         if labels is not None:
             shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
             if labels.shape != shape:
@@ -948,6 +989,7 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))
+            loss = loss_or_zero(loss, logits, labels)
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1017,6 +1059,7 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         **kwargs,
     ) -> CausalLMOutputWithPast:
         r"""labels (`(B, T)`): the input ids themselves; they are shifted inside, -100 is ignored."""
+        refuse_plan_inputs(self, kwargs)
         inputs = input_ids if input_ids is not None else inputs_embeds
         shape, device = inputs.shape[:2], inputs.device
         if labels is not None:
@@ -1048,6 +1091,7 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         loss = None
         if labels is not None:
             loss = self.loss_function(full_logits, labels, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))  # shifts inside
+            loss = loss_or_zero(loss, full_logits, labels, shifted=True)
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,
@@ -1135,6 +1179,7 @@ class LookAroundForSequenceClassification(LookAroundPreTrainedModel):
         output_attentions: bool | None = None,
         **kwargs,
     ) -> SequenceClassifierOutput:
+        refuse_plan_inputs(self, kwargs)
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             inputs_embeds=inputs_embeds, attention_pattern=attention_pattern,

@@ -3,11 +3,11 @@ never a traceback (a bare StopIteration, DatasetGenerationError, SafetensorError
 
 import json
 import random
+import shutil
 
 import pytest
 
 from hf_lookaround import cli
-from hf_lookaround.data.tokenization import train_tokenizer
 
 WORDS = "river stone light window garden morning paper story market winter music number table city road".split()
 TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64"
@@ -24,9 +24,9 @@ def write_jsonl(path, texts):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def data(tmp_path_factory, tokenizer_dir):
     root = tmp_path_factory.mktemp("bad_input")
-    train_tokenizer(documents(), vocab_size=300, min_frequency=1, output_dir=root / "tok")
+    shutil.copytree(tokenizer_dir, root / "tok")  # conftest's session tokenizer, where these tests look for it
     good = write_jsonl(root / "good.jsonl", documents())
     (root / "empty.jsonl").write_text("")
     text = good.read_text()

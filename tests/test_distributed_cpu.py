@@ -11,20 +11,17 @@ import sys
 from hf_lookaround.training import checkpointing
 
 
-def test_torchrun_on_a_cpu_machine_makes_one_world_of_two(tmp_path):
-    from hf_lookaround.data.tokenization import train_tokenizer
-
+def test_torchrun_on_a_cpu_machine_makes_one_world_of_two(tmp_path, tokenizer_dir):
     rng = random.Random(0)
     words = "the a model plan group rank stream token mask query content look around ahead".split()
     docs = [" ".join(rng.choice(words) for _ in range(60)) for _ in range(40)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-    train_tokenizer(docs, vocab_size=300, output_dir=tmp_path / "tok")
     out = tmp_path / "run"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "hf_lookaround.cli", "pretrain", "--train_files", str(tmp_path / "train.jsonl"),
-           "--tokenizer_name", str(tmp_path / "tok"), "--preset", "tiny",
+           "--tokenizer_name", str(tokenizer_dir), "--preset", "tiny",
            "--config_overrides", "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64",
            "--block_size", "16", "--do_train", "--max_steps", "2", "--save_steps", "2",
            "--per_device_train_batch_size", "2", "--validation_split_percentage", "0", "--report_to", "none",

@@ -3,23 +3,23 @@ clear error (issue 23, item 12)."""
 
 import json
 import random
+import shutil
 
 import pytest
 import torch
 
 from hf_lookaround import LookAroundConfig, LookAroundForPreTraining, cli
-from hf_lookaround.data.tokenization import train_tokenizer
 
 WORDS = "river stone light window garden morning paper story market winter music number table city road".split()
 TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64"
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def data(tmp_path_factory, tokenizer_dir):
     root = tmp_path_factory.mktemp("refused")
     rng = random.Random(0)
     texts = [" ".join(rng.choice(WORDS) for _ in range(60)) for _ in range(30)]
-    train_tokenizer(texts, vocab_size=300, min_frequency=1, output_dir=root / "tok")
+    shutil.copytree(tokenizer_dir, root / "tok")  # conftest's session tokenizer, where these tests look for it
     (root / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     return root
 

@@ -140,7 +140,8 @@ def run_package(spec: dict) -> dict:
             *shared_flags(spec), *spec["extra"]]
     timer = step_timer(spec["warmup_steps"], spec["batch_size"] * spec["block_size"] * world_size())
     run(*parse_args(argv), callbacks=[timer])
-    return {"command": "hf-lookaround pretrain " + " ".join(argv), **timer.result()}
+    shown = [Path(a).name if a in (spec["train_file"], spec["tokenizer"], spec["output_dir"]) else a for a in argv]
+    return {"command": "hf-lookaround pretrain " + " ".join(shown), **timer.result()}
 
 
 def run_baseline(spec: dict) -> dict:
@@ -354,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                   warmup_steps=args.warmup_steps, steps=args.warmup_steps + args.timed_steps,
                   compile=not args.no_compile, device=device)
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
-              "torch": torch.__version__, "settings": {k: v for k, v in common.items() if k not in ("train_file",)},
+              "torch": torch.__version__,
+              "settings": {k: Path(v).name if k == "tokenizer" else v for k, v in common.items() if k != "train_file"},
               "train_file": Path(args.train_file).name, "rows": []}
     for how in args.launch:
         for name in args.runs:

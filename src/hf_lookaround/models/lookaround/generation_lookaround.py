@@ -265,6 +265,23 @@ def _decoding_step(model, compile_config):
 # ----------------------------------------------------------------------------------------------
 # Group decoding
 # ----------------------------------------------------------------------------------------------
+def _checked_prompt(input_ids, attention_mask, max_new_tokens: int, config) -> torch.Tensor:
+    """The prompt's attention mask (ones if none), after the checks both decoders need: its shape, left padding,
+    max_new_tokens >= 1 and a total length within max_position_embeddings."""
+    prompt_len = input_ids.shape[1]
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    attention_mask = attention_mask.to(device=input_ids.device, dtype=torch.long)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
+    _check_left_padded(attention_mask)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    _check_length(prompt_len, config, "the prompt")
+    _check_length(prompt_len + max_new_tokens, config, f"the prompt ({prompt_len} tokens) + max_new_tokens")
+    return attention_mask
+
+
 def _check_left_padded(attention_mask: torch.Tensor) -> None:
     if attention_mask.dim() != 2:
         raise ValueError(f"attention_mask must have shape (batch, seq_len), got {tuple(attention_mask.shape)}")
@@ -544,16 +561,7 @@ def _group_decode(
     if static_cache and not use_cache:
         raise ValueError("cache_implementation='static' needs use_cache=True")
     device = input_ids.device
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    attention_mask = attention_mask.to(device=device, dtype=torch.long)
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
-    _check_left_padded(attention_mask)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    _check_length(prompt_len, config, "the prompt")
-    _check_length(prompt_len + max_new_tokens, config, f"the prompt ({prompt_len} tokens) + max_new_tokens")
+    attention_mask = _checked_prompt(input_ids, attention_mask, max_new_tokens, config)
 
     if config.eos_token_id is not None and bool((input_ids[:, -1] == config.eos_token_id).any()):
         # the package's tokenizers wrap text as <s> ... </s>; a continuation of a finished text is rarely meant
@@ -764,16 +772,7 @@ def _speculative_decode(
     k = draft_group_size
     batch, prompt_len = input_ids.shape
     device = input_ids.device
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    attention_mask = attention_mask.to(device=device, dtype=torch.long)
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
-    _check_left_padded(attention_mask)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    _check_length(prompt_len, config, "the prompt")
-    _check_length(prompt_len + max_new_tokens, config, f"the prompt ({prompt_len} tokens) + max_new_tokens")
+    attention_mask = _checked_prompt(input_ids, attention_mask, max_new_tokens, config)
     if streamer is not None and batch > 1:
         raise ValueError("a streamer takes one row: stream with batch size 1 (and num_return_sequences=1)")
     if config.eos_token_id is not None and bool((input_ids[:, -1] == config.eos_token_id).any()):

@@ -41,6 +41,9 @@ HERE = Path(__file__).resolve().parent
 PACKAGE_RUNS = {
     "ar": ("llama", ["--objective", "ar"]),
     "dar t=2": ("llama", ["--objective", "dar", "--group_size", "2"]),
+    # DDP tuning a user can pass through TrainingArguments: fewer, larger gradient buckets, no buffer broadcast
+    "dar t=2, ddp tuned": ("llama", ["--objective", "dar", "--group_size", "2", "--ddp_bucket_cap_mb", "100",
+                                     "--ddp_broadcast_buffers", "false"]),
     "mlm 0.15": ("bert", ["--objective", "mlm", "--mask_ratio", "0.15"]),
     "mlm 0.15, drop": ("bert", ["--objective", "mlm", "--mask_ratio", "0.15", "--drop_unread_content", "true"]),
     "vmlm [0.15, 0.3]": ("bert", ["--objective", "vmlm"]),

@@ -238,28 +238,36 @@ def _static_cache(model, batch: int, max_len: int, dtype_like):
 
 
 def _decoding_step(model, compile_config):
-    """One decoding forward (content rows join the cache, query rows predict) -> float logits of the query rows;
-    compiled with ``compile_config`` (fixed shapes: a static cache and full-width ranks and mask)."""
+    """``(prefill, step)``: one decoding forward (content rows join the cache, query rows predict) -> float logits
+    of the query rows. ``step`` is compiled with ``compile_config`` (fixed shapes: a static cache and full-width
+    ranks and mask); ``prefill``, the first forward over the prompt, runs eager, as in transformers' own loop: it
+    has its own width, and it fills the static cache's tensors outside any CUDA graph, which would own them."""
     backbone, lm_head = model.base_model, model.lm_head
 
-    def step(input_ids, attention_mask, group_ids, position_ids, cache, query_position_ids, query_group_ids):
+    def prefill(input_ids, attention_mask, group_ids, position_ids, cache, query_position_ids, query_group_ids):
         out = backbone(input_ids=input_ids, attention_mask=attention_mask, group_ids=group_ids,
                        position_ids=position_ids, past_key_values=cache, use_cache=True,
                        query_position_ids=query_position_ids, query_group_ids=query_group_ids, content_output=False)
-        # a copy: a CUDA-graph step ("reduce-overhead") overwrites its output at the next call
-        return lm_head(out.query_hidden_state).float().clone()
+        return lm_head(out.query_hidden_state).float()
 
     if compile_config is None:
-        return step
+        return prefill, prefill
     held = getattr(model, "_lookaround_compiled_step", None)
     key = repr(sorted(compile_config.to_dict().items()))
     if held is None or held[0] != key:
         options = compile_config.to_dict()
-        compiled = torch.compile(step, fullgraph=options["fullgraph"], dynamic=False, backend=options["backend"],
+        compiled = torch.compile(prefill, fullgraph=options["fullgraph"], dynamic=False, backend=options["backend"],
                                  mode=options["mode"] if options["backend"] == "inductor" else None,
                                  options=options["options"])
-        held = model._lookaround_compiled_step = (key, compiled)
-    return held[1]
+
+        def step(*args):
+            # a CUDA-graph step ("reduce-overhead") reuses its output memory at the next call: start a new
+            # step, and copy the logits out of the graph's memory before it is replayed
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(*args).clone()
+
+        held = model._lookaround_compiled_step = (key, step)
+    return prefill, held[1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -586,7 +594,7 @@ def _group_decode(
         # fixed shapes, so that a compiled step is reused: every key of the plan is passed (the cache has a slot for
         # each column), and the query rows of a last, cut group are padded to t
         cache = _static_cache(model, batch, total, input_ids.dtype)
-        step = _decoding_step(model, compile_config)
+        prefill, step = _decoding_step(model, compile_config)
         query_positions = F.pad(positions, (0, group_size), value=0)
         query_ranks = F.pad(ranks, (0, group_size), value=NO_TARGET_RANK)
     length, past = prompt_len, 0  # columns decided / columns whose content is in the cache
@@ -597,9 +605,10 @@ def _group_decode(
             break
         slots = slice(length, length + width)
         if static_cache:
-            logits = step(buffer[:, past:length], mask, ranks, positions[:, past:length], cache,
-                          query_positions[:, length : length + group_size],
-                          query_ranks[:, length : length + group_size])[:, :width]
+            forward = step if past else prefill  # the prompt's forward has its own width
+            logits = forward(buffer[:, past:length], mask, ranks, positions[:, past:length], cache,
+                             query_positions[:, length : length + group_size],
+                             query_ranks[:, length : length + group_size])[:, :width]
             past = length
         elif cache is not None:
             # one forward: content rows of the group sampled last (the prompt at first) join the cache,
@@ -801,10 +810,10 @@ def _speculative_decode(
     if static_cache:
         # fixed shapes for a compiled step: full-width ranks and mask, always k content rows and k groups of k
         cache = _static_cache(model, batch, max_columns, input_ids.dtype)
-        step = _decoding_step(model, compile_config)
+        prefill, step = _decoding_step(model, compile_config)
     else:
         cache = DynamicCache(config=config)
-        step = _decoding_step(model, None)
+        prefill, step = _decoding_step(model, None)
     # the first forward: the prompt's content, one group of k query rows after it
     step_ids, step_pos, step_valid = input_ids, (attention_mask.cumsum(-1) - 1).clamp(min=0), attention_mask != 0
     drafts = draft_probs = None
@@ -826,7 +835,8 @@ def _speculative_decode(
         width = step_ids.shape[1]
         key_valid[:, columns : columns + width], key_pos[:, columns : columns + width] = step_valid, step_pos
         keys = slice(None) if static_cache else slice(0, columns + width)
-        logits = step(step_ids, key_valid[:, keys].long(), key_pos[:, keys], step_pos, cache, query_pos, query_rank)
+        forward = step if drafts is not None else prefill  # the prompt's forward has its own width
+        logits = forward(step_ids, key_valid[:, keys].long(), key_pos[:, keys], step_pos, cache, query_pos, query_rank)
         forwards += 1
         columns += width
         # the columns of the last token and the drafts (after the prompt: its last token), which rejections crop

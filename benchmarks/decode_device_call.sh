@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The decoding benchmarks of issue 19 on the project's lent GPU machines (torch and transformers preinstalled,
+# no network): the carried wheels are installed, the corpus is read from the carried .devdata/ folder.
+#   bash benchmarks/decode_device_call.sh quality   # generation_bench: trains dar{1,2,4}, ar and a larger AR scorer
+#   bash benchmarks/decode_device_call.sh speed     # decode_bench on that dar checkpoint, then the base preset
+# Both write under $OUT (the device tool's output folder) or ./decode_out; checkpoints go to runs/ (kept on a warm
+# machine between the two calls).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-decode_out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+case "$1" in
+  quality)
+    shift
+    timeout "${LIMIT_S:-570}" python3 benchmarks/generation_bench.py --data .devdata/gutenberg/train.jsonl.gz \
+        --eval_data .devdata/gutenberg/validation.jsonl.gz --checkpoint_dir runs/generation_bench \
+        --out "$OUT/generation_bench.json" "$@" 2>&1 | tee "$OUT/generation_bench.log" ;;
+  speed)
+    shift
+    # prompts: the first 300 characters of held-out documents, one per line
+    python3 - <<'PY'
+import gzip, json
+docs = [json.loads(line)["text"] for line in gzip.open(".devdata/gutenberg/validation.jsonl.gz", "rt")]
+lines = [" ".join(d[5000 + 400 * i : 5300 + 400 * i].split()) for d in docs[:4] for i in range(4)]
+open("/tmp/prompts.txt", "w").write("\n".join(lines) + "\n")
+PY
+    timeout "${LIMIT_S:-300}" python3 benchmarks/decode_bench.py --checkpoint runs/generation_bench/dar \
+        --prompts /tmp/prompts.txt --new_tokens 128 --output "$OUT/decode_bench_trained.json" "$@"
+    timeout 240 python3 benchmarks/decode_bench.py --preset base --new_tokens 128 --output "$OUT/decode_bench_base.json" \
+        --decoders "group t=1 (static+compile)" "group t=2 (static+compile)" "group t=4 (static+compile)" \
+        "generate() static+compile" "Llama generate() static+compile" ;;
+  *) echo "usage: $0 quality|speed [benchmark flags]"; exit 2 ;;
+esac

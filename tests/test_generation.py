@@ -360,6 +360,46 @@ def test_single_stream_masked_checkpoint_fills_through_mask_inputs(tokenizer):
     assert torch.equal(out.sequences[hidden], expected[hidden])
 
 
+def test_semi_ar_blocks_fill_left_to_right_in_steps_per_block(mlm, tokenizer):
+    """LLaDA's semi-AR infilling: hidden positions in blocks of L, left to right, S steps each; a block commits
+    only its own positions, all of them before the next block starts."""
+    prompt = _prompt(tokenizer, "The committee met")
+    n, length, steps = 10, 4, 2  # blocks of 4, 4 and 2 hidden positions
+    out = infill(mlm, tokenizer, torch.tensor([prompt, prompt]), num_tokens=n, block_length=length, steps=steps,
+                 do_sample=True, temperature=1.5, seed=3)
+    start = len(prompt)
+    for row in out.commit_step:
+        blocks = [row[start + b * length : start + min(n, (b + 1) * length)] for b in range(3)]
+        assert blocks[0].max() < blocks[1].min() and blocks[1].max() < blocks[2].min()
+        assert [len(set(b.tolist())) for b in blocks] == [steps, steps, steps]  # S steps in each block
+    assert out.num_steps == 3 * steps and not (out.sequences == tokenizer.mask_token_id).any()
+    # one block holding every hidden position is plain infilling
+    whole = infill(mlm, tokenizer, torch.tensor(prompt), num_tokens=n, steps=3, seed=0)
+    assert torch.equal(infill(mlm, tokenizer, torch.tensor(prompt), num_tokens=n, steps=3, seed=0,
+                              block_length=n).sequences, whole.sequences)
+    # block length 1 with one step each is left to right: the masked-prefix protocol
+    ltr = infill(mlm, tokenizer, torch.tensor(prompt), num_tokens=n, order="left_to_right", steps=n)
+    assert torch.equal(infill(mlm, tokenizer, torch.tensor(prompt), num_tokens=n, block_length=1).sequences,
+                       ltr.sequences)
+
+
+def test_confidence_noise_anneals_maskgit_style(mlm, tokenizer):
+    prompt = torch.tensor(_prompt(tokenizer, "The committee met"))
+    plain = infill(mlm, tokenizer, prompt, num_tokens=8, steps=4, seed=0)
+    assert torch.equal(infill(mlm, tokenizer, prompt, num_tokens=8, steps=4, seed=0, confidence_noise=0.0)
+                       .commit_step, plain.commit_step)
+    noisy = [infill(mlm, tokenizer, prompt, num_tokens=8, steps=4, seed=s, confidence_noise=20.0).commit_step
+             for s in range(6)]
+    assert torch.equal(noisy[0], infill(mlm, tokenizer, prompt, num_tokens=8, steps=4, seed=0,
+                                        confidence_noise=20.0).commit_step)  # seeded: reproducible
+    assert any(not torch.equal(c, plain.commit_step) for c in noisy)  # the noise changes which commit first
+    for kwargs, match in (({"block_length": 0}, "block_length"), ({"block_length": 2.5}, "block_length"),
+                          ({"confidence_noise": -1.0}, "confidence_noise"),
+                          ({"confidence_noise": 1.0, "order": "random"}, "does not read confidence")):
+        with pytest.raises(ValueError, match=match):
+            infill(mlm, tokenizer, prompt, num_tokens=4, **kwargs)
+
+
 def test_infill_errors(mlm, dar, tokenizer):
     ids = torch.tensor(_prompt(tokenizer))
     with pytest.raises(ValueError, match=r"positions to fill \[40\] lie outside the sequence"):
@@ -400,6 +440,10 @@ def test_cli_generate(tmp_path, dar, mlm, tokenizer, capsys):
     assert main([str(tmp_path / "mlm"), "--num_tokens", "5", "--do_sample", "--top_p", "0.9", "--num_samples", "2",
                  "--device", "cpu"]) == 0
     assert capsys.readouterr().out.count("[") >= 2
+    assert main([str(tmp_path / "mlm"), "--num_tokens", "6", "--block_length", "2", "--steps", "2",
+                 "--confidence_noise", "1.0", "--json", "--device", "cpu"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["block_length"] == 2 and result["steps"] == 6  # 3 blocks of 2 steps
     from hf_lookaround.cli import main as cli_main
 
     assert cli_main(["generate", str(tmp_path / "dar"), "--prompt", "The", "--group_size", "4", "--device", "cpu"]) == 2

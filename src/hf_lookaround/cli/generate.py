@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help="infilling: steps (default: one per hidden position)")
     parser.add_argument("--order", choices=ORDERS, default="confidence")
     parser.add_argument("--schedule", choices=SCHEDULES, default="cosine")
+    parser.add_argument("--block_length", type=int, default=None,
+                        help="infilling: semi-AR blocks of this many hidden positions, left to right, --steps each (LLaDA)")
+    parser.add_argument("--confidence_noise", type=float, default=0.0,
+                        help="infilling: annealed Gumbel noise on the confidence order (MaskGIT); 0 = none")
     parser.add_argument("--do_sample", action="store_true", help="sample (default: greedy / argmax)")
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--top_k", type=int, default=None)
@@ -76,10 +80,11 @@ def main(argv: list[str] | None = None) -> int:
             inputs = [""] * args.num_samples
         result = infill(
             model, tokenizer, inputs, num_tokens=args.num_tokens, steps=args.steps, order=args.order,
-            schedule=args.schedule, generator=generator, allow_untrained=args.allow_untrained, **sampling,
+            schedule=args.schedule, generator=generator, allow_untrained=args.allow_untrained,
+            block_length=args.block_length, confidence_noise=args.confidence_noise, **sampling,
         )
         outputs, info = result.text, {"mode": "infill", "steps": result.num_steps, "order": args.order,
-                                      "schedule": args.schedule}
+                                      "schedule": args.schedule, "block_length": args.block_length}
     else:
         ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
         bos = tokenizer.bos_token_id

@@ -195,6 +195,8 @@ def infill(
     stream: str = "auto",
     allow_untrained: bool = False,
     output_logits: bool = False,
+    block_length: int | None = None,
+    confidence_noise: float = 0.0,
 ) -> InfillOutput:
     """Fill hidden positions in ``steps`` steps, any order (MaskGIT / MDLM / LLaDA).
 
@@ -214,9 +216,23 @@ def infill(
     The ranks are those of masked / GVP pretraining (:func:`plans.infilling_ranks`): a row that starts with a
     visible BOS gives it rank 0 alone, the visible tokens rank 1 and the hidden positions rank 2.
     ``output_logits``: also return each step's logits ``(B, T, V)`` (NaN at positions not predicted that step).
+
+    Semi-autoregressive blocks (LLaDA): ``block_length=L`` splits each row's hidden positions, left to right, into
+    blocks of ``L``; the blocks are filled one after the other, each in ``steps`` steps (LLaDA's steps per block;
+    default: one commit per step), and a step commits only in the current block while every hidden position,
+    later blocks included, stays hidden from the others. ``confidence_noise=τ`` adds MaskGIT's annealed
+    Gumbel noise to the log-confidence of ``order="confidence"`` (``τ · (1 - s/S) · Gumbel``), so that
+    commits are not always the most confident: more diverse samples, at τ = 0 none.
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if block_length is not None and (isinstance(block_length, bool) or int(block_length) != block_length
+                                     or block_length < 1):
+        raise ValueError(f"block_length must be a positive integer (hidden positions per block), got {block_length!r}")
+    if not confidence_noise >= 0:
+        raise ValueError(f"confidence_noise must be >= 0 (a Gumbel temperature), got {confidence_noise!r}")
+    if confidence_noise and order != "confidence":
+        raise ValueError(f"confidence_noise perturbs order='confidence'; order={order!r} does not read confidence")
     if num_tokens is not None and num_tokens < 1:
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
     check_infill_objective(model.config, allow_untrained)
@@ -227,17 +243,21 @@ def infill(
         tokenizer, text_or_ids, hidden, num_tokens, attention_mask, add_bos, config, device
     )
     _check_length(ids.shape[1], config, "the sequence to infill")
-    counts_per_row = remaining.sum(-1)
-    if (counts_per_row == 0).all():
+    if not remaining.any():
         raise ValueError("nothing to fill: no position is hidden")
-    max_hidden = int(counts_per_row.max())
+    # each hidden position's block: the blocks of block_length hidden positions, left to right (one block without)
+    index = remaining.long().cumsum(-1) - 1
+    block_of = torch.where(remaining, index // block_length if block_length else torch.zeros_like(index), -1)
+    num_blocks = int(block_of.max()) + 1
+    counts = torch.stack([(block_of == b).sum(-1) for b in range(num_blocks)], 1)  # (B, blocks)
+    max_hidden = int(counts.max())
     steps = max_hidden if steps is None else int(steps)
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     steps = min(steps, max_hidden)  # a step commits at least one position, so more steps than positions never run
     schedules = torch.tensor(
-        [commit_schedule(int(n), steps, schedule) for n in counts_per_row.tolist()], device=device
-    )  # (B, S)
+        [[commit_schedule(int(n), steps, schedule) for n in row] for row in counts.tolist()], device=device
+    )  # (B, blocks, S)
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     processors = make_logits_processor(do_sample, temperature, top_k, top_p)
@@ -258,10 +278,11 @@ def infill(
     from ..models.lookaround.modeling_lookaround import positions_of  # the model's own (B, T) bool -> (B, M) slots
 
     ran = 0
-    for step in range(1, steps + 1):
-        if not remaining.any():
-            break
-        ran = step
+    for block, step in ((b, s) for b in range(num_blocks) for s in range(1, steps + 1)):
+        in_block = remaining & (block_of == block)
+        if not in_block.any():
+            continue
+        ran += 1
         slots = positions_of(remaining)  # (B, M), -1 pads
         is_slot = slots >= 0
         gather_at = slots.clamp(min=0)
@@ -289,18 +310,22 @@ def infill(
         chosen_prob = torch.softmax(scores.float(), -1).gather(1, tokens.flatten()[:, None]).view(batch, width)
 
         if order == "confidence":
-            priority = chosen_prob
+            priority = chosen_prob.clamp(min=1e-30).log()
+            if confidence_noise:  # MaskGIT's annealed noise: exploratory early, greedy at the block's last step
+                uniform = torch.rand(batch, width, device=device, generator=generator).clamp(1e-20, 1 - 1e-7)
+                priority = priority - confidence_noise * (1 - step / steps) * (-uniform.log()).log()
         elif order == "random":
             priority = torch.rand(batch, width, device=device, generator=generator)
         else:
             priority = -gather_at.float()  # leftmost first
-        priority = torch.where(is_slot, priority, torch.full_like(priority, -math.inf))
+        eligible = is_slot & in_block.gather(1, gather_at)  # only the current block commits
+        priority = torch.where(eligible, priority, torch.full_like(priority, -math.inf))
         rank_in_step = torch.argsort(torch.argsort(priority, dim=-1, descending=True, stable=True), dim=-1)
-        commit = is_slot & (rank_in_step < schedules[:, step - 1 : step])
+        commit = eligible & (rank_in_step < schedules[:, block, step - 1 : step])
         rows = torch.arange(batch, device=device)[:, None].expand_as(slots)
         ids[rows[commit], gather_at[commit]] = tokens[commit]
         remaining[rows[commit], gather_at[commit]] = False
-        commit_step[rows[commit], gather_at[commit]] = step
+        commit_step[rows[commit], gather_at[commit]] = ran
     text = None
     if tokenizer is not None:
         text = [tokenizer.decode(row[v].tolist(), skip_special_tokens=True) for row, v in zip(ids, valid)]

@@ -1,11 +1,13 @@
 """Decoding benchmark (issue 12): group decoding speed and quality, compiled single-stream generation vs Llama.
 
 One call does everything (the device lease is short):
-1. train a byte-level BPE tokenizer and pretrain two checkpoints at a small preset with a plain torch loop:
+1. train a byte-level BPE tokenizer and pretrain, with a plain torch loop, two checkpoints at ``--preset``:
    ``dar`` with the group-size mixture ``t in {1, 2, 4}`` (so that every group size decoded below was trained;
-   a ``t = 2`` checkpoint would be refused at ``t = 4`` without ``allow_untrained``) and ``ar``;
-2. decode 256 new tokens after 64-token prompts cut from held-out documents, batch 1 and 8, sampling
-   (temperature 1, top-k 50, top-p 0.95, one seed), EOS off so that every decoder emits the same count:
+   a ``t = 2`` checkpoint would be refused at ``t = 4`` without ``allow_untrained``) and ``ar``; and a third,
+   the scorer (step 3);
+2. decode 256 new tokens after 64-token prompts cut from held-out documents (batch 8: eight different windows,
+   batch 1: the first of them), sampling (temperature 1, top-k 50, top-p 0.95, ``--seeds`` seeds), EOS off so
+   that every decoder emits the same count:
    - group decoding at t = 1, 2, 4 with the same ``dar`` checkpoint (query stream, KV cache of clean content),
      and t = 1 with the ``ar`` checkpoint;
    - ``LookAroundForCausalLM`` on the ``dar`` checkpoint through ``generate()``: eager (dynamic cache) and
@@ -13,17 +15,19 @@ One call does everything (the device lease is short):
      graphs compiled after warm-up;
    - ``LlamaForCausalLM`` of the same size (hidden, layers, heads, intermediate, vocabulary; random weights),
      eager and static-compiled, in the same run;
-   - self-speculative decoding (``draft_group_size`` k = 2, 4) with the ``dar`` checkpoint: t = 1's
-     distribution in fewer forwards;
+   - self-speculative decoding (``draft_group_size`` k = 2, 4) with the ``dar`` checkpoint, when t = 1 is in its
+     mixture: t = 1's distribution in fewer forwards (the rows give the drafts' acceptance rate);
 3. quality next to speed, judged by an **independent, larger** AR checkpoint (``--scorer_preset``, default
    ``base``, another seed) that decodes nothing: the perplexity of each decoder's continuations under it, the
    unigram entropy of each continuation (low for repetitive text), distinct-1/2, and the same for the held-out
    text that really followed each prompt (the reference row). Every decoder samples with ``--seeds`` seeds; the
-   quality columns are the mean ± standard error over them. Each row also gives its forwards per call, so that
-   decoders compare at their cost: group decoding buys fewer forwards with quality, speculative decoding
-   should not pay any.
+   quality columns are the mean ± standard error over them. Each row also gives its model forwards per call
+   (t = 1 and ``generate()``: one per new token; group t: ceil(new / t); speculative: counted), so that decoders
+   are compared as quality against forwards: group decoding buys fewer forwards with quality, speculative
+   decoding should not pay any.
 
-It prints a markdown table and writes JSON. ``--smoke`` runs a tiny CPU version in a minute.
+It prints a markdown table and writes JSON. ``--smoke`` runs a tiny CPU version (``tiny`` decoders, ``mini``
+scorer) in a few minutes.
 
 GPU (the lead copies a corpus into the git-ignored ``.devdata/``):
 
@@ -231,15 +235,16 @@ def graphs_compiled() -> int:
 
 def run_timed(name, decode, prompts, new_tokens, device, seeds, log):
     """Warm up once with the very shapes that are timed (compiles, allocator), then time one call per seed.
-    Returns every seed's sequences, and the timing (median over seeds) with the forwards of one call."""
+    Returns every seed's sequences, and the timing (median over seeds) with the forwards of one call (and, for
+    speculative decoding, the drafts' acceptance rate), both averaged over seeds."""
     decode(prompts, new_tokens, seed=0)
     synchronize(device)
     graphs = graphs_compiled()
-    times, outs, forwards = [], [], []
+    times, outs, forwards, accepted = [], [], [], []
     for seed in range(1, seeds + 1):
         synchronize(device)
         start = time.perf_counter()
-        out, count = decode(prompts, new_tokens, seed=seed)
+        out, count, acceptance = decode(prompts, new_tokens, seed=seed)
         synchronize(device)
         times.append(time.perf_counter() - start)
         made = out.shape[1] - prompts.shape[1]
@@ -247,12 +252,16 @@ def run_timed(name, decode, prompts, new_tokens, device, seeds, log):
             raise RuntimeError(f"{name} made {made} tokens, not {new_tokens}")
         outs.append(out)
         forwards.append(count)
+        if acceptance is not None:
+            accepted.append(acceptance)
     seconds = statistics.median(times)
     result = {"seconds": seconds, "new_tokens_per_s": prompts.shape[0] * new_tokens / seconds,
               "forwards": statistics.fmean(forwards),
               "graphs_compiled_after_warmup": graphs_compiled() - graphs if graphs >= 0 else None}
+    if accepted:
+        result["acceptance_rate"] = statistics.fmean(accepted)
     log(f"  {name} batch {prompts.shape[0]}: {result['new_tokens_per_s']:.0f} new tokens/s, "
-        f"{result['forwards']:.0f} forwards")
+        f"{result['forwards']:.0f} forwards" + (f", acceptance {result['acceptance_rate']:.2f}" if accepted else ""))
     return outs, result
 
 
@@ -261,7 +270,7 @@ def group_decoder(model, t):
         generator = torch.Generator(device=prompts.device).manual_seed(seed)
         out = group_generate(model, prompts, group_size=t, max_new_tokens=new_tokens, eos_token_id=[],
                              generator=generator, **SAMPLING)
-        return out, -(-new_tokens // t)
+        return out, -(-new_tokens // t), None  # the prompt's forward samples the first group
     return decode
 
 
@@ -271,7 +280,7 @@ def speculative_decoder(model, k):
         generator = torch.Generator(device=prompts.device).manual_seed(seed)
         out = group_generate(model, prompts, draft_group_size=k, max_new_tokens=new_tokens, eos_token_id=[],
                              generator=generator, return_dict_in_generate=True, **SAMPLING)
-        return out.sequences, out.num_forwards
+        return out.sequences, out.num_forwards, out.acceptance_rate
     return decode
 
 
@@ -281,7 +290,7 @@ def hf_decoder(model, static: bool):
         kwargs = {"cache_implementation": "static"} if static else {}
         out = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
                              **SAMPLING, **kwargs)
-        return out, new_tokens
+        return out, new_tokens, None
     return decode
 
 
@@ -431,7 +440,8 @@ def main(argv=None) -> int:
             "dtype": str(dtype), "attn_implementation": args.attn_implementation,
             "args": vars(args), "pretraining": [dar_info, ar_info], "scorer": scorer_info, "sampling": SAMPLING,
             "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "seeds": args.seeds,
-            "prompts": "one held-out window per batch row", "rows": rows,
+            "prompts": len(prompts), "prompt_windows": "one held-out window per batch row; batch b uses the first b",
+            "rows": rows,
             "wall_seconds": round(time.perf_counter() - began, 1),
         }
         Path(args.out).write_text(json.dumps(result, indent=2))
@@ -475,26 +485,31 @@ def markdown_table(result) -> str:
     def fmt(value, spec):
         return "–" if value is None else format(value, spec)
 
+    def with_se(row, key, spec):  # the reference row and --seeds 1 have no SE
+        se = row.get(key + "_se")
+        return fmt(row.get(key), spec) + ("" if se is None else f" ± {se:{spec}}")
+
     lines = [
         f"{result['device']}, {result['dtype']}, {result['attn_implementation']}; prompts of {result['prompt_tokens']} "
-        f"tokens, {result['new_tokens']} new tokens, sampling {result['sampling']}",
+        f"tokens, {result['new_tokens']} new tokens, sampling {result['sampling']}; {result['prompts']} held-out "
+        f"prompts, {result['seeds']} seeds per decoder; quality under an independent {result['scorer']['preset']} AR "
+        f"scorer ({result['scorer']['parameters']:,} parameters); forwards: model calls per decoding call",
         "",
-        "| decoder | batch | new tokens/s | speed-up | forwards | graphs compiled after warm-up "
-        "| scorer ppl of output (± SE over seeds) | entropy | distinct-1 | distinct-2 |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| decoder | batch | new tokens/s | speed-up | forwards | draft acceptance | graphs compiled after warm-up "
+        "| scorer ppl of output (± SE over seeds) | entropy (nats, ± SE) | distinct-1 | distinct-2 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result["rows"]:
         speedup = r.get("speedup_vs_t1", r.get("speedup_vs_llama_eager"))
         tag = " vs t=1" if "speedup_vs_t1" in r else (" vs Llama eager" if "speedup_vs_llama_eager" in r else "")
         if "error" in r:
-            lines.append(f"| {r['decoder']} | {r['batch_size']} | failed: {r['error'][:80]} | | | | | | | |")
+            lines.append(f"| {r['decoder']} | {r['batch_size']} | failed: {r['error'][:80]} | | | | | | | | |")
             continue
-        ppl = fmt(r.get("ar_perplexity"), ".1f") + (f" ± {r['ar_perplexity_se']:.1f}" if r.get("ar_perplexity_se")
-                                                    else "")
         lines.append(
             f"| {r['decoder']} | {r['batch_size']} | {fmt(r.get('new_tokens_per_s'), '.0f')} | "
             f"{fmt(speedup, '.2f')}{tag if speedup else ''} | {fmt(r.get('forwards'), '.0f')} | "
-            f"{fmt(r.get('graphs_compiled_after_warmup'), 'd')} | {ppl} | {fmt(r.get('entropy'), '.2f')} | "
+            f"{fmt(r.get('acceptance_rate'), '.2f')} | {fmt(r.get('graphs_compiled_after_warmup'), 'd')} | "
+            f"{with_se(r, 'ar_perplexity', '.1f')} | {with_se(r, 'entropy', '.2f')} | "
             f"{fmt(r.get('distinct_1'), '.3f')} | {fmt(r.get('distinct_2'), '.3f')} |"
         )
     return "\n".join(lines)

@@ -128,8 +128,9 @@ def prompts_of(docs, tokenizer, count: int, prompt_tokens: int, new_tokens: int)
 def pretrain(objective, plan_params, collator_params, tokenizer, blocks, args, device, log, preset=None, steps=None,
              lr=None, seed=None):
     """A checkpoint of ``preset`` (default ``--preset``) trained ``steps`` steps at ``lr`` from ``seed``."""
-    preset, steps = preset or args.preset, steps or args.train_steps
-    lr, seed = lr or args.lr, args.seed if seed is None else seed
+    preset = args.preset if preset is None else preset
+    steps = args.train_steps if steps is None else steps
+    lr, seed = args.lr if lr is None else lr, args.seed if seed is None else seed
     config = H.LookAroundConfig.from_preset(
         preset, vocab_size=len(tokenizer), max_position_embeddings=args.block_size,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
@@ -360,6 +361,10 @@ def parse_args(argv=None):
                 "decoded model's size shares its blind spots")
     if args.seeds < 1:
         p.error("--seeds must be at least 1")
+    if args.scorer_steps is not None and args.scorer_steps < 1:
+        p.error("--scorer_steps must be at least 1")
+    if not args.scorer_lr > 0:
+        p.error("--scorer_lr must be positive")
     if args.prompt_tokens + args.new_tokens > args.block_size:
         p.error(f"--prompt_tokens + --new_tokens ({args.prompt_tokens + args.new_tokens}) must fit in --block_size "
                 f"({args.block_size}): the models are trained on positions < block_size")

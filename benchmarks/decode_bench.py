@@ -116,20 +116,21 @@ def ar_perplexity(model, sequences: torch.Tensor, prompt_len: int) -> float:
     return float(torch.exp(nll.mean()))
 
 
-def llama_like(config, dtype, device):
+def llama_like(config, dtype, device, attn="sdpa"):
     """A ``LlamaForCausalLM`` of the same size (hidden, layers, heads, intermediate, vocabulary), random weights:
-    the compiled Hugging Face reference for speed (its text says nothing)."""
+    the Hugging Face reference for speed (its text says nothing); it emits exactly max_new_tokens (no EOS).
+    ``generation_bench.py`` uses it too."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     llama_config = LlamaConfig(
         vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
         num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_attention_heads, max_position_embeddings=config.max_position_embeddings,
-        rms_norm_eps=config.norm_eps, tie_word_embeddings=True, pad_token_id=config.pad_token_id,
-        bos_token_id=config.bos_token_id, eos_token_id=None,
+        rms_norm_eps=config.norm_eps, rope_theta=config.rope_theta, tie_word_embeddings=True,
+        pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id, eos_token_id=None,
     )
     torch.manual_seed(0)
-    llama = LlamaForCausalLM._from_config(llama_config, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    llama = LlamaForCausalLM._from_config(llama_config, dtype=dtype, attn_implementation=attn).to(device).eval()
     llama.generation_config.eos_token_id = None
     llama.generation_config.pad_token_id = config.pad_token_id
     return llama

@@ -296,22 +296,12 @@ def hf_decoder(model, static: bool):
 
 
 def hf_models(dar_dir, config, dtype, device, attn):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from decode_bench import llama_like  # the same Llama reference as the speed benchmark
 
     causal = H.LookAroundForCausalLM.from_pretrained(dar_dir, dtype=dtype, attn_implementation=attn).to(device).eval()
-    llama_config = LlamaConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_attention_heads, max_position_embeddings=config.max_position_embeddings,
-        rms_norm_eps=config.norm_eps, rope_theta=config.rope_theta, tie_word_embeddings=True,
-        pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-    )
-    torch.manual_seed(0)
-    llama = LlamaForCausalLM._from_config(llama_config, dtype=dtype, attn_implementation=attn).to(device).eval()
-    for model in (causal, llama):
-        model.generation_config.eos_token_id = None  # every decoder emits exactly new_tokens
-        model.generation_config.pad_token_id = config.pad_token_id
-    return causal, llama
+    causal.generation_config.eos_token_id = None  # every decoder emits exactly new_tokens
+    causal.generation_config.pad_token_id = config.pad_token_id
+    return causal, llama_like(config, dtype, device, attn)
 
 
 # ----------------------------------------------------------------------------------------------

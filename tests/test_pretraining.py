@@ -220,3 +220,24 @@ def test_demo_claims_a_probe_gain_only_where_every_seed_shows_it():
     table = results_table(summaries)
     assert "+0.095: +0.100 ± 0.020, +0.090 ± 0.020 **" in table
     assert "| lucky |" in table and "+0.055: +0.100 ± 0.020, +0.010 ± 0.020 |" in table
+
+
+def test_the_demo_leaves_transformers_logging_as_it_found_it(tmp_path, monkeypatch):
+    """The demo quiets transformers while it runs; the level is global, so it must be restored (a later Trainer in
+    the same process reads it to decide on progress bars)."""
+    import hf_lookaround.demo as demo
+    from transformers.utils import logging as hf_logging
+
+    seen = []
+    monkeypatch.setattr(demo, "_run", lambda args: seen.append(hf_logging.get_verbosity()) or [])
+    hf_logging.set_verbosity_warning()
+    assert demo.run(None) == [] and seen == [hf_logging.ERROR]
+    assert hf_logging.get_verbosity() == hf_logging.WARNING
+
+    def failing(args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(demo, "_run", failing)
+    with pytest.raises(RuntimeError):
+        demo.run(None)
+    assert hf_logging.get_verbosity() == hf_logging.WARNING

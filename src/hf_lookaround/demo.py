@@ -442,11 +442,20 @@ def run(args) -> list[Row]:
     """Train a tokenizer, then for each seed in ``args.seeds`` pretrain one model per objective and evaluate each
     beside an untrained one; write results.md, results.json and the plots to ``args.output_dir`` (``args``: the
     options of ``hf-lookaround demo``). Returns every run's row."""
-    from copy import copy
-
     from transformers.utils import logging as hf_logging
 
+    # transformers' warnings are quieted while the demo prints its own lines, then restored: the level is global
+    # (TrainingArguments, for one, reads it to decide whether to show progress bars)
+    before = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
+    try:
+        return _run(args)
+    finally:
+        hf_logging.set_verbosity(before)
+
+
+def _run(args) -> list[Row]:
+    from copy import copy
 
     from .data.text import chunk_into_blocks
     from .data.tokenization import train_tokenizer

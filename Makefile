@@ -17,5 +17,7 @@ install: $(BIN)/.installed
 demo: $(BIN)/.installed
 	HF_HUB_OFFLINE=1 $(BIN)/hf-lookaround demo $(DEMO_ARGS)
 
+# two workers, one test file each at a time (files share module fixtures); TEST_WORKERS=0 runs serially
+TEST_WORKERS ?= 2
 test: $(BIN)/.installed
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests $(TEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests $(TEST_ARGS)

@@ -189,8 +189,9 @@ def decoders(model, causal, args):
     table["generate() eager"] = ("eager", hf(False))
     if not args.no_compile:
         table["generate() static+compile"] = (compiled, hf(True))
-        table["Llama generate() static+compile"] = (compiled, hf(True, llama_like(model.config, causal.dtype,
-                                                                                 causal.device)))
+        if not args.decoders or "Llama generate() static+compile" in args.decoders:  # a second model: only if asked
+            table["Llama generate() static+compile"] = (compiled, hf(True, llama_like(model.config, causal.dtype,
+                                                                                     causal.device)))
     if args.decoders:
         unknown = [name for name in args.decoders if name not in table]
         if unknown:
@@ -251,10 +252,11 @@ def main(argv=None) -> int:
         "transformers": __import__("transformers").__version__, "args": vars(args), "rows": [],
     }
     print(f"# {params / 1e6:.1f} M parameters on {result['device']}, {dtype}; {note}", flush=True)
+    table = decoders(model, causal, args)  # once: the same decoders (and Llama) serve every batch size
     for batch in args.batch_sizes:
         prompts = make_prompts(args, model, tokenizer, batch, device)
         reference = None
-        for name, (kind, decode) in decoders(model, causal, args).items():
+        for name, (kind, decode) in table.items():
             try:
                 out, info, seconds, graphs = time_decoder(decode, prompts, device, args.repeats)
             except Exception as error:  # noqa: BLE001 - one failed row must not lose the others

@@ -280,8 +280,8 @@ PROTOCOL_NAMES = {"two_stream": "AR plan", "two_stream_prefix": "masked prefix",
 def results_table(summaries: list[Summary]) -> str:
     seeds = max(len(s.runs) for s in summaries)
     lines = [
-        f"| model | objective | tokens | train s | objective ppl (val) | held-out ppl p(x_k∣x_<k) | protocol "
-        f"| bits/byte | probe acc (test) | gain over untrained, per seed (± paired SE) |",
+        "| model | objective | tokens | train s | objective ppl (val) | held-out ppl p(x_k∣x_<k) | protocol "
+        "| bits/byte | probe acc (test) | gain over untrained, per seed (± paired SE) |",
         "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |",
     ]
     for s in summaries:

@@ -233,6 +233,10 @@ def _file_kind(path: Path) -> tuple[str, object]:
     return builder, tuple(sorted(record)) if isinstance(record, dict) else str(path)
 
 
+def _damaged(path: Path, err: Exception) -> str:
+    return f"{path}: cannot be read ({err}): the file is damaged or cut short; fix or remove it"
+
+
 def _not_utf8(path: Path, err: UnicodeDecodeError) -> str:
     return (f"{path}: not UTF-8 text ({err.reason}, byte {err.object[err.start:err.start + 1]!r}): convert the "
             "file to UTF-8, e.g. `iconv -f latin1 -t utf-8`")
@@ -246,7 +250,7 @@ def _first_line(path: Path) -> str | None:
     except UnicodeDecodeError as err:
         raise ValueError(_not_utf8(path, err)) from None
     except (OSError, EOFError) as err:  # e.g. a cut-short .gz
-        raise ValueError(f"{path}: cannot be read ({err}): the file is damaged or cut short; fix or remove it") from None
+        raise ValueError(_damaged(path, err)) from None
 
 
 def _is_empty(path: Path) -> bool:
@@ -294,7 +298,7 @@ def _file_problem(path: Path, text_column: str) -> str | None:
         return (f"{path}:{lineno}: not a JSON record ({getattr(err, 'msg', err)}): the line is cut short or "
                 "malformed; fix or remove it")
     except (OSError, EOFError) as err:
-        return f"{path}: cannot be read ({err}): the file is damaged or cut short; fix or remove it"
+        return _damaged(path, err)
     return None
 
 
@@ -557,11 +561,9 @@ def build_blocks(ds, tokenizer, block_size: int, text_column: str = "text", num_
         raise ValueError(f"no text found in the {what}: every document is empty (field {text_column!r})")
     blocks, stats = pack_blocks(tokenized, tokenizer, block_size, num_proc=num_proc,
                                 load_from_cache_file=load_from_cache_file, batch_size=batch_size)
-    if not log:
-        pass
-    elif stats is not None:
+    if log and stats is not None:
         logger.info("%s: %s", what, stats.describe())
-    else:
+    elif log:
         logger.info("%s (streaming): packed on the fly into blocks of %d; each pass over the stream drops its "
                     "last < %d tokens per data-loader worker", what, block_size, block_size - 1)
     return blocks, stats

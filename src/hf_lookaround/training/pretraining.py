@@ -896,7 +896,7 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
                 checkpointing.set_aside_later_checkpoints(training_args.output_dir, checkpoint)
         if checkpoint is not None:
             checkpointing.check_resume_compatible(checkpoint, model.config, training_args.world_size,
-                                                  run={"block_size": block_size})
+                                                  run=trainer.run_settings)
     done = checkpoint is not None and finished_training(checkpoint, training_args)
     final_state = Path(training_args.output_dir) / "trainer_state.json"
     saved = done and final_state.is_file() and (Path(training_args.output_dir) / "config.json").is_file() and (

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-import torch
-
 from ..demo import DEFAULT_OBJECTIVES, DEMO_OBJECTIVES, run
+from .common import resolve_device
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,7 +35,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(message)s", level=logging.WARNING)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
+    args.device = resolve_device(args.device)  # --device cuda without CUDA: one line, as the other commands say it
     run(args)
     return 0

@@ -135,7 +135,10 @@ class PlanCollator:
             digest = hashlib.sha256()  # x86 CPUs hash SHA-256 in hardware: twice as fast as BLAKE2b here
             digest.update(f"{self.seed}|{self.epoch}|{self._rank()}|{self.objective}|".encode())
             digest.update(lengths.numpy().tobytes())
-            digest.update(memoryview(content.contiguous().numpy()))  # the same bytes as tobytes(), uncopied
+            content = content.contiguous().numpy()
+            if content.dtype == np.int64 and content.size and -(2**31) <= content.min() and content.max() < 2**31:
+                content = content.astype(np.int32)  # token ids: the same information in half the bytes to hash
+            digest.update(memoryview(content))  # the same bytes as tobytes(), uncopied
             generator.manual_seed(int.from_bytes(digest.digest()[:8], "little") & ((1 << 63) - 1))
         return generator
 
@@ -157,6 +160,9 @@ class PlanCollator:
     def _pad_tokens(self, features) -> tuple[torch.Tensor, torch.Tensor]:
         if self.tokenizer is None:
             raise ValueError(f"{type(self).__name__} needs a tokenizer to pad token ids")
+        stacked = _stack_full_rows(features)
+        if stacked is not None and _padded_width(stacked.shape[1], self.pad_to_multiple_of) == stacked.shape[1]:
+            return torch.from_numpy(stacked), torch.ones(stacked.shape, dtype=torch.long)
         # numpy reads a list of Python ints several times faster than torch.as_tensor does
         rows, masks = [], []
         for f in features:
@@ -185,7 +191,7 @@ class PlanCollator:
         starts = {getattr(self.tokenizer, n, None) for n in ("bos_token_id", "cls_token_id")} - {None}
         if not starts or (lengths < 1).any():
             return 0
-        return int(torch.isin(input_ids[:, 0], torch.tensor(sorted(starts), dtype=torch.long)).all())
+        return int(set(input_ids[:, 0].tolist()) <= starts)
 
     # ----------------------------------------------------------------------------- call
     def __call__(self, features) -> dict[str, torch.Tensor]:
@@ -205,11 +211,11 @@ class PlanCollator:
         return plans.make_plan(self.objective, lengths, input_ids.shape[1], generator=generator, **params)
 
     def _maskable(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        # special tokens (bos/eos/pad/cls/sep/mask) are never masked, nor padding
-        inside = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
-        # numpy's table lookup: several times faster than torch.isin or one comparison per special id
+        # special tokens (bos/eos/pad/cls/sep/mask) are never masked, nor padding; numpy: less overhead per call,
+        # and its table lookup is several times faster than torch.isin or one comparison per special id
+        inside = np.arange(input_ids.shape[1])[None, :] < lengths.numpy()[:, None]
         special = np.isin(input_ids.numpy(), np.asarray(self._special_ids(), dtype=np.int64), kind="table")
-        return inside & ~torch.from_numpy(special)
+        return torch.from_numpy(inside & ~special)
 
     def _finish(self, input_ids, attention_mask, plan: plans.Plan, generator) -> dict[str, torch.Tensor]:
         return {
@@ -234,6 +240,22 @@ def _int64_row(values) -> np.ndarray:
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().numpy()
     return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def _stack_full_rows(features) -> np.ndarray | None:
+    """The batch as one (B, T) int64 array when every example is a dict holding only ``input_ids`` of one length,
+    as numpy arrays (the blocks ``pretrain`` hands its collator): no padding to do. Else ``None``."""
+    first = features[0]
+    if not isinstance(first, Mapping) or not isinstance(first.get("input_ids"), np.ndarray):
+        return None
+    width = first["input_ids"].shape
+    rows = []
+    for f in features:
+        ids = f.get("input_ids") if isinstance(f, Mapping) else None
+        if not isinstance(ids, np.ndarray) or ids.shape != width or ids.ndim != 1 or f.get("attention_mask") is not None:
+            return None
+        rows.append(ids)
+    return np.stack(rows).astype(np.int64, copy=False)
 
 
 def _padded_width(width: int, multiple: int | None) -> int:

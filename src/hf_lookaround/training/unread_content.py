@@ -37,22 +37,26 @@ def drop_unread_content(batch: dict, content_width: int | None = None, width_mul
         raise ValueError(f"content_width={content_width} is smaller than the {needed} content rows a sequence of this "
                          "batch keeps; raise it (nothing is dropped for you)")
     kept = positions_of(keep, width)  # (B, W) original indices, -1 pads
-    is_row, at = kept >= 0, kept.clamp(min=0)
-    positions = batch.get("position_ids")
-    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids) \
-        if positions is None else positions.expand_as(input_ids)
+    is_pad, at = kept < 0, kept.clamp(min=0)
     targets = batch.get("target_positions")
     if targets is None:
         targets = positions_of(labels != -100)
-    is_slot, target_at = targets >= 0, targets.clamp(min=0)
+    is_empty, target_at = targets < 0, targets.clamp(min=0)
+    positions = batch.get("position_ids")
+    if positions is None:  # positions are the indices themselves: nothing to gather
+        content_positions, query_positions = at.masked_fill(is_pad, 0), target_at
+    else:
+        positions = positions.expand_as(input_ids)
+        content_positions = positions.gather(1, at).masked_fill_(is_pad, 0)
+        query_positions = positions.gather(1, target_at).masked_fill_(is_empty, 0)
     return dict(
         input_ids=input_ids.gather(1, at),
-        attention_mask=is_row.long(),
-        group_ids=torch.where(is_row, group_ids.gather(1, at), 0),
-        position_ids=torch.where(is_row, positions.gather(1, at), 0),
-        query_position_ids=torch.where(is_slot, positions.gather(1, target_at), 0),
-        query_group_ids=torch.where(is_slot, group_ids.gather(1, target_at), NO_TARGET_RANK),
-        query_target_ids=torch.where(is_slot, labels.gather(1, target_at), -100),
+        attention_mask=(~is_pad).long(),
+        group_ids=group_ids.gather(1, at).masked_fill_(is_pad, 0),
+        position_ids=content_positions,
+        query_position_ids=query_positions,
+        query_group_ids=group_ids.gather(1, target_at).masked_fill_(is_empty, NO_TARGET_RANK),
+        query_target_ids=labels.gather(1, target_at).masked_fill_(is_empty, -100),
     )
 
 

@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 # (name, family baseline, pretrain arguments beyond the shared ones)
 PACKAGE_RUNS = {
     "ar": ("llama", ["--objective", "ar"]),
+    "ar, single stream": ("llama", ["--objective", "ar", "--ar_form", "single_stream"]),  # GPT's form of ar
     "dar t=2": ("llama", ["--objective", "dar", "--group_size", "2"]),
     # DDP tuning a user can pass through TrainingArguments: fewer, larger gradient buckets, no buffer broadcast
     "dar t=2, ddp tuned": ("llama", ["--objective", "dar", "--group_size", "2", "--ddp_bucket_cap_mb", "100",

@@ -407,7 +407,7 @@ def test_compile_in_one_process_on_several_gpus_is_refused_with_the_launch_comma
     check_launch(TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[]))  # eager DataParallel runs
 
 
-def test_dropping_unread_content_is_on_by_default_for_the_masked_objectives_only(tmp_path):
+def test_dropping_unread_content_is_on_by_default_for_the_masked_objectives_and_gvp_only(tmp_path):
     from hf_lookaround.cli.pretrain import parse_args
     from hf_lookaround.training.pretraining import without_unread_content
     from hf_lookaround.training.unread_content import DropUnreadContent
@@ -423,7 +423,10 @@ def test_dropping_unread_content_is_on_by_default_for_the_masked_objectives_only
         assert isinstance(collator("--objective", objective), DropUnreadContent)
         assert not isinstance(collator("--objective", objective, "--drop_unread_content", "false"), DropUnreadContent)
         assert not isinstance(collator("--objective", objective, "--masked_form", "single_stream"), DropUnreadContent)
-    for objective in ("ar", "dar", "gvp"):
+    for objective in ("ar", "dar"):
         assert not isinstance(collator("--objective", objective), DropUnreadContent)
-    wrapped = collator("--objective", "gvp", "--drop_unread_content", "--torch_compile", "true")
+    assert not isinstance(collator("--objective", "mixture", "--mixture", "dar=0.5", "vmlm=0.5"), DropUnreadContent)
+    wrapped = collator("--objective", "gvp", "--torch_compile", "true")
     assert isinstance(wrapped, DropUnreadContent) and wrapped.width_multiple == 256  # a quarter of the block
+    assert not isinstance(collator("--objective", "gvp", "--drop_unread_content", "false"), DropUnreadContent)
+    assert isinstance(collator("--objective", "dar", "--drop_unread_content"), DropUnreadContent)

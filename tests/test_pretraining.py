@@ -95,6 +95,45 @@ def test_single_stream_masked_trains_the_masked_lm(tokenizer_dir, tmp_path):
     assert config["plan_params"] == {"mask_ratio": 0.3}
 
 
+def test_single_stream_ar_trains_gpt_and_decodes_with_its_content_stream(tokenizer_dir, tmp_path, capsys):
+    """--ar_form single_stream: GPT's next-token loss on the causal content stream (LookAroundForCausalLM), no plan
+    inputs in the batch, the causal perplexity at the end, and `hf-lookaround generate` decoding through it."""
+    from hf_lookaround.cli.generate import main as generate
+    from hf_lookaround.data.collators import make_collator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "gpt"
+    metrics = run(*parse_args(args(tokenizer_dir, out, "--objective", "ar", "--ar_form", "single_stream",
+                                   "--do_train", "--do_eval", "--max_steps", "6", "--max_train_samples", "24",
+                                   "--max_eval_samples", "16", "--perplexity_max_documents", "1",
+                                   "--save_strategy", "no")))
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LookAroundForCausalLM"] and config["prediction_stream"] == "content"
+    assert 1 < metrics["eval_ar_perplexity"] < 400 and "eval_masked_perplexity" not in metrics
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    collator = make_collator("ar", tokenizer, form="single_stream")
+    batch = collator([{"input_ids": [tokenizer.bos_token_id, 50, 51, 52]}, {"input_ids": [tokenizer.bos_token_id, 60]}])
+    assert set(batch) == {"input_ids", "attention_mask", "labels"}
+    assert batch["labels"].tolist() == [[-100, 50, 51, 52], [-100, 60, -100, -100]]
+    # the eval loss is GPT's: the state at i - 1 predicts token i
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        result = model(**batch)
+    logits, labels = result.logits[:, :-1], batch["labels"][:, 1:]
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    assert result.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+    assert generate([str(out), "--prompt", "The government", "--max_new_tokens", "6", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["mode"] == "causal (single stream)" and len(printed["outputs"]) == 1
+
+    with pytest.raises(ValueError, match="applies to --objective ar only"):
+        parse_args(args(tokenizer_dir, tmp_path / "o", "--objective", "dar", "--ar_form", "single_stream"))
+    with pytest.raises(ValueError, match="--ar_form must be one of"):
+        parse_args(args(tokenizer_dir, tmp_path / "o", "--objective", "ar", "--ar_form", "causal"))
+
+
 def test_clear_errors(tokenizer_dir, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

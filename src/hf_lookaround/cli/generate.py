@@ -61,17 +61,22 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.device = resolve_device(args.device)
 
-    from transformers import AutoModelForPreTraining, AutoTokenizer  # the package's import registered our classes
+    from transformers import AutoConfig, AutoModelForPreTraining, AutoTokenizer  # our classes are registered
 
     if args.infill is None and args.num_tokens is None and args.prompt is None:
         raise SystemExit("give --prompt (group decoding), --infill TEXT or --num_tokens N")
     check_local_weights(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    # every LookAround checkpoint loads into the pretraining head: the query stream and the LM head
-    model = AutoModelForPreTraining.from_pretrained(args.model).to(args.device).eval()
     torch.manual_seed(args.seed)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     sampling = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    config = AutoConfig.from_pretrained(args.model)
+    gpt = config.prediction_stream == "content" and config.objective == "ar"  # --ar_form single_stream
+    if gpt and args.prompt is not None and args.infill is None and args.num_tokens is None \
+            and args.group_size is None and args.draft_group_size is None:
+        return _print(args, _single_stream_generate(args, tokenizer, sampling))
+    # every LookAround checkpoint loads into the pretraining head: the query stream and the LM head
+    model = AutoModelForPreTraining.from_pretrained(args.model).to(args.device).eval()
 
     if args.infill is not None or args.num_tokens is not None:
         text = args.infill if args.infill is not None else (args.prompt or None)
@@ -86,9 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         outputs, info = result.text, {"mode": "infill", "steps": result.num_steps, "order": args.order,
                                       "schedule": args.schedule, "block_length": args.block_length}
     else:
-        ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
-        bos = tokenizer.bos_token_id
-        ids = ([bos] if bos is not None else []) + list(ids)
+        ids = _prompt_ids(args, tokenizer)
         input_ids = torch.tensor([ids] * args.num_samples, device=args.device)
         group_size = args.group_size
         if group_size is None and args.draft_group_size is None:
@@ -106,6 +109,31 @@ def main(argv: list[str] | None = None) -> int:
         else:
             info = {"mode": "group_decoding", "group_size": group_size}
         info["max_new_tokens"] = args.max_new_tokens
+    return _print(args, (outputs, info))
+
+
+def _prompt_ids(args, tokenizer) -> list[int]:
+    """The prompt's ids after BOS, without EOS: generation continues the text."""
+    ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
+    bos = tokenizer.bos_token_id
+    return ([bos] if bos is not None else []) + list(ids)
+
+
+def _single_stream_generate(args, tokenizer, sampling):
+    """A checkpoint trained single-stream (`--ar_form single_stream`, GPT): its causal content stream decodes,
+    through `LookAroundForCausalLM.generate()` with a KV cache; the query stream was never trained."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(args.model).to(args.device).eval()
+    input_ids = torch.tensor([_prompt_ids(args, tokenizer)] * args.num_samples, device=args.device)
+    sequences = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=args.max_new_tokens,
+                               pad_token_id=tokenizer.pad_token_id, **{k: v for k, v in sampling.items() if v is not None})
+    outputs = [tokenizer.decode(row[input_ids.shape[1]:], skip_special_tokens=True) for row in sequences.tolist()]
+    return outputs, {"mode": "causal (single stream)", "max_new_tokens": args.max_new_tokens}
+
+
+def _print(args, result) -> int:
+    outputs, info = result
     if args.json:
         print(json.dumps({**info, "outputs": outputs}, ensure_ascii=False))
     else:

@@ -266,9 +266,24 @@ def _padded_width(width: int, multiple: int | None) -> int:
 
 @dataclass
 class AutoregressiveCollator(PlanCollator):
-    """GPT's objective: ``g[i] = i``; every token after the condition prefix is a target."""
+    """GPT's objective: ``g[i] = i``; every token after the condition prefix is a target.
 
+    ``form="two_stream"`` (default): the plan's batch for ``LookAroundForPreTraining``. ``form="single_stream"``:
+    GPT's batch for ``LookAroundForCausalLM`` (``input_ids``, ``attention_mask`` and the plan's ``labels``, which
+    the model shifts: the state at ``i - 1`` predicts token ``i``); no ``group_ids`` or ``target_positions``."""
+
+    form: str = "two_stream"
     objective: ClassVar[str] = "ar"
+
+    def __post_init__(self):
+        if self.form not in MASKED_FORMS:
+            raise ValueError(f"form must be one of {MASKED_FORMS}, got {self.form!r}")
+
+    def _finish(self, input_ids, attention_mask, plan, generator):
+        if self.form == "two_stream":
+            return super()._finish(input_ids, attention_mask, plan, generator)
+        labels = torch.where(plan.is_target, input_ids, torch.full_like(input_ids, -100))
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
 @dataclass

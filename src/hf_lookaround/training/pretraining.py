@@ -143,6 +143,12 @@ class ObjectiveArguments:
     num_groups: int = field(default=20, metadata={"help": "gvp: K"})
     segmentation: str = field(default="mixed", metadata={"help": "gvp: fixed, random or mixed"})
     masked_form: str = field(default="two_stream", metadata={"help": "mlm/vmlm: two_stream or single_stream ([MASK])"})
+    ar_form: str = field(
+        default="two_stream",
+        metadata={"help": "ar: two_stream (the query stream predicts, as for every objective here) or single_stream "
+                          "(GPT: the causal content stream predicts the next token; LookAroundForCausalLM, one stream "
+                          "of work per token)"},
+    )
     mask_replace_prob: float = field(default=0.8, metadata={"help": "single_stream: share of masked tokens -> [MASK]"})
     random_replace_prob: float = field(default=0.1, metadata={"help": "single_stream: share -> a random token"})
     mixture: list[str] = field(
@@ -156,6 +162,11 @@ class ObjectiveArguments:
             raise ValueError(f"--objective must be one of {plans.PLAN_NAMES}, got {self.objective!r}")
         if self.masked_form not in MASKED_FORMS:
             raise ValueError(f"--masked_form must be one of {MASKED_FORMS}, got {self.masked_form!r}")
+        if self.ar_form not in MASKED_FORMS:
+            raise ValueError(f"--ar_form must be one of {MASKED_FORMS}, got {self.ar_form!r}")
+        if self.ar_form != "two_stream" and self.objective != "ar":
+            raise ValueError(f"--ar_form single_stream applies to --objective ar only (got --objective "
+                             f"{self.objective}): the other plans predict with the query stream")
         if self.objective == "vmlm":
             plans.check_mask_ratio_range(self.mask_ratio_range)
         if self.is_mixture:
@@ -202,6 +213,9 @@ class ObjectiveArguments:
 
     @property
     def single_stream(self) -> bool:
+        """A classic single-stream form: BERT's [MASK] inputs (mlm, vmlm) or GPT's next token (ar)."""
+        if self.objective == "ar":
+            return self.ar_form == "single_stream"
         return self.objective in MASKED and self.masked_form == "single_stream"
 
     def plan_params(self) -> dict:
@@ -220,6 +234,8 @@ class ObjectiveArguments:
         if self.objective in MASKED:
             out.update(form=self.masked_form, mask_replace_prob=self.mask_replace_prob,
                        random_replace_prob=self.random_replace_prob)
+        if self.objective == "ar":
+            out.update(form=self.ar_form)
         return out
 
 
@@ -281,10 +297,9 @@ class LookAroundTrainingArguments(TrainingArguments):
         default=None,
         metadata={"help": "two-stream training: leave out the content rows no prediction reads (a masked plan's "
                           "masked tokens, GVP's last group, padding) in the data loader; same loss and gradients, "
-                          "less work (MAE's encoder on the visible tokens). Default: on for the masked objectives "
-                          "(mlm, vmlm: 1.05x tokens/s through this command on an H100, docs/benchmarks.md), off for "
-                          "the others (a batch of 16 GVP rows keeps nearly every row, and each new width is a new "
-                          "compiled graph)",
+                          "less work (MAE's encoder on the visible tokens). Default: on for the masked objectives and "
+                          "GVP (mlm 1.06x, gvp 1.10x tokens/s through this command on an H100, docs/benchmarks.md), "
+                          "off for ar, dar and mixtures (they leave about one row per sequence unread)",
                   "nargs": "?", "const": True},  # a bare --drop_unread_content still means true
     )
 
@@ -500,7 +515,7 @@ def prepare_tokenizer(model_args: ModelArguments, data_args: DataArguments, trai
 
 
 def check_tokenizer(tokenizer, objective_args: ObjectiveArguments) -> None:
-    if objective_args.single_stream and tokenizer.mask_token_id is None:
+    if objective_args.single_stream and objective_args.objective in MASKED and tokenizer.mask_token_id is None:
         raise ValueError(
             f"--objective {objective_args.objective} --masked_form single_stream feeds [MASK] inputs, but the tokenizer "
             "has no mask token: use a tokenizer with one (e.g. --train_tokenizer) or --masked_form two_stream"
@@ -548,9 +563,15 @@ def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments,
 
 
 def build_model(config, model_args: ModelArguments, objective_args: ObjectiveArguments):
-    from ..models.lookaround.modeling_lookaround import LookAroundForMaskedLM, LookAroundForPreTraining
+    from ..models.lookaround.modeling_lookaround import (
+        LookAroundForCausalLM,
+        LookAroundForMaskedLM,
+        LookAroundForPreTraining,
+    )
 
-    cls = LookAroundForMaskedLM if objective_args.single_stream else LookAroundForPreTraining
+    cls = LookAroundForPreTraining
+    if objective_args.single_stream:
+        cls = LookAroundForCausalLM if objective_args.objective == "ar" else LookAroundForMaskedLM
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path:
         from ..hub.weights import check_local_weights
@@ -574,10 +595,11 @@ def build_collators(objective_args: ObjectiveArguments, tokenizer, seed: int, bl
 def without_unread_content(collator, objective_args: ObjectiveArguments, training_args: TrainingArguments,
                            block_size: int):
     """The training collator, wrapped in `DropUnreadContent` where --drop_unread_content (default: the masked
-    objectives) asks for it."""
+    objectives and GVP, whose top rank holds many tokens) asks for it."""
     masked = objectives.family(objective_args.objective) == objectives.MASKED
     drop = training_args.drop_unread_content
-    if not (masked if drop is None else drop) or objective_args.single_stream:
+    by_default = masked or objective_args.objective == "gvp"
+    if not (by_default if drop is None else drop) or objective_args.single_stream:
         return collator
     from .unread_content import DropUnreadContent
 
@@ -746,8 +768,12 @@ def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments
     The per-prefix protocol of masked/GVP checkpoints runs one forward row per scored position: by default 16
     evenly spaced prefix lengths of each window are scored (``positions_per_window``; None or 0: all), which
     keeps it near the cost of a short training run; the log says how many of how many."""
-    from ..evaluation.perplexity import default_masked_mode, masked_perplexity
+    from ..evaluation.perplexity import ar_perplexity, default_masked_mode, masked_perplexity
 
+    if objective_args.single_stream and objective_args.objective == "ar":  # GPT: one causal forward per window
+        result = ar_perplexity(model, tokenizer, texts, max_length=block_size, stride=max(1, block_size // 2),
+                               batch_size=batch_size)
+        return {"eval_ar_perplexity": result.perplexity, "eval_bits_per_byte": result.bits_per_byte}
     # auto: the AR plan for (semi-)AR checkpoints, the bidirectional prefix for masked/GVP ones,
     # [MASK] inputs for single-stream masked LMs (see evaluation.perplexity.default_masked_mode)
     mode = "auto"

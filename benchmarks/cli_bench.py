@@ -52,8 +52,11 @@ PACKAGE_RUNS = {
     "vmlm [0.15, 0.3]": ("bert", ["--objective", "vmlm"]),
     "vmlm [0.15, 0.3], drop": ("bert", ["--objective", "vmlm", "--drop_unread_content", "true"]),
     "vmlm [0.15, 0.3], no drop": ("bert", ["--objective", "vmlm", "--drop_unread_content", "false"]),
-    "gvp": ("xlnet", ["--objective", "gvp"]),
+    "gvp": ("xlnet", ["--objective", "gvp"]),  # drops its unread content by default (since cli_bench_4)
     "gvp, drop": ("xlnet", ["--objective", "gvp", "--drop_unread_content", "true"]),
+    "gvp, no drop": ("xlnet", ["--objective", "gvp", "--drop_unread_content", "false"]),
+    # UL2-style: half the rows semi-AR, half variable masking; compared with the look-ahead family's baseline
+    "mixture dar+vmlm": ("llama", ["--objective", "mixture", "--mixture", "dar=0.5", "vmlm=0.5"]),
 }
 BASELINES = ("llama", "bert", "xlnet")
 SIZES = {"base": dict(hidden=768, layers=12, heads=12, intermediate=3072),

@@ -23,6 +23,7 @@ function takes the components and their weights as ``plan_params`` (``{"mixture"
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -64,6 +65,11 @@ class Objective:
             name: p.default for name, p in inspect.signature(self.plan).parameters.items()
             if name not in ignored and p.default is not inspect.Parameter.empty
         }
+
+    @functools.cached_property
+    def takes_maskable(self) -> bool:
+        """Whether its plan takes ``maskable`` (positions that may be masked: special tokens never are)."""
+        return "maskable" in inspect.signature(self.plan).parameters
 
     @property
     def decoders(self) -> tuple[str, ...]:

@@ -19,7 +19,6 @@ loop over rows); ``tests/test_plans_vectorised.py`` checks it against the former
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -398,14 +397,16 @@ def mixture_plan(
     num_condition_tokens: int = 0,
     maskable=None,
     generator=None,
+    checked: bool = False,
 ) -> Plan:
     """A mixture of objectives (UL2's mixture of denoisers): each row gets the plan of one component, drawn from the
     normalised weights ``mixture`` (``{name: weight}``); ``components`` holds each component's plan parameters.
+    ``checked``: they are what :func:`check_mixture` returned (a collator checks them once, not every batch).
 
     Vectorised per component: the rows are grouped by the component drawn, each component's plan is drawn once for
     its rows (with the same generator, components in table order), and the plans are scattered back. ``maskable``
     goes to the components whose plan takes it (the masked ones)."""
-    weights, params = check_mixture(mixture, components)
+    weights, params = (mixture, components) if checked else check_mixture(mixture, components)
     lengths = _check_lengths(lengths, seq_len, num_condition_tokens)
     batch = lengths.numel()
     drawn = draw_mixture_components(batch, weights, generator)
@@ -418,7 +419,7 @@ def mixture_plan(
         if rows.numel() == 0:
             continue
         extra = dict(params[name])
-        if maskable is not None and "maskable" in inspect.signature(objectives.get(name).plan).parameters:
+        if maskable is not None and objectives.get(name).takes_maskable:
             extra["maskable"] = maskable[rows]
         plan = make_plan(name, lengths[rows], seq_len, generator=generator,
                          num_condition_tokens=num_condition_tokens, **extra)

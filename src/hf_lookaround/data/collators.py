@@ -35,7 +35,6 @@ a plain stream seeded from ``(seed, rank, worker id)`` (reproducible for one uni
 from __future__ import annotations
 
 import hashlib
-import inspect
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -464,10 +463,11 @@ class MixtureCollator(PlanCollator):
         self.mixture, self.components = plans.check_mixture(self.mixture, self.components)
 
     def uses_maskable(self) -> bool:
-        return any("maskable" in inspect.signature(objectives.get(name).plan).parameters for name in self.mixture)
+        return any(objectives.get(name).takes_maskable for name in self.mixture)
 
     def plan_params(self):
-        return {"mixture": dict(self.mixture), "components": {k: dict(v) for k, v in self.components.items()}}
+        # checked once in __post_init__, not again for every batch
+        return {"mixture": self.mixture, "components": self.components, "checked": True}
 
 
 COLLATORS: dict[str, type[PlanCollator]] = {

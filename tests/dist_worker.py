@@ -116,8 +116,7 @@ def grads(out):
     b = 3
     # every rank builds the same 2b-example batch and plans (variable-ratio masking: the number of
     # targets differs from row to row), then keeps its own b rows
-    # seed 8: the halves get 19 and 10 targets (the test checks that they differ)
-    collator = make_collator("vmlm", _Tokenizer(), seed=8, mask_ratio_range=(0.15, 0.5), process_rank=0)
+    collator = make_collator("vmlm", _Tokenizer(), seed=5, mask_ratio_range=(0.15, 0.5), process_rank=0)
     full = collator([{"input_ids": row} for row in _blocks(b * world, 16, seed=1).tolist()])
     n_targets = int((full["labels"] != -100).sum())
     mine = {k: v[rank * b:(rank + 1) * b] for k, v in full.items()}

@@ -134,10 +134,7 @@ class PlanCollator:
             digest = hashlib.sha256()  # x86 CPUs hash SHA-256 in hardware: twice as fast as BLAKE2b here
             digest.update(f"{self.seed}|{self.epoch}|{self._rank()}|{self.objective}|".encode())
             digest.update(lengths.numpy().tobytes())
-            content = content.contiguous().numpy()
-            if content.dtype == np.int64 and content.size and -(2**31) <= content.min() and content.max() < 2**31:
-                content = content.astype(np.int32)  # token ids: the same information in half the bytes to hash
-            digest.update(memoryview(content))  # the same bytes as tobytes(), uncopied
+            digest.update(memoryview(content.contiguous().numpy()))  # the same bytes as tobytes(), uncopied
             generator.manual_seed(int.from_bytes(digest.digest()[:8], "little") & ((1 << 63) - 1))
         return generator
 

@@ -4,12 +4,7 @@
 # the compiled and speculative decoders give t=1's tokens in float32 (in bf16 near-ties of the argmax differ).
 #   bash benchmarks/decode_batch8_device_call.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-decode_out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+source "$(dirname "$0")/device_env.sh"
 timeout 260 python3 benchmarks/decode_bench.py --preset base --batch_sizes 8 --new_tokens 128 \
     --output "$OUT/decode_bench_base_b8.json" \
     --decoders "group t=1 (static+compile)" "group t=2 (static+compile)" "Llama generate() static+compile"

@@ -3,15 +3,10 @@
 # no network): the carried wheels are installed, the corpus is read from the carried .devdata/ folder.
 #   bash benchmarks/decode_device_call.sh quality   # generation_bench: trains dar{1,2,4}, ar and a larger AR scorer
 #   bash benchmarks/decode_device_call.sh speed     # decode_bench on that dar checkpoint, then the base preset
-# Both write under $OUT (the device tool's output folder) or ./decode_out; checkpoints go to runs/ (kept on a warm
+# Both write under $OUT (the device tool's output folder) or ./device_out; checkpoints go to runs/ (kept on a warm
 # machine between the two calls).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-decode_out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+source "$(dirname "$0")/device_env.sh"
 case "$1" in
   quality)
     shift

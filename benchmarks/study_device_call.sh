@@ -4,10 +4,7 @@
 # side by side, then run benchmarks/study.py with the arguments given. Results go to $OUT/study (a bundle).
 #   bash benchmarks/study_device_call.sh --sweep --run_label sweep1 --cells_per_gpu 12 --max_minutes 8
 set -uo pipefail
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+source "$(dirname "$0")/device_env.sh"
 if [ "${STUDY_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d 2>/dev/null; then
     # keep MPS only if a CUDA process still works under it
     if python3 -c "import torch; x = torch.ones(4, device='cuda'); assert float(x.sum()) == 4" 2>/dev/null; then

@@ -130,6 +130,8 @@ def test_single_stream_ar_trains_gpt_and_decodes_with_its_content_stream(tokeniz
     assert generate([str(out), "--prompt", "The government", "--max_new_tokens", "6", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["mode"] == "causal (single stream)" and len(printed["outputs"]) == 1
+    with pytest.raises(ValueError, match="drop --group_size"):  # its query stream was never trained
+        generate([str(out), "--prompt", "The government", "--max_new_tokens", "6", "--group_size", "2"])
 
     with pytest.raises(ValueError, match="applies to --objective ar only"):
         parse_args(args(tokenizer_dir, tmp_path / "o", "--objective", "dar", "--ar_form", "single_stream"))

@@ -116,7 +116,8 @@ def check_group_size(config, group_size, allow_untrained: bool = False) -> None:
     objective = getattr(config, "objective", None)
     if getattr(config, "prediction_stream", None) == "content":
         _refuse_or_warn("this checkpoint was trained single-stream (config.prediction_stream='content'): its query "
-                        "stream, which group decoding reads, was never trained; use generate() without group_size",
+                        "stream, which group decoding reads, was never trained; use generate() without group_size (CLI: "
+                        "drop --group_size / --draft_group_size)",
                         allow_untrained)
     elif sizes is None:
         logger.warning("the config records no pretraining objective: cannot check that group_size=%d was trained",

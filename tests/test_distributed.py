@@ -273,6 +273,28 @@ def test_resuming_with_another_world_size_warns(tmp_path, caplog):
     assert "saved by 2 process(es), with 4" in caplog.text
 
 
+def test_resuming_in_the_other_stream_form_is_refused(tmp_path):
+    """A two-stream ar checkpoint resumed with --ar_form single_stream would switch the predicting stream
+    mid-run: refused, as another objective is."""
+    from hf_lookaround import LookAroundConfig
+
+    config = LookAroundConfig.from_preset("tiny", vocab_size=100, objective="ar")
+    config.prediction_stream = "query"
+    folder = tmp_path / "checkpoint-4"
+    folder.mkdir()
+    config.save_pretrained(folder)
+    checkpointing.mark_complete(folder, 4, world_size=1)
+    checkpointing.check_resume_compatible(folder, config, world_size=1)
+    config.prediction_stream = "content"
+    with pytest.raises(ValueError, match="prediction_stream: checkpoint 'query', this run 'content'"):
+        checkpointing.check_resume_compatible(folder, config, world_size=1)
+    # a checkpoint saved before configs recorded the stream still resumes
+    saved = json.loads((folder / "config.json").read_text())
+    saved.pop("prediction_stream")
+    (folder / "config.json").write_text(json.dumps(saved))
+    checkpointing.check_resume_compatible(folder, config, world_size=1)
+
+
 # ------------------------------------------------------------------------------------------------
 # launch recipes
 # ------------------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ _CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 RESUME_FIELDS = (
     "objective", "plan_params", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
     "intermediate_size", "max_position_embeddings", "hidden_act", "norm_type", "norm_position",
-    "position_embedding_type",
+    "position_embedding_type", "prediction_stream",  # the stream trained to predict: --ar_form / --masked_form
 )
 
 
@@ -315,6 +315,8 @@ def check_resume_compatible(checkpoint, config, world_size: int | None = None, r
     current = config.to_dict()
     diffs = []
     for key in RESUME_FIELDS:
+        if key == "prediction_stream" and saved.get(key) is None:
+            continue  # older checkpoints did not record it (their config infers it when loaded)
         if key in saved or key in current:
             a, b = saved.get(key), current.get(key)
             if _normalise(a) != _normalise(b):

@@ -95,7 +95,7 @@ def test_single_stream_masked_trains_the_masked_lm(tokenizer_dir, tmp_path):
     assert config["plan_params"] == {"mask_ratio": 0.3}
 
 
-def test_single_stream_ar_trains_gpt_and_decodes_with_its_content_stream(tokenizer_dir, tmp_path, capsys):
+def test_single_stream_ar_trains_gpt_and_decodes_with_its_content_stream(tokenizer_dir, tmp_path, capsys, caplog):
     """--ar_form single_stream: GPT's next-token loss on the causal content stream (LookAroundForCausalLM), no plan
     inputs in the batch, the causal perplexity at the end, and `hf-lookaround generate` decoding through it."""
     from hf_lookaround.cli.generate import main as generate
@@ -130,6 +130,12 @@ def test_single_stream_ar_trains_gpt_and_decodes_with_its_content_stream(tokeniz
     assert generate([str(out), "--prompt", "The government", "--max_new_tokens", "6", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["mode"] == "causal (single stream)" and len(printed["outputs"]) == 1
+    from transformers import AutoModelForPreTraining
+
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # the pretraining head would read the untrained query stream
+        AutoModelForPreTraining.from_pretrained(out)
+    assert "trained single-stream (GPT's form of ar" in caplog.text and "AutoModelForCausalLM" in caplog.text
     with pytest.raises(ValueError, match="drop --group_size"):  # its query stream was never trained
         generate([str(out), "--prompt", "The government", "--max_new_tokens", "6", "--group_size", "2"])
 

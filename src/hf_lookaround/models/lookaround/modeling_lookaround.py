@@ -811,6 +811,10 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
     def __init__(self, config: LookAroundConfig):
         # this head trains the query stream: its own config says so (the caller's is left alone)
         config = with_prediction_stream(config, "query")
+        if config.prediction_stream == "content" and config.objective == "ar":
+            logger.warning("this checkpoint was trained single-stream (GPT's form of ar: the causal content stream "
+                           "predicts the next token); this pretraining head reads its query stream, which was never "
+                           "trained: load it with AutoModelForCausalLM (load_pretrained(..., head='causal-lm'))")
         super().__init__(config)
         self.loss_type = "ForMaskedLM"  # cross-entropy over the labelled targets, as a masked LM's
         self.model = LookAroundModel(config)

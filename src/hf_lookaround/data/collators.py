@@ -218,7 +218,7 @@ class PlanCollator:
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "group_ids": plan.group_ids,
-            "labels": torch.where(plan.is_target, input_ids, torch.full_like(input_ids, -100)),
+            "labels": _labels(input_ids, plan.is_target),
             "target_positions": plan.target_positions(self.pad_targets_to),
         }
 
@@ -236,6 +236,11 @@ def _int64_row(values) -> np.ndarray:
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().numpy()
     return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def _labels(input_ids: torch.Tensor, is_target: torch.Tensor) -> torch.Tensor:
+    """The token where there is a loss, -100 (ignored) elsewhere."""
+    return torch.where(is_target, input_ids, torch.full_like(input_ids, -100))
 
 
 def _stack_full_rows(features) -> np.ndarray | None:
@@ -278,8 +283,7 @@ class AutoregressiveCollator(PlanCollator):
     def _finish(self, input_ids, attention_mask, plan, generator):
         if self.form == "two_stream":
             return super()._finish(input_ids, attention_mask, plan, generator)
-        labels = torch.where(plan.is_target, input_ids, torch.full_like(input_ids, -100))
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": _labels(input_ids, plan.is_target)}
 
 
 @dataclass
@@ -350,7 +354,7 @@ class MaskedCollator(PlanCollator):
         if self.form == "two_stream":
             return super()._finish(input_ids, attention_mask, plan, generator)
         masked = plan.is_target
-        labels = torch.where(masked, input_ids, torch.full_like(input_ids, -100))
+        labels = _labels(input_ids, masked)
         # one uniform draw per position decides [MASK] / random / keep (BERT's 80/10/10 by default)
         u = torch.rand(input_ids.shape, generator=generator)
         to_mask = masked & (u < self.mask_replace_prob)

@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     gpt = config.prediction_stream == "content" and config.objective == "ar"  # --ar_form single_stream
     if gpt and args.prompt is not None and args.infill is None and args.num_tokens is None \
             and args.group_size is None and args.draft_group_size is None:
-        return _print(args, _single_stream_generate(args, tokenizer, sampling))
+        return _print(args, _single_stream_generate(args, config, tokenizer, sampling))
     # every LookAround checkpoint loads into the pretraining head: the query stream and the LM head
-    model = AutoModelForPreTraining.from_pretrained(args.model).to(args.device).eval()
+    model = AutoModelForPreTraining.from_pretrained(args.model, config=config).to(args.device).eval()
 
     if args.infill is not None or args.num_tokens is not None:
         text = args.infill if args.infill is not None else (args.prompt or None)
@@ -119,12 +119,12 @@ def _prompt_ids(args, tokenizer) -> list[int]:
     return ([bos] if bos is not None else []) + list(ids)
 
 
-def _single_stream_generate(args, tokenizer, sampling):
+def _single_stream_generate(args, config, tokenizer, sampling):
     """A checkpoint trained single-stream (`--ar_form single_stream`, GPT): its causal content stream decodes,
     through `LookAroundForCausalLM.generate()` with a KV cache; the query stream was never trained."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(args.model).to(args.device).eval()
+    model = AutoModelForCausalLM.from_pretrained(args.model, config=config).to(args.device).eval()
     input_ids = torch.tensor([_prompt_ids(args, tokenizer)] * args.num_samples, device=args.device)
     sequences = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=args.max_new_tokens,
                                pad_token_id=tokenizer.pad_token_id, **{k: v for k, v in sampling.items() if v is not None})

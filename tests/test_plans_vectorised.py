@@ -382,6 +382,19 @@ def test_target_positions_match_the_model():
         plans.target_positions_from_mask(is_target, pad_to=2)
 
 
+@pytest.mark.parametrize("width", [None, 0, 3, 12, 50])
+def test_host_positions_of_is_the_models_positions_of(width):
+    """The collators' numpy twin of the model's `positions_of`: ragged rows, an empty row, equal counts (the reshape
+    path) and widths that leave entries out."""
+    ragged = torch.rand(6, 50, generator=gen(4)) < 0.3
+    ragged[2] = False
+    equal = torch.zeros(5, 50, dtype=torch.bool)
+    equal[:, 7:19] = True
+    equal[1] = torch.roll(equal[1], 9)
+    for mask in (ragged, equal, torch.zeros(3, 50, dtype=torch.bool)):
+        assert torch.equal(torch.from_numpy(plans.host_positions_of(mask.numpy(), width)), positions_of(mask, width))
+
+
 # =============================================================================================
 # distribution-equivalent: the exact distribution on short sequences
 # =============================================================================================

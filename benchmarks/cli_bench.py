@@ -19,7 +19,7 @@ the next batch), and the collator's cost: the run's own training collator timed 
 of the run's own blocks, as a share of a step (target <= 2% at B = 16).
 
     python benchmarks/cli_bench.py --train_file news.jsonl --tokenizer tok/ --out cli_bench.json
-    python benchmarks/cli_bench.py --report cli_bench.json     # the table again
+    python benchmarks/cli_bench.py --report cli_bench.json     # the table again (of each file, given several)
     python benchmarks/cli_bench.py --smoke --out smoke.json    # a tiny CPU run of every code path
 """
 
@@ -339,14 +339,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout_s", type=int, default=240, help="per run")
     parser.add_argument("--work_dir", default=None)
     parser.add_argument("--out", default=None, help="write every row as JSON here (rewritten after each run)")
-    parser.add_argument("--report", default=None, help="print the table of a JSON this script wrote")
+    parser.add_argument("--report", nargs="+", default=None,
+                        help="print the table of a JSON this script wrote (of each, for several: one per GPU)")
     parser.add_argument("--smoke", action="store_true", help="tiny preset, T=64, B=4, 2+3 steps, CPU, no compile")
     parser.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._child:
         return child(args._child)
     if args.report:
-        print(table(json.loads(Path(args.report).read_text())))
+        for path in args.report:
+            result = json.loads(Path(path).read_text())
+            if len(args.report) > 1:
+                print(f"\n### {Path(path).name}: {result['device']}\n")
+            print(table(result))
         return 0
     if not (args.train_file and args.tokenizer):
         parser.error("--train_file and --tokenizer are needed (or --report)")

@@ -130,6 +130,43 @@ def test_stopping_criteria_scores_and_return_dict_match_token_by_token(model, to
         assert 0 <= out.acceptance_rate <= 1 and out.num_drafted.shape == (2,)
 
 
+class Never(StoppingCriteria):
+    """A criterion that never stops a row: it makes group decoding write a group token by token."""
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("group_size", [2, 3])
+def test_a_group_written_at_once_equals_the_token_by_token_writes(model, tokenizer, group_size, do_sample):
+    """With EOS as the only criterion a group's tokens are written in one step; a criterion of the user's makes them
+    written (and asked) token by token. Both give the same sequences and scores, a row ending inside a group."""
+    from hf_lookaround.generation import group_generate
+
+    prompts = tokenizer(["<s>The committee met on", "<s>agreed that the"], add_special_tokens=False,
+                        return_tensors="pt", padding=True)
+    start = prompts["input_ids"].shape[1]
+
+    def decode(**kwargs):
+        return group_generate(model, prompts["input_ids"], prompts["attention_mask"], group_size=group_size,
+                              max_new_tokens=12, do_sample=do_sample, generator=torch.Generator().manual_seed(0),
+                              pad_token_id=tokenizer.pad_token_id, return_dict_in_generate=True, output_scores=True,
+                              **kwargs)
+
+    free = decode(eos_token_id=[]).sequences[0, start:].tolist()
+    # an EOS that row 0 first reaches before the last slot of a group (the groups start at the first new token):
+    # the slots after it in the same group were drawn in the same step and must be written as padding
+    end = next(i for i in range(len(free) - 1) if (i + 1) % group_size and free[i] not in free[:i])
+    at_once = decode(eos_token_id=free[end])
+    by_token = decode(eos_token_id=free[end], stopping_criteria=StoppingCriteriaList([Never()]))
+    assert torch.equal(at_once.sequences, by_token.sequences)
+    assert len(at_once.scores) == len(by_token.scores)
+    assert all(torch.equal(a, b) for a, b in zip(at_once.scores, by_token.scores))
+    row = at_once.sequences[0, start:].tolist()
+    assert row[: end + 1] == free[: end + 1] and set(row[end + 1 :]) <= {tokenizer.pad_token_id}
+
+
 def test_group_decoding_scores_have_one_entry_per_token(model, tokenizer):
     prompt = _prompt(tokenizer)
     out = model.generate(prompt, group_size=3, max_new_tokens=7, eos_token_id=None, return_dict_in_generate=True,

@@ -589,6 +589,11 @@ def _group_decode(
     mask[:, :prompt_len] = attention_mask
     # warpers that never read input_ids treat the slots of a group in one call
     one_call = all(isinstance(p, _POSITIONLESS_PROCESSORS) for p in logits_processor)
+    # with EOS and the token budget as the only criteria, a group's tokens are written in one set of operations, not
+    # one per token: at batch 8 a small model's compiled step is short, and per-token bookkeeping was most of a group
+    eos_ids, other_criteria = _split_criteria(stopping_criteria, total)
+    whole_group = one_call and not other_criteria
+    eos_ids = None if eos_ids is None else eos_ids.to(device)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
     cache = DynamicCache(config=config) if use_cache else None
     if static_cache:
@@ -635,7 +640,17 @@ def _group_decode(
                 group_scores = logits_processor(buffer[:, :length].repeat_interleave(width, 0), group_scores)
             group_scores = group_scores.view(batch, width, -1)
             group_tokens = _pick(group_scores.flatten(0, 1), do_sample, generator).view(batch, width)
-        for j in range(width):
+        if whole_group:
+            alive = unfinished[:, None].expand(batch, width)
+            if eos_ids is not None:  # a slot is written while no earlier slot of its group ended the row
+                ends = torch.isin(group_tokens, eos_ids)
+                alive = alive & (ends.long().cumsum(1) - ends.long() == 0)
+                unfinished = unfinished & ~ends.any(1)
+            buffer[:, slots] = torch.where(alive, group_tokens, pad_token_id)
+            mask[:, slots] = 1
+            all_scores.extend(group_scores.unbind(1) if output_scores else ())
+            all_logits.extend(logits.unbind(1) if output_logits else ())
+        for j in range(0 if whole_group else width):
             if one_call:
                 scores, token = group_scores[:, j], group_tokens[:, j]
             else:

@@ -29,11 +29,11 @@ pids=()
 for i in "${!groups[@]}"; do
     eval "runs=(${groups[$i]})"
     CUDA_VISIBLE_DEVICES=$i bench "$OUT/$label.gpu$i.json" "/tmp/cli_bench$i" --runs "${runs[@]}" \
-        > "$OUT/$label.gpu$i.stdout.txt" 2>&1 &
+        > "/tmp/cli_bench_gpu$i.txt" 2>&1 &
     pids+=($!)
 done
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-tail -q -n 30 /tmp/cli_bench*/*/log.txt > "$OUT/$label.logs.txt" 2>/dev/null
+tail -n 30 /tmp/cli_bench_gpu*.txt /tmp/cli_bench*/*/log.txt > "$OUT/$label.logs.txt" 2>/dev/null  # 8 files come back
 python3 benchmarks/cli_bench.py --report "$OUT/$label".gpu*.json
 exit $status

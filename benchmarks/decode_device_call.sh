@@ -3,7 +3,8 @@
 # no network): the carried wheels are installed, the corpus is read from the carried .devdata/ folder.
 #   bash benchmarks/decode_device_call.sh quality   # generation_bench: trains dar{1,2,4}, ar and a larger AR scorer
 #   bash benchmarks/decode_device_call.sh speed     # decode_bench on that dar checkpoint, then the base preset
-#   bash benchmarks/decode_device_call.sh batch8    # base, batch 8 (random weights: speed does not depend on them):
+#   bash benchmarks/decode_device_call.sh batch8 [small]  # base (or small), batch 8 (random weights: speed does not
+#       depend on them):
 #       compiled t=2 against compiled t=1 and Llama in bf16; whether the compiled and speculative decoders give
 #       t=1's tokens in float32 (in bf16 near-ties of the argmax differ)
 # Both write under $OUT (the device tool's output folder) or ./device_out; checkpoints go to runs/ (kept on a warm
@@ -31,11 +32,12 @@ PY
         --decoders "group t=1 (static+compile)" "group t=2 (static+compile)" "group t=4 (static+compile)" \
         "generate() static+compile" "Llama generate() static+compile" ;;
   batch8)
-    timeout 260 python3 benchmarks/decode_bench.py --preset base --batch_sizes 8 --new_tokens 128 \
-        --output "$OUT/decode_bench_base_b8.json" \
+    preset=${2:-base}
+    timeout 260 python3 benchmarks/decode_bench.py --preset "$preset" --batch_sizes 8 --new_tokens 128 \
+        --output "$OUT/decode_bench_${preset}_b8.json" \
         --decoders "group t=1 (static+compile)" "group t=2 (static+compile)" "Llama generate() static+compile"
-    timeout 260 python3 benchmarks/decode_bench.py --preset base --batch_sizes 8 --new_tokens 64 --dtype float32 \
-        --repeats 1 --output "$OUT/decode_bench_base_b8_fp32.json" \
+    timeout 260 python3 benchmarks/decode_bench.py --preset "$preset" --batch_sizes 8 --new_tokens 64 --dtype float32 \
+        --repeats 1 --output "$OUT/decode_bench_${preset}_b8_fp32.json" \
         --decoders "group t=1 (static+compile)" "generate() static+compile" "speculative k=2" \
         "speculative k=2 (static+compile)" ;;
   *) echo "usage: $0 quality|speed|batch8 [benchmark flags]"; exit 2 ;;

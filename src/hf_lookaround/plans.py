@@ -431,22 +431,25 @@ def mixture_plan(
     weights, params = (mixture, components) if checked else check_mixture(mixture, components)
     lengths = _check_lengths(lengths, seq_len, num_condition_tokens)
     batch = lengths.numel()
-    drawn = draw_mixture_components(batch, weights, generator)
-    group_ids = torch.zeros((batch, seq_len), dtype=torch.long)
-    is_target = torch.zeros((batch, seq_len), dtype=torch.bool)
+    drawn = draw_mixture_components(batch, weights, generator).numpy()
+    # rows are gathered and scattered in numpy: torch's index kernels run multi-threaded on the host and take
+    # milliseconds when its cores are busy (compile workers, data loaders), numpy's microseconds
+    group_ids = np.zeros((batch, seq_len), dtype=np.int64)
+    is_target = np.zeros((batch, seq_len), dtype=bool)
     if maskable is not None:
-        maskable = torch.as_tensor(maskable, dtype=torch.bool)
+        maskable = torch.as_tensor(maskable, dtype=torch.bool).numpy()
     for index, name in enumerate(weights):
-        rows = torch.nonzero(drawn == index).flatten()
-        if rows.numel() == 0:
+        rows = np.flatnonzero(drawn == index)
+        if rows.size == 0:
             continue
         extra = dict(params[name])
         if maskable is not None and objectives.get(name).takes_maskable:
-            extra["maskable"] = maskable[rows]
-        plan = make_plan(name, lengths[rows], seq_len, generator=generator,
+            extra["maskable"] = torch.from_numpy(maskable[rows])
+        plan = make_plan(name, lengths.numpy()[rows], seq_len, generator=generator,
                          num_condition_tokens=num_condition_tokens, **extra)
-        group_ids[rows] = plan.group_ids
-        is_target[rows] = plan.is_target
+        group_ids[rows] = plan.group_ids.numpy()
+        is_target[rows] = plan.is_target.numpy()
+    group_ids, is_target = torch.from_numpy(group_ids), torch.from_numpy(is_target)
     return Plan(group_ids, is_target)
 
 

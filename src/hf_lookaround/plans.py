@@ -104,13 +104,15 @@ def _check_lengths(lengths, seq_len: int, num_condition_tokens: int) -> torch.Te
     return lengths
 
 
-def _inside(lengths: torch.Tensor, seq_len: int, num_condition_tokens: int) -> torch.Tensor:
+def _inside(lengths: torch.Tensor, seq_len: int, num_condition_tokens: int) -> np.ndarray:
     """(B, T) bool: the positions a plan ranks, ``num_condition_tokens <= i < length``."""
-    position = torch.arange(seq_len)
-    return (position >= num_condition_tokens) & (position < lengths[:, None])
+    position = np.arange(seq_len)
+    return (position >= num_condition_tokens) & (position < lengths.numpy()[:, None])
 
 
-# Every plan is drawn for the whole batch at once: one call per random quantity, no loop over rows.
+# Every plan is drawn for the whole batch at once: one call per random quantity, no loop over rows. The (B, T)
+# arithmetic is numpy's: torch's CPU kernels go multi-threaded on large batches, and on a busy host (compile
+# workers, data loaders) a collator in the main process then waits milliseconds for its threads.
 # A random subset or order is a shuffle of labels: e.g. `count` ones and `n - count` zeros, shuffled,
 # mark a uniform random subset of `count` among `n`. torch has no batched shuffle and its CPU sort is
 # slow, so the shuffles are numpy's ``Generator.permuted`` (a Fisher-Yates shuffle of every row, in C),
@@ -145,8 +147,8 @@ def autoregressive_plan(lengths, seq_len: int, num_condition_tokens: int = 0, ge
     lengths = _check_lengths(lengths, seq_len, num_condition_tokens)
     c = num_condition_tokens
     inside = _inside(lengths, seq_len, c)
-    ranks = torch.arange(seq_len) - c + (1 if c else 0)
-    return Plan(torch.where(inside, ranks, 0), inside & (ranks >= 1))
+    ranks = np.arange(seq_len) - c + (1 if c else 0)
+    return Plan(torch.from_numpy(np.where(inside, ranks, 0)), torch.from_numpy(inside & (ranks >= 1)))
 
 
 def _group_sizes(t) -> list[int]:
@@ -177,11 +179,11 @@ def semi_autoregressive_plan(lengths, seq_len: int, t=2, num_condition_tokens: i
     if drawn.any():
         r = torch.randint(math.lcm(*sizes), (int(drawn.sum()),), generator=generator)
         s1[drawn] = 1 + r % size[drawn]
-    i = torch.arange(seq_len) - c
-    after_first = torch.div(i - s1[:, None], size[:, None], rounding_mode="floor")
-    ranks = torch.where(i < s1[:, None], 0, 1 + after_first) + (1 if c else 0)
+    i = np.arange(seq_len) - c
+    s1, size = s1.numpy()[:, None], size.numpy()[:, None]
+    ranks = np.where(i < s1, 0, 1 + (i - s1) // size) + (1 if c else 0)
     inside = _inside(lengths, seq_len, c)
-    return Plan(torch.where(inside, ranks, 0), inside & (ranks >= 1))
+    return Plan(torch.from_numpy(np.where(inside, ranks, 0)), torch.from_numpy(inside & (ranks >= 1)))
 
 
 def _check_ratio(name: str, value: float) -> None:
@@ -232,8 +234,7 @@ def check_mask_ratio_range(mask_ratio_range) -> tuple[float, float]:
 def _masked(lengths, seq_len, draw_ratios, num_condition_tokens, maskable, generator) -> Plan:
     lengths = _check_lengths(lengths, seq_len, num_condition_tokens)
     batch, c = lengths.numel(), num_condition_tokens
-    # numpy from here: the same operations as torch's, with less overhead per call on small batches
-    inside = _inside(lengths, seq_len, c).numpy()
+    inside = _inside(lengths, seq_len, c)
     candidates = inside
     if maskable is not None:
         maskable = torch.as_tensor(maskable, dtype=torch.bool)
@@ -353,9 +354,8 @@ def gvp_plan(
         # the group of step t of the order z: the number of boundaries n0..n(K-1) at or below t
         group_of_step = np.cumsum(_boundary_marks(n, k, segmentation, generator, rng), axis=1)
         # z uniformly random: the groups of the steps, shuffled over the row's positions c..length-1
-        group_ids[inside.numpy()] = _shuffle_prefixes(rng, group_of_step, n) + (1 if c else 0)
-    group_ids = torch.from_numpy(group_ids)
-    return Plan(group_ids, inside & (group_ids >= (2 if c else 1)))  # G0 is the condition
+        group_ids[inside] = _shuffle_prefixes(rng, group_of_step, n) + (1 if c else 0)
+    return Plan(torch.from_numpy(group_ids), torch.from_numpy(inside & (group_ids >= (2 if c else 1))))  # G0: condition
 
 
 def check_mixture(mixture=None, components=None) -> tuple[dict[str, float], dict[str, dict]]:

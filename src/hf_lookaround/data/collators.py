@@ -158,7 +158,7 @@ class PlanCollator:
             raise ValueError(f"{type(self).__name__} needs a tokenizer to pad token ids")
         stacked = _stack_full_rows(features)
         if stacked is not None and _padded_width(stacked.shape[1], self.pad_to_multiple_of) == stacked.shape[1]:
-            return torch.from_numpy(stacked), torch.ones(stacked.shape, dtype=torch.long)
+            return torch.from_numpy(stacked), torch.from_numpy(np.ones(stacked.shape, dtype=np.int64))
         # numpy reads a list of Python ints several times faster than torch.as_tensor does
         rows, masks = [], []
         for f in features:
@@ -176,10 +176,9 @@ class PlanCollator:
         for b, (ids, mask) in enumerate(zip(rows, masks)):
             input_ids[b, : ids.size] = ids
             attention_mask[b, : ids.size] = 1 if mask is None else mask
-        input_ids, attention_mask = torch.from_numpy(input_ids), torch.from_numpy(attention_mask)
         if (attention_mask[:, 1:] > attention_mask[:, :-1]).any():
             raise ValueError("collators expect right padding: attention_mask must be 1...1 0...0 in every row")
-        return input_ids, attention_mask
+        return torch.from_numpy(input_ids), torch.from_numpy(attention_mask)
 
     def _condition_tokens(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> int:
         if self.num_condition_tokens is not None:
@@ -194,7 +193,7 @@ class PlanCollator:
         if features is None or len(features) == 0:
             raise ValueError("cannot collate an empty batch")
         input_ids, attention_mask = self._pad_tokens(features)
-        lengths = attention_mask.sum(-1)
+        lengths = torch.from_numpy(attention_mask.numpy().sum(-1))
         generator = self._batch_generator(input_ids, lengths)
         plan = self._draw(input_ids, lengths, generator)
         return self._finish(input_ids, attention_mask, plan, generator)
@@ -239,8 +238,8 @@ def _int64_row(values) -> np.ndarray:
 
 
 def _labels(input_ids: torch.Tensor, is_target: torch.Tensor) -> torch.Tensor:
-    """The token where there is a loss, -100 (ignored) elsewhere."""
-    return torch.where(is_target, input_ids, torch.full_like(input_ids, -100))
+    """The token where there is a loss, -100 (ignored) elsewhere (in numpy: single-threaded, see plans.py)."""
+    return torch.from_numpy(np.where(is_target.numpy(), input_ids.numpy(), -100))
 
 
 def _stack_full_rows(features) -> np.ndarray | None:

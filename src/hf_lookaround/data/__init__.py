@@ -1,0 +1,1 @@
+"""Text and image data: collators per objective, tokenization, packing, image sets."""

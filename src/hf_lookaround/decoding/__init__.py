@@ -1,0 +1,1 @@
+"""Decoding beyond generate(): any-order infilling and image sampling."""

@@ -61,13 +61,13 @@ def load_split_texts(folder: str, split: str) -> list[str]:
 # --- pretraining ----------------------------------------------------------------------------
 def objective_arguments(kwargs: dict):
     """``ObjectiveArguments(**kwargs)``, with a clear error when this package version lacks an objective."""
-    from hf_lookaround import plans
+    from hf_lookaround import objectives
     from hf_lookaround.training.pretraining import ObjectiveArguments
 
     name = kwargs.get("objective")
-    if name not in plans.PLAN_NAMES:
+    if name not in objectives.PLAN_NAMES:
         raise ValueError(f"objective {name!r} is not in this version of hf_lookaround (its objectives: "
-                         f"{list(plans.PLAN_NAMES)}); update the package to run this cell")
+                         f"{list(objectives.PLAN_NAMES)}); update the package to run this cell")
     try:
         return ObjectiveArguments(**kwargs)
     except TypeError as err:

@@ -7,15 +7,12 @@ import pytest
 import torch
 from scipy import stats
 
-from hf_lookaround.data.collators import (
-    AutoregressiveCollator,
-    GVPCollator,
-    MaskedCollator,
-    SemiAutoregressiveCollator,
-    VariableMaskedCollator,
-    make_collator,
-    max_targets,
-)
+from hf_lookaround.data.collators import make_collator, max_targets
+from hf_lookaround.objectives.ar import AutoregressiveCollator
+from hf_lookaround.objectives.dar import SemiAutoregressiveCollator
+from hf_lookaround.objectives.gvp import GVPCollator
+from hf_lookaround.objectives.mlm import MaskedCollator
+from hf_lookaround.objectives.vmlm import VariableMaskedCollator
 
 PAD, BOS, EOS, MASK = 0, 1, 2, 3
 VOCAB = 100

@@ -13,7 +13,7 @@ from hf_lookaround import LookAroundConfig, LookAroundForCausalLM, LookAroundFor
 from hf_lookaround.generation import GroupDecodingMixin, UntrainedDecodingError, group_generate, semi_ar_ranks
 from hf_lookaround.decoding.infill import commit_schedule, infill
 from hf_lookaround.cli.generate import main
-from hf_lookaround.plans import autoregressive_plan
+from hf_lookaround.objectives.ar import plan as autoregressive_plan
 from hf_lookaround.data.tokenization import train_tokenizer
 
 CORPUS = [

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import hf_lookaround as H
+from hf_lookaround.objectives import mixture
 from hf_lookaround import objectives, plans
 from hf_lookaround.cli import main as cli_main
 from hf_lookaround.data.collators import make_collator, max_targets
@@ -42,9 +43,9 @@ def test_drawn_components_follow_the_weights_and_each_row_is_its_components_plan
     batch, seq_len, c = 4000, 24, 1
     lengths = torch.randint(12, seq_len + 1, (batch,), generator=torch.Generator().manual_seed(5))
     gen = torch.Generator().manual_seed(0)
-    drawn = plans.mixture_row_components(lengths, seq_len, weights, COMPONENTS, generator=gen)
+    drawn = mixture.mixture_row_components(lengths, seq_len, weights, COMPONENTS, generator=gen)
     gen = torch.Generator().manual_seed(0)
-    plan = plans.mixture_plan(lengths, seq_len, weights, COMPONENTS, num_condition_tokens=c, generator=gen)
+    plan = mixture.plan(lengths, seq_len, weights, COMPONENTS, num_condition_tokens=c, generator=gen)
     # binomial test: the share of dar rows is p = w_dar / total within 4 standard deviations
     p = weights["dar"] / sum(weights.values())
     k = sum(d == "dar" for d in drawn)
@@ -56,10 +57,10 @@ def test_drawn_components_follow_the_weights_and_each_row_is_its_components_plan
             assert _dar_rule(g, target, n, c, [1, 2]), b
         else:
             assert _masked_rule(g, target, n, c, 0.15, 0.3), b
-    again = plans.mixture_plan(lengths, seq_len, weights, COMPONENTS, num_condition_tokens=c,
+    again = mixture.plan(lengths, seq_len, weights, COMPONENTS, num_condition_tokens=c,
                                generator=torch.Generator().manual_seed(0))
     assert torch.equal(again.group_ids, plan.group_ids) and torch.equal(again.is_target, plan.is_target)
-    other = plans.mixture_plan(lengths, seq_len, weights, COMPONENTS, num_condition_tokens=c,
+    other = mixture.plan(lengths, seq_len, weights, COMPONENTS, num_condition_tokens=c,
                                generator=torch.Generator().manual_seed(1))
     assert not torch.equal(other.group_ids, plan.group_ids)
 

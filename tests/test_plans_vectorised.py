@@ -26,6 +26,7 @@ import pytest
 import torch
 from scipy import stats
 
+from hf_lookaround.objectives import ar, dar, mlm, vmlm, gvp
 from hf_lookaround import plans
 from hf_lookaround.models.lookaround.modeling_lookaround import positions_of
 from hf_lookaround.plans import Plan, make_plan
@@ -172,8 +173,8 @@ def reference_gvp_boundaries(n: int, num_groups: int = 20, segmentation: str = "
       ``[1, n(K-1) - 1]``. ``n(K-1)`` is clipped to ``[K, n-1]`` so the draw is always possible.
     """
     k = num_groups
-    if segmentation not in plans.SEGMENTATIONS:
-        raise ValueError(f"segmentation must be one of {plans.SEGMENTATIONS}, got {segmentation!r}")
+    if segmentation not in gvp.SEGMENTATIONS:
+        raise ValueError(f"segmentation must be one of {gvp.SEGMENTATIONS}, got {segmentation!r}")
     if k < 1:
         raise ValueError(f"num_groups (K) must be >= 1, got {k}")
     if n < k + 1:
@@ -218,7 +219,7 @@ def reference_gvp_plan(
 
 
 def reference_make_plan(objective: str, lengths, seq_len: int, generator=None, **params) -> Plan:
-    """Draw the plan of ``objective`` (one of :data:`plans.PLAN_NAMES`) with its parameters."""
+    """Draw the plan of ``objective`` (one of :data:`objectives.PLAN_NAMES`) with its parameters."""
     if objective == "ar":
         return reference_autoregressive_plan(lengths, seq_len, generator=generator, **params)
     if objective == "dar":
@@ -229,7 +230,7 @@ def reference_make_plan(objective: str, lengths, seq_len: int, generator=None, *
         return reference_variable_masked_plan(lengths, seq_len, generator=generator, **params)
     if objective == "gvp":
         return reference_gvp_plan(lengths, seq_len, generator=generator, **params)
-    raise ValueError(f"unknown objective {objective!r}; choose one of {plans.PLAN_NAMES}")
+    raise ValueError(f"unknown objective {objective!r}; choose one of {objectives.PLAN_NAMES}")
 
 
 
@@ -318,7 +319,7 @@ RAGGED = [9, 0, 1, 2, 7, 3, 9, 5]  # includes rows no longer than the condition 
 
 @pytest.mark.parametrize("c", [0, 1, 2])
 def test_ar_is_bit_identical(c):
-    new = plans.autoregressive_plan(RAGGED, 9, num_condition_tokens=c)
+    new = ar.plan(RAGGED, 9, num_condition_tokens=c)
     old = reference_autoregressive_plan(RAGGED, 9, num_condition_tokens=c)
     assert torch.equal(new.group_ids, old.group_ids) and torch.equal(new.is_target, old.is_target)
 
@@ -328,7 +329,7 @@ def test_ar_is_bit_identical(c):
 def test_semi_ar_with_one_group_size_is_bit_identical(t, c):
     lengths = RAGGED * 20
     for seed in range(3):
-        new = plans.semi_autoregressive_plan(lengths, 9, t=t, num_condition_tokens=c, generator=gen(seed))
+        new = dar.plan(lengths, 9, t=t, num_condition_tokens=c, generator=gen(seed))
         old = reference_semi_autoregressive_plan(lengths, 9, t=t, num_condition_tokens=c, generator=gen(seed))
         assert torch.equal(new.group_ids, old.group_ids) and torch.equal(new.is_target, old.is_target)
 
@@ -338,7 +339,7 @@ def test_gvp_boundaries_are_valid_and_fixed_ones_identical(segmentation):
     k = 4
     for n in range(k + 1, 40):
         for seed in range(3):
-            bounds = plans.gvp_boundaries(n, k, segmentation, generator=gen(seed))
+            bounds = gvp.boundaries(n, k, segmentation, generator=gen(seed))
             assert len(bounds) == k + 1 and bounds[-1] == n and bounds[0] >= 1
             assert all(a < b for a, b in zip(bounds, bounds[1:]))
             if segmentation == "fixed":
@@ -349,7 +350,7 @@ def test_gvp_boundaries_are_valid_and_fixed_ones_identical(segmentation):
 
 def test_fixed_gvp_group_sizes_are_identical():
     lengths = [33, 21, 0, 17, 33]
-    new = plans.gvp_plan(lengths, 33, num_groups=4, segmentation="fixed", num_condition_tokens=1, generator=gen(0))
+    new = gvp.plan(lengths, 33, num_groups=4, segmentation="fixed", num_condition_tokens=1, generator=gen(0))
     old = reference_gvp_plan(lengths, 33, num_groups=4, segmentation="fixed", num_condition_tokens=1,
                              generator=gen(0))
     for b in range(len(lengths)):
@@ -364,7 +365,7 @@ def test_masked_counts_and_ranks_match_the_reference(ratio):
     maskable = torch.rand(len(lengths), 40, generator=gen(1)) < 0.7
     maskable[3] = False  # a row with nothing maskable
     for c in (0, 1):
-        new = plans.masked_plan(lengths, 40, ratio, num_condition_tokens=c, maskable=maskable, generator=gen(2))
+        new = mlm.plan(lengths, 40, ratio, num_condition_tokens=c, maskable=maskable, generator=gen(2))
         old = reference_masked_plan(lengths, 40, ratio, num_condition_tokens=c, maskable=maskable, generator=gen(2))
         assert torch.equal(new.is_target.sum(1), old.is_target.sum(1))
         # the ranks are the same function of the targets: base inside the row, base + 1 on targets
@@ -445,7 +446,7 @@ def test_masked_plan_with_maskable_is_a_uniform_subset():
     # maskable holes: each subset of the maskable positions, of the row's count, is equally likely
     n, draws = 9, 20000
     maskable = torch.tensor([False, True, True, False, True, True, True, False, True])
-    plan = plans.masked_plan([n] * draws, n, 0.4, num_condition_tokens=1, maskable=maskable.expand(draws, n),
+    plan = mlm.plan([n] * draws, n, 0.4, num_condition_tokens=1, maskable=maskable.expand(draws, n),
                              generator=gen(7))
     candidates = maskable.nonzero().flatten().tolist()
     count = plans.expected_masked_count(0.4, len(candidates))
@@ -460,7 +461,7 @@ def test_masked_plan_with_maskable_is_a_uniform_subset():
 # =============================================================================================
 def test_long_masked_plans_match_the_reference():
     n, rows = 129, 1500
-    new = plans.variable_masked_plan([n] * rows, n, (0.15, 0.3), num_condition_tokens=1, generator=gen(8))
+    new = vmlm.plan([n] * rows, n, (0.15, 0.3), num_condition_tokens=1, generator=gen(8))
     old = reference_variable_masked_plan([n] * rows, n, (0.15, 0.3), num_condition_tokens=1, generator=gen(9))
     # mask counts: two-sample test of the count distributions
     assert stats.ks_2samp(new.is_target.sum(1).numpy(), old.is_target.sum(1).numpy()).pvalue > 0.01
@@ -476,7 +477,7 @@ def test_long_masked_plans_match_the_reference():
 @pytest.mark.parametrize("segmentation", ["random", "mixed", "fixed"])
 def test_long_gvp_plans_match_the_reference(segmentation):
     n, k, rows = 201, 8, 1500
-    new = plans.gvp_plan([n] * rows, n, k, segmentation, num_condition_tokens=1, generator=gen(10))
+    new = gvp.plan([n] * rows, n, k, segmentation, num_condition_tokens=1, generator=gen(10))
     old = reference_gvp_plan([n] * rows, n, k, segmentation, num_condition_tokens=1, generator=gen(11))
     sizes = lambda p: torch.stack([torch.bincount(r, minlength=k + 2)[1:] for r in p.group_ids[:, 1:]])  # noqa: E731
     new_bounds, old_bounds = sizes(new).cumsum(1), sizes(old).cumsum(1)
@@ -496,7 +497,7 @@ def test_long_gvp_plans_match_the_reference(segmentation):
 def test_random_segmentation_boundaries_are_a_uniform_subset():
     # n0..n(K-1): K distinct values uniform in [1, m-1]; every value equally often, the minimum exactly distributed
     m, k, draws = 30, 5, 20000
-    plan = plans.gvp_plan([m] * draws, m, k, "random", generator=gen(12))
+    plan = gvp.plan([m] * draws, m, k, "random", generator=gen(12))
     sizes = torch.stack([torch.bincount(r, minlength=k + 1) for r in plan.group_ids])
     inner = sizes.cumsum(1)[:, :k]
     assert stats.chisquare(torch.bincount(inner.flatten(), minlength=m)[1:].numpy()).pvalue > 0.01
@@ -577,13 +578,13 @@ def test_plans_are_reproducible_and_need_no_loop_state():
 
 def test_clear_errors():
     with pytest.raises(ValueError, match="at least K\\+1=5"):
-        plans.gvp_plan([10, 3], 10, num_groups=4)
+        gvp.plan([10, 3], 10, num_groups=4)
     with pytest.raises(ValueError, match="group size"):
-        plans.semi_autoregressive_plan([5], 5, t=[2, 0])
+        dar.plan([5], 5, t=[2, 0])
     with pytest.raises(ValueError, match="maskable must have shape"):
-        plans.masked_plan([5], 5, maskable=torch.ones(1, 4, dtype=torch.bool))
+        mlm.plan([5], 5, maskable=torch.ones(1, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="segmentation"):
-        plans.gvp_plan([5], 5, num_groups=2, segmentation="blocks")
+        gvp.plan([5], 5, num_groups=2, segmentation="blocks")
 
 
 def test_the_semi_ar_collator_draws_the_plans_of_the_reference(monkeypatch):

@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, GenerationC
 
 import hf_lookaround as H
 from hf_lookaround.evaluation.perplexity import ar_perplexity
-from hf_lookaround.plans import autoregressive_plan
+from hf_lookaround.objectives.ar import plan as autoregressive_plan
 
 VOCAB = 61  # tiny_config's vocabulary (tests/conftest.py)
 

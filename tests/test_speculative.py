@@ -15,7 +15,7 @@ from hf_lookaround.cli.generate import main
 from hf_lookaround.data.tokenization import train_tokenizer
 from hf_lookaround.generation import GenerateSpeculativeOutput, UntrainedDecodingError, group_generate
 from hf_lookaround.models.lookaround import generation_lookaround
-from hf_lookaround.plans import autoregressive_plan
+from hf_lookaround.objectives.ar import plan as autoregressive_plan
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -90,7 +90,7 @@ def test_greedy_after_training_accepts_more_and_stays_exact():
     model.train()
     optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
     text = torch.tensor([[BOS] + [10, 11, 12, 13, 14, 15] * 6])
-    from hf_lookaround.plans import semi_autoregressive_plan
+    from hf_lookaround.objectives.dar import plan as semi_autoregressive_plan
 
     for step in range(60):
         t = (1, 2, 3)[step % 3]

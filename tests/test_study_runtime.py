@@ -137,9 +137,9 @@ def test_mixture_objective_is_in_the_table_and_fails_only_when_run():
     kwargs = study_common.STUDY_OBJECTIVES["mix-dar12-vmlm"]
     assert kwargs == dict(objective="mixture", mixture=["dar=0.5", "vmlm=0.5"], group_size=[1, 2],
                           mask_ratio_range=[0.15, 0.3])
-    from hf_lookaround import plans
+    from hf_lookaround import objectives
 
-    if "mixture" in plans.PLAN_NAMES:
+    if "mixture" in objectives.PLAN_NAMES:
         assert study_package.objective_arguments(kwargs).objective == "mixture"
     else:
         with pytest.raises(ValueError, match="'mixture' is not in this version"):

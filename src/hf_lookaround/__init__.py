@@ -52,7 +52,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerl
         LookAroundViTModel,
         LookAroundViTPreTrainedModel,
     )
-    from .plans import PLAN_NAMES, Plan, make_plan
+    from .objectives import PLAN_NAMES
+    from .plans import Plan, make_plan
 
 
 def __getattr__(name):

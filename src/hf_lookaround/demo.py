@@ -34,19 +34,14 @@ from pathlib import Path
 
 import torch
 
+from . import objectives
+
 __all__ = ["DEMO_OBJECTIVES", "read_bbc_news", "split_articles", "run"]
 
 logger = logging.getLogger(__name__)
 
-# name -> (objective, collator parameters, description)
-DEMO_OBJECTIVES = {
-    "ar": ("ar", {}, "autoregressive"),
-    "dar-t2": ("dar", {"group_size": 2}, "diversity-enhanced AR, t=2"),
-    "mlm-0.15": ("mlm", {"mask_ratio": 0.15}, "masked, ratio 0.15"),
-    "mlm-0.3": ("mlm", {"mask_ratio": 0.3}, "masked, ratio 0.3"),
-    "vmlm-0.15-0.3": ("vmlm", {"mask_ratio_range": (0.15, 0.3)}, "variable masked, U[0.15, 0.3]"),
-    "gvp-k8": ("gvp", {"num_groups": 8, "segmentation": "mixed"}, "grouped permutation, K=8, mixed"),
-}
+# row name -> (objective, description, its flags): every objective module's named settings (`presets`)
+DEMO_OBJECTIVES = objectives.presets()
 DEFAULT_OBJECTIVES = ("ar", "dar-t2", "mlm-0.15", "mlm-0.3", "vmlm-0.15-0.3")
 # pretraining (and probe training) / validation / test, per topic. A large test split keeps the probe's
 # standard error small enough (about 0.015) to tell the objectives from the untrained model
@@ -136,15 +131,8 @@ def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tup
         write_card,
     )
 
-    objective, params, description = DEMO_OBJECTIVES[name]
-    objective_args = ObjectiveArguments(
-        objective=objective,
-        group_size=[params.get("group_size", 2)],
-        mask_ratio=params.get("mask_ratio", 0.15),
-        mask_ratio_range=list(params.get("mask_ratio_range", (0.15, 0.3))),
-        num_groups=params.get("num_groups", 20),
-        segmentation=params.get("segmentation", "mixed"),
-    )
+    objective, description, flags = DEMO_OBJECTIVES[name]
+    objective_args = ObjectiveArguments(objective=objective, **flags)
     model_args = ModelArguments(preset=args.preset)
     config = build_config(model_args, objective_args, tokenizer, args.block_size)
     torch.manual_seed(args.seed)  # the same initial weights for every objective

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from .. import plans
+from ..objectives.gvp import SEGMENTATIONS
 from ..data.image_collator import IMAGE_OBJECTIVES
 from ..data.images import TARGET_MODES
 from ..decoding.images import sample_images, save_image_grid, to_display_pixels
@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     model.add_argument("--class_dropout", type=float, default=0.1,
                        help="class-conditional: the fraction of training images shown with no class (-1)")
     model.add_argument("--num_groups", type=int, default=20, help="GVP: K")
-    model.add_argument("--segmentation", choices=plans.SEGMENTATIONS, default="mixed", help="GVP segmentation")
+    model.add_argument("--segmentation", choices=SEGMENTATIONS, default="mixed", help="GVP segmentation")
     model.add_argument("--mask_ratio_range", type=float, nargs=2, default=(0.5, 0.75), help="vmlm: U[a, b]")
     model.add_argument("--mask_ratio", type=float, default=0.75, help="mlm: fixed ratio")
     model.add_argument("--patch_size", type=int, default=None, help="default: fashion_mnist 4, digits 2, else 4")

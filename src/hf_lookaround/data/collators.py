@@ -1,4 +1,5 @@
-"""Data collators: one per objective, each a thin wrapper that pads a batch and draws its plan.
+"""Data collators: the base every objective's collator builds on (each objective module of
+:mod:`hf_lookaround.objectives` defines its own), a thin wrapper that pads a batch and draws its plan.
 
 Written in the style of transformers' ``DataCollatorForLanguageModeling``: dataclasses that take
 the list of feature dicts ``Trainer`` hands them (``input_ids`` of any length, optional
@@ -44,20 +45,14 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from .. import objectives, plans
+from .. import plans
 
 __all__ = [
     "PlanCollator",
-    "AutoregressiveCollator",
-    "SemiAutoregressiveCollator",
-    "MaskedCollator",
-    "VariableMaskedCollator",
-    "GVPCollator",
-    "MixtureCollator",
-    "COLLATORS",
     "MASKED_FORMS",
     "make_collator",
     "max_targets",
+    "labels_for",
     "current_process_rank",
 ]
 
@@ -157,7 +152,7 @@ class PlanCollator:
         if self.tokenizer is None:
             raise ValueError(f"{type(self).__name__} needs a tokenizer to pad token ids")
         stacked = _stack_full_rows(features)
-        if stacked is not None and _padded_width(stacked.shape[1], self.pad_to_multiple_of) == stacked.shape[1]:
+        if stacked is not None and padded_width(stacked.shape[1], self.pad_to_multiple_of) == stacked.shape[1]:
             return torch.from_numpy(stacked), torch.from_numpy(np.ones(stacked.shape, dtype=np.int64))
         # numpy reads a list of Python ints several times faster than torch.as_tensor does
         rows, masks = [], []
@@ -170,7 +165,7 @@ class PlanCollator:
                     raise ValueError("attention_mask and input_ids of an example have different lengths")
             rows.append(ids)
             masks.append(mask)
-        width = _padded_width(max(r.size for r in rows), self.pad_to_multiple_of)
+        width = padded_width(max(r.size for r in rows), self.pad_to_multiple_of)
         input_ids = np.full((len(rows), width), self._pad_id(), dtype=np.int64)
         attention_mask = np.zeros((len(rows), width), dtype=np.int64)
         for b, (ids, mask) in enumerate(zip(rows, masks)):
@@ -217,7 +212,7 @@ class PlanCollator:
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "group_ids": plan.group_ids,
-            "labels": _labels(input_ids, plan.is_target),
+            "labels": labels_for(input_ids, plan.is_target),
             "target_positions": plan.target_positions(self.pad_targets_to),
         }
 
@@ -237,7 +232,7 @@ def _int64_row(values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
-def _labels(input_ids: torch.Tensor, is_target: torch.Tensor) -> torch.Tensor:
+def labels_for(input_ids: torch.Tensor, is_target: torch.Tensor) -> torch.Tensor:
     """The token where there is a loss, -100 (ignored) elsewhere (in numpy: single-threaded, see plans.py)."""
     return torch.from_numpy(np.where(is_target.numpy(), input_ids.numpy(), -100))
 
@@ -258,243 +253,21 @@ def _stack_full_rows(features) -> np.ndarray | None:
     return np.stack(rows).astype(np.int64, copy=False)
 
 
-def _padded_width(width: int, multiple: int | None) -> int:
+def padded_width(width: int, multiple: int | None) -> int:
     if multiple:
         width = int(math.ceil(width / multiple) * multiple)
     return width
 
 
-@dataclass
-class AutoregressiveCollator(PlanCollator):
-    """GPT's objective: ``g[i] = i``; every token after the condition prefix is a target.
-
-    ``form="two_stream"`` (default): the plan's batch for ``LookAroundForPreTraining``. ``form="single_stream"``:
-    GPT's batch for ``LookAroundForCausalLM`` (``input_ids``, ``attention_mask`` and the plan's ``labels``, which
-    the model shifts: the state at ``i - 1`` predicts token ``i``); no ``group_ids`` or ``target_positions``."""
-
-    form: str = "two_stream"
-    objective: ClassVar[str] = "ar"
-
-    def __post_init__(self):
-        if self.form not in MASKED_FORMS:
-            raise ValueError(f"form must be one of {MASKED_FORMS}, got {self.form!r}")
-
-    def _finish(self, input_ids, attention_mask, plan, generator):
-        if self.form == "two_stream":
-            return super()._finish(input_ids, attention_mask, plan, generator)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": _labels(input_ids, plan.is_target)}
-
-
-@dataclass
-class SemiAutoregressiveCollator(PlanCollator):
-    """Diversity-enhanced (semi-)autoregressive, paper (a) Eq. 3 and 6.
-
-    ``group_size`` is ``t`` (the paper uses 2), or a list of values: ``t`` is then drawn uniformly
-    from it for each sequence (a mixture). The first group size ``s1 ~ U{1..t}`` is drawn per sequence.
-    """
-
-    group_size: int | Sequence[int] = 2
-    objective: ClassVar[str] = "dar"
-
-    def __post_init__(self):
-        sizes = [self.group_size] if isinstance(self.group_size, int) else list(self.group_size)
-        if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
-            raise ValueError(f"group_size must be a positive int or a non-empty list of them, got {self.group_size!r}")
-
-    def plan_params(self):
-        t = self.group_size if isinstance(self.group_size, int) else list(self.group_size)
-        return {"t": t}
-
-
-@dataclass
-class MaskedCollator(PlanCollator):
-    """Masked language modelling with a fixed ratio (BERT/MAE).
-
-    ``form="two_stream"`` (default): inputs are unchanged; masked tokens get the higher group rank
-    and the query stream predicts them (``LookAroundForPreTraining``); needs no ``[MASK]`` token.
-    ``form="single_stream"``: the classic BERT input for ``LookAroundForMaskedLM``: of the masked
-    positions, ``mask_replace_prob`` become ``[MASK]``, ``random_replace_prob`` a random token and
-    the rest stay as they are; no ``group_ids``/``target_positions`` are emitted.
-    """
-
-    mask_ratio: float = 0.15
-    form: str = "two_stream"
-    mask_replace_prob: float = 0.8
-    random_replace_prob: float = 0.1
-    objective: ClassVar[str] = "mlm"
-
-    def __post_init__(self):
-        self._check_ratio()
-        if self.form not in MASKED_FORMS:
-            raise ValueError(f"form must be one of {MASKED_FORMS}, got {self.form!r}")
-        for name in ("mask_replace_prob", "random_replace_prob"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
-        if self.mask_replace_prob + self.random_replace_prob > 1.0:
-            raise ValueError("mask_replace_prob + random_replace_prob must not exceed 1")
-        if self.form == "single_stream" and getattr(self.tokenizer, "mask_token_id", None) is None:
-            raise ValueError(
-                "the single-stream masked form replaces inputs with [MASK], but the tokenizer has no mask token; "
-                "add one (tokenizer.add_special_tokens({'mask_token': '[MASK]'}) and resize the embeddings), "
-                "train one with `hf-lookaround train-tokenizer`, or use form='two_stream', which needs none"
-            )
-
-    def _check_ratio(self):
-        if not 0.0 < float(self.mask_ratio) < 1.0:
-            raise ValueError(f"mask_ratio must lie strictly between 0 and 1, got {self.mask_ratio}")
-
-    def uses_maskable(self) -> bool:
-        return True
-
-    def plan_params(self):
-        return {"mask_ratio": float(self.mask_ratio)}
-
-    def _finish(self, input_ids, attention_mask, plan, generator):
-        if self.form == "two_stream":
-            return super()._finish(input_ids, attention_mask, plan, generator)
-        masked = plan.is_target
-        labels = _labels(input_ids, masked)
-        # one uniform draw per position decides [MASK] / random / keep (BERT's 80/10/10 by default)
-        u = torch.rand(input_ids.shape, generator=generator)
-        to_mask = masked & (u < self.mask_replace_prob)
-        to_random = masked & (u >= self.mask_replace_prob) & (u < self.mask_replace_prob + self.random_replace_prob)
-        random_ids = torch.randint(len(self.tokenizer), input_ids.shape, generator=generator)
-        inputs = torch.where(to_mask, torch.full_like(input_ids, self.tokenizer.mask_token_id), input_ids)
-        inputs = torch.where(to_random, random_ids, inputs)
-        return {"input_ids": inputs, "attention_mask": attention_mask, "labels": labels}
-
-
-@dataclass
-class VariableMaskedCollator(MaskedCollator):
-    """Variable-length masking, paper (a) Eq. 5: the ratio is drawn per sequence from ``U[a, b]``
-    (text: [0.15, 0.3]; images: [0.5, 0.75])."""
-
-    mask_ratio_range: tuple[float, float] = (0.15, 0.3)
-    objective: ClassVar[str] = "vmlm"
-
-    def _check_ratio(self):
-        self.mask_ratio_range = plans.check_mask_ratio_range(self.mask_ratio_range)
-
-    def plan_params(self):
-        return {"mask_ratio_range": tuple(self.mask_ratio_range)}
-
-
-@dataclass
-class GVPCollator(PlanCollator):
-    """Generative visual pretraining's grouped permutation (paper (b) §3.2): a random order, split
-    into ``num_groups`` (K) groups by a ``fixed``, ``random`` or ``mixed`` segmentation.
-
-    Works on token sequences and on patch features: features may hold ``pixel_values`` or
-    ``inputs_embeds`` of shape (T, D) instead of ``input_ids`` (or the batch may be a (B, T, D)
-    tensor). For patches the output holds the padded features under the same key,
-    ``attention_mask``, ``group_ids``, ``target_positions`` and ``target_mask`` (B, T) (the loss
-    positions; the regression target is the input itself, so there are no ``labels``).
-    """
-
-    num_groups: int = 20
-    segmentation: str = "mixed"
-    objective: ClassVar[str] = "gvp"
-
-    def __post_init__(self):
-        if self.segmentation not in plans.SEGMENTATIONS:
-            raise ValueError(f"segmentation must be one of {plans.SEGMENTATIONS}, got {self.segmentation!r}")
-        if int(self.num_groups) < 1:
-            raise ValueError(f"num_groups must be >= 1, got {self.num_groups}")
-
-    def plan_params(self):
-        return {"num_groups": int(self.num_groups), "segmentation": self.segmentation}
-
-    def __call__(self, features):
-        if isinstance(features, torch.Tensor):
-            if features.dim() != 3:
-                raise ValueError(f"a tensor batch of patches must be (B, T, D), got shape {tuple(features.shape)}")
-            features = [{"pixel_values": x} for x in features]
-        if features is None or len(features) == 0:
-            raise ValueError("cannot collate an empty batch")
-        first = features[0]
-        key = next((k for k in PATCH_KEYS if isinstance(first, Mapping) and k in first), None)
-        if key is None or (isinstance(first, Mapping) and "input_ids" in first):
-            return super().__call__(features)
-        return self._call_patches(features, key)
-
-    def _call_patches(self, features, key: str):
-        rows = [torch.as_tensor(f[key]) for f in features]
-        if any(r.dim() != 2 for r in rows):
-            raise ValueError(f"each example's {key} must be (T, D) patch features")
-        width = _padded_width(max(r.shape[0] for r in rows), self.pad_to_multiple_of)
-        values = rows[0].new_zeros((len(rows), width, rows[0].shape[1]))
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, (r, f) in enumerate(zip(rows, features)):
-            values[b, : r.shape[0]] = r
-            mask = f.get("attention_mask")
-            attention_mask[b, : r.shape[0]] = 1 if mask is None else torch.as_tensor(mask, dtype=torch.long)
-        lengths = attention_mask.sum(-1)
-        # hash a few feature channels only: enough to tell batches apart, cheap on large images
-        generator = self._batch_generator(values[..., :4].float(), lengths)
-        c = int(self.num_condition_tokens or 0)
-        plan = plans.make_plan(
-            "gvp", lengths, width, generator=generator, num_condition_tokens=c, **self.plan_params()
-        )
-        return {
-            key: values,
-            "attention_mask": attention_mask,
-            "group_ids": plan.group_ids,
-            "target_positions": plan.target_positions(self.pad_targets_to),
-            "target_mask": plan.is_target,
-        }
-
-
-@dataclass
-class MixtureCollator(PlanCollator):
-    """A mixture of objectives (UL2's mixture of denoisers): each sequence gets the plan of one component objective,
-    drawn from the weights ``mixture`` (``{name: weight}``, normalised), with ``components`` holding each
-    component's plan parameters (``{"dar": {"t": [1, 2]}, "vmlm": {"mask_ratio_range": (0.15, 0.3)}}``).
-
-    The plan is :func:`plans.mixture_plan` (rows grouped by component, one plan call per component). What the
-    single-objective collators add on top of their plan is kept per row: masked components never mask special
-    tokens (``maskable`` goes to their rows). Two-stream only: the single-stream ``[MASK]`` form of the masked
-    collators has no meaning for the rows of a look-ahead component."""
-
-    mixture: dict | None = None
-    components: dict | None = None
-    objective: ClassVar[str] = "mixture"
-
-    def __post_init__(self):
-        self.mixture, self.components = plans.check_mixture(self.mixture, self.components)
-
-    def uses_maskable(self) -> bool:
-        return any(objectives.get(name).takes_maskable for name in self.mixture)
-
-    def plan_params(self):
-        # checked once in __post_init__, not again for every batch
-        return {"mixture": self.mixture, "components": self.components, "checked": True}
-
-
-COLLATORS: dict[str, type[PlanCollator]] = {
-    "ar": AutoregressiveCollator,
-    "dar": SemiAutoregressiveCollator,
-    "mlm": MaskedCollator,
-    "vmlm": VariableMaskedCollator,
-    "gvp": GVPCollator,
-    "mixture": MixtureCollator,
-}
-
-
 def make_collator(objective: str, tokenizer=None, **params) -> PlanCollator:
-    """The collator of ``objective`` (one of :data:`plans.PLAN_NAMES`) with its parameters.
+    """The collator of ``objective`` with its parameters (see :func:`hf_lookaround.objectives.make_collator`)."""
+    from .. import objectives  # the objective modules import this one
 
-    Parameters that another objective uses are rejected, so a typo does not silently do nothing.
-    """
-    if objective not in COLLATORS:
-        raise ValueError(f"unknown objective {objective!r}; choose one of {tuple(COLLATORS)}")
-    cls = COLLATORS[objective]
-    allowed = {f.name for f in cls.__dataclass_fields__.values() if f.init}
-    unknown = set(params) - allowed
-    if unknown:
-        raise ValueError(f"{cls.__name__} ({objective}) takes no parameter(s) {sorted(unknown)}; it takes {sorted(allowed)}")
-    return cls(tokenizer=tokenizer, **params)
+    return objectives.make_collator(objective, tokenizer, **params)
 
 
 def max_targets(objective: str, seq_len: int, **params) -> int:
     """An upper bound on the number of loss positions per sequence: a static ``pad_targets_to``."""
-    return max(1, math.ceil(objectives.max_target_ratio(objective, params) * seq_len))
+    from .. import objectives
+
+    return objectives.max_targets(objective, seq_len, **params)

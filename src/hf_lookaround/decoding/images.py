@@ -82,7 +82,7 @@ def _as_generator(generator) -> torch.Generator | None:
 
 
 def _default_num_groups(config, min_to_generate: int) -> int:
-    trained = (config.plan_params or {}).get("num_groups") if config.objective == "gvp" else None
+    trained = (config.plan_params or {}).get("num_groups")  # recorded by GVP plans only
     return min(int(trained or 20), min_to_generate)
 
 

@@ -18,7 +18,7 @@ from transformers.generation import (
 )
 
 from .. import objectives
-from ..plans import infilling_ranks
+from ..models.lookaround.masking_lookaround import infilling_ranks
 from ..models.lookaround.generation_lookaround import (
     _check_length,
     _device,
@@ -213,7 +213,7 @@ def infill(
     of them: those with the most confident token (``order="confidence"``: probability of the chosen token), at
     random, or the leftmost (``"left_to_right"``). Committed tokens become visible; visible tokens never change.
     ``steps`` defaults to the largest number of hidden positions in a row (one commit per step).
-    The ranks are those of masked / GVP pretraining (:func:`plans.infilling_ranks`): a row that starts with a
+    The ranks are those of masked / GVP pretraining (:func:`masking_lookaround.infilling_ranks`): a row that starts with a
     visible BOS gives it rank 0 alone, the visible tokens rank 1 and the hidden positions rank 2.
     ``output_logits``: also return each step's logits ``(B, T, V)`` (NaN at positions not predicted that step).
 

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from .. import objectives
-from ..plans import infilling_ranks
+from ..models.lookaround.generation_lookaround import is_one_stream_group_model
+from ..models.lookaround.masking_lookaround import infilling_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -235,10 +236,18 @@ def ar_perplexity(model, tokenizer, texts, max_length=512, stride=256, batch_siz
     A causal LM (any ``AutoModelForCausalLM``) predicts ``x_k`` from its state at ``k - 1``. A two-stream
     ``LookAroundForPreTraining`` predicts it from the query stream at ``k`` under the AR plan (DESIGN.md:
     "one forward with the AR plan"); its single-stream causal view was never trained to predict the next token.
+    dar's one-stream form (a block-causal ``LookAroundForCausalLM``) predicts ``x_k`` from the row ``t`` slots
+    before it, which has seen all of ``x_<k`` when ``x_k`` opens a group: ``t`` forwards per window, one per
+    first-group size, score every token once (:func:`_one_stream_ar`).
     """
     docs, num_bytes, has_bos = encode_documents(tokenizer, texts, add_bos)
     windows = _windows_of(docs, max_length, stride, has_bos)
     device, pad = _device(model), _pad_id(model, tokenizer)
+    if is_one_stream_group_model(model.config):
+        nlls = _one_stream_ar(model, windows, batch_size, pad, _bos_id(tokenizer))
+        result = _result("ar", nlls, [w.prefix_lengths() for w in windows], num_bytes, max_length, stride)
+        result.extra["ar_mode"] = "one_stream_groups"
+        return result
     if is_two_stream(model):
         nlls = _two_stream_ar_plan(model, windows, batch_size, pad)
         result = _result("ar", nlls, [w.prefix_lengths() for w in windows], num_bytes, max_length, stride)
@@ -328,7 +337,7 @@ def default_masked_mode(model) -> str:
 
 def _two_stream_ar_plan(model, windows, batch_size, pad) -> list[torch.Tensor]:
     """One forward per window: AR plan ranks, query stream at every scored position."""
-    from hf_lookaround.plans import autoregressive_plan
+    from hf_lookaround.objectives.ar import plan as autoregressive_plan
 
     device, out = _device(model), []
     for i in range(0, len(windows), batch_size):
@@ -343,6 +352,36 @@ def _two_stream_ar_plan(model, windows, batch_size, pad) -> list[torch.Tensor]:
         for b, w in enumerate(batch):
             m = len(w.input_ids) - w.first_scored
             out.append(_nll(logits[b, :m], ids[b, w.first_scored :][:m].to(device)).cpu())
+    return out
+
+
+def _one_stream_ar(model, windows, batch_size, pad, bos) -> list[torch.Tensor]:
+    """``p(x_k | x_<k)`` from dar's one-stream form: for each first-group size ``s1`` in ``1..t``, one forward of the
+    training layout (``objectives.dar.one_stream_layout``) scores the tokens that open a group, whose predicting
+    row has seen every earlier token; the ``t`` layouts together score each token once. A window that does not
+    start with BOS (a later window of a long document) gets one in front: the layout's start rows are BOS."""
+    from ..objectives.dar import one_stream_layout, start_rows
+
+    if bos is None:
+        raise ValueError("dar's one-stream form lays out every row after BOS copies: the tokenizer has no BOS token")
+    t = int(model.config.attention_group_size)
+    device, out = _device(model), []
+    for i in range(0, len(windows), batch_size):
+        batch = windows[i : i + batch_size]
+        rows = [w.input_ids if w.offset else [bos, *w.input_ids] for w in batch]
+        lead = [0 if w.offset else 1 for w in batch]
+        ids, mask = _pad(rows, pad)
+        nll = torch.zeros(ids.shape, dtype=torch.float32)
+        for s1 in range(1, t + 1):
+            opens = (torch.arange(ids.shape[1]) - 1 - s1) % t == 0
+            is_target = (mask.bool() & opens & (torch.arange(ids.shape[1]) >= 1)).numpy()
+            inputs, labels = one_stream_layout(ids.numpy(), is_target, np.full(len(batch), s1), t, bos, pad)
+            logits = model(input_ids=torch.from_numpy(inputs).to(device)).logits
+            b, j = np.nonzero(labels != -100)
+            scored = _nll(logits[b, j - 1], torch.from_numpy(labels[b, j]).to(device)).cpu()
+            nll[b, j + t - 1 - start_rows(t, s1)] = scored
+        for b, w in enumerate(batch):
+            out.append(nll[b, w.first_scored + lead[b] : len(rows[b])])
     return out
 
 
@@ -373,7 +412,7 @@ def _per_prefix(model, windows, batch_size, pad, mask_id, two_stream: bool, chos
             chunk = ks[i : i + batch_size]
             if two_stream:
                 # the plan masked pretraining trained: BOS rank 0, the prefix one group (bidirectional), the
-                # target alone in the next group (plans.infilling_ranks)
+                # target alone in the next group (masking_lookaround.infilling_ranks)
                 ids, mask = _pad([w.input_ids[: k + 1] for k in chunk], pad)
                 hidden = torch.zeros_like(ids, dtype=torch.bool)
                 rows = torch.arange(len(chunk))

@@ -33,7 +33,9 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from .. import objectives
-from ..plans import check_mask_ratio_range, expected_masked_count
+from ..objectives import dar
+from ..objectives.vmlm import check_mask_ratio_range
+from ..plans import expected_masked_count
 
 __all__ = [
     "EXACT_OBJECTIVES",
@@ -67,9 +69,8 @@ def _ar_ranks(n: int, c: int) -> np.ndarray:
 
 
 def _dar_ranks(n: int, c: int, size: int, s1: int) -> np.ndarray:
-    i = np.arange(n - c)
     ranks = np.zeros(n, dtype=np.int64)
-    ranks[c:] = np.where(i < s1, 0, 1 + (i - s1) // size) + (1 if c else 0)
+    ranks[c:] = dar.ranks(np.arange(n - c), s1, size, c)  # the plan's own rank rule
     return ranks
 
 

@@ -33,6 +33,8 @@ import logging
 import math
 import os
 import shutil
+import typing
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,10 +49,9 @@ from transformers import (
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .. import plans
-from . import checkpointing
 from .. import objectives
-from ..data.collators import MASKED_FORMS, PlanCollator, make_collator, max_targets
+from ..data.collators import PlanCollator, make_collator, max_targets
+from . import checkpointing
 from ..data.text import (
     build_blocks,
     is_split_by_node,
@@ -72,9 +73,6 @@ __all__ = [
     "CollatorEpochCallback",
     "run",
 ]
-
-MASKED = objectives.names(objectives.MASKED)  # the objectives with a single-stream [MASK] form
-
 
 @dataclass
 class ModelArguments:
@@ -131,55 +129,58 @@ class DataArguments:
     )
 
 
-@dataclass
-class ObjectiveArguments:
-    objective: str = field(default="ar", metadata={"help": f"one of {plans.PLAN_NAMES}"})
-    group_size: list[int] = field(
-        default_factory=lambda: [2],
-        metadata={"help": "dar: group size t, or several (a mixture)", "aliases": ["--group_sizes"]},
-    )
-    mask_ratio: float = field(default=0.15, metadata={"help": "mlm: masking ratio"})
-    mask_ratio_range: list[float] = field(default_factory=lambda: [0.15, 0.3], metadata={"help": "vmlm: a b"})
-    num_groups: int = field(default=20, metadata={"help": "gvp: K"})
-    segmentation: str = field(default="mixed", metadata={"help": "gvp: fixed, random or mixed"})
-    masked_form: str = field(default="two_stream", metadata={"help": "mlm/vmlm: two_stream or single_stream ([MASK])"})
-    ar_form: str = field(
-        default="two_stream",
-        metadata={"help": "ar: two_stream (the query stream predicts, as for every objective here) or single_stream "
-                          "(GPT: the causal content stream predicts the next token; LookAroundForCausalLM, one stream "
-                          "of work per token)"},
-    )
-    mask_replace_prob: float = field(default=0.8, metadata={"help": "single_stream: share of masked tokens -> [MASK]"})
-    random_replace_prob: float = field(default=0.1, metadata={"help": "single_stream: share -> a random token"})
-    mixture: list[str] = field(
-        default_factory=list,
-        metadata={"help": "--objective mixture: components and weights, e.g. 'dar=0.5 vmlm=0.5' (normalised); each "
-                          "component takes its parameters from the flags above (--group_size, --mask_ratio_range, ...)"},
-    )
+class ObjectiveArgumentsBase:
+    """What ``ObjectiveArguments`` does with its flags: the objective's parameters dataclass (``Params`` of its module
+    in :mod:`hf_lookaround.objectives`) checks them, and gives the plan's and the collator's parameters."""
 
     def __post_init__(self):
-        if self.objective not in plans.PLAN_NAMES:
-            raise ValueError(f"--objective must be one of {plans.PLAN_NAMES}, got {self.objective!r}")
-        if self.masked_form not in MASKED_FORMS:
-            raise ValueError(f"--masked_form must be one of {MASKED_FORMS}, got {self.masked_form!r}")
-        if self.ar_form not in MASKED_FORMS:
-            raise ValueError(f"--ar_form must be one of {MASKED_FORMS}, got {self.ar_form!r}")
-        if self.ar_form != "two_stream" and self.objective != "ar":
-            raise ValueError(f"--ar_form single_stream applies to --objective ar only (got --objective "
-                             f"{self.objective}): the other plans predict with the query stream")
-        if self.objective == "vmlm":
-            plans.check_mask_ratio_range(self.mask_ratio_range)
-        if self.is_mixture:
-            if not self.mixture:
-                raise ValueError("--objective mixture needs its components and weights: --mixture NAME=WEIGHT ..., "
-                                 "e.g. --mixture dar=0.5 vmlm=0.5")
-            if self.masked_form != "two_stream":
-                raise ValueError("--objective mixture trains two-stream only: drop --masked_form single_stream (the "
-                                 "[MASK] form has no meaning for the rows of a look-ahead component)")
-            self.plan_params()  # parses --mixture and checks every component's parameters
-        elif self.mixture:
+        if self.objective not in objectives.PLAN_NAMES:
+            raise ValueError(f"--objective must be one of {objectives.PLAN_NAMES}, got {self.objective!r}")
+        self._refuse_other_forms()
+        if self.mixture and not self.is_mixture:
             raise ValueError(f"--mixture applies only with --objective mixture (got --objective {self.objective}); "
                              "add --objective mixture or drop --mixture")
+        if self.is_mixture:
+            for name in objectives.mixture.parse_weights(self.mixture):
+                if name in objectives.OBJECTIVES and objectives.family(name) != objectives.MIXTURE:
+                    self._component_plan_params(name)
+                    self._refuse_single_stream_component(name)
+        self.params  # every flag of the objective (and of a mixture's components) checked now, not mid-run
+
+    def _refuse_other_forms(self) -> None:
+        """A form flag (--ar_form, --dar_form, --masked_form) set for an objective it does not belong to."""
+        own = set(objectives.get(self.objective).flags)
+        for f in dataclasses.fields(self):
+            if f.name.endswith("_form") and f.name not in own and getattr(self, f.name) != f.default:
+                owners = [name for name, o in objectives.OBJECTIVES.items() if f.name in o.flags]
+                raise ValueError(f"--{f.name} {getattr(self, f.name)} applies to --objective {' / '.join(owners)} only, "
+                                 f"not --objective {self.objective}; drop --{f.name}")
+
+    def _refuse_single_stream_component(self, name: str) -> None:
+        params = self.objective_params(name)
+        if params.form != objectives.TWO_STREAM:
+            raise ValueError(f"--objective mixture trains two-stream only: drop the single_stream form of {name!r} "
+                             "(a single-stream form has no meaning for the other components' rows)")
+
+    def objective_params(self, name: str):
+        """``name``'s parameters dataclass, from the flags it owns."""
+        o = objectives.get(name)
+        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(o.Params) if f.metadata.get("cli", True)}
+        if o.family == objectives.MIXTURE:
+            weights = objectives.mixture.parse_weights(self.mixture)
+            given["components"] = {c: self._component_plan_params(c) for c in weights
+                                   if c in objectives.OBJECTIVES and objectives.get(c).family != objectives.MIXTURE}
+        return o.Params(**given)
+
+    def _component_plan_params(self, name: str) -> dict:
+        try:
+            return self.objective_params(name).plan_params()
+        except ValueError as error:
+            raise ValueError(f"mixture: component {name!r}: {error}") from None
+
+    @property
+    def params(self):
+        return self.objective_params(self.objective)
 
     @property
     def is_mixture(self) -> bool:
@@ -187,56 +188,61 @@ class ObjectiveArguments:
 
     def mixture_weights(self) -> dict[str, float]:
         """``--mixture dar=0.5 vmlm=0.5`` as ``{name: weight}`` (as given, not yet normalised)."""
-        weights: dict[str, float] = {}
-        for item in self.mixture:
-            name, sep, value = str(item).partition("=")
-            name = name.strip()
-            if not sep or not name:
-                raise ValueError(f"--mixture: {item!r} is not NAME=WEIGHT; write e.g. --mixture dar=0.5 vmlm=0.5")
-            if name in weights:
-                raise ValueError(f"--mixture: {name!r} is given twice; list each component once")
-            try:
-                weights[name] = float(value)
-            except ValueError:
-                raise ValueError(f"--mixture: the weight of {name!r} must be a number, got {value!r}") from None
-        return weights
-
-    def _component_params(self, name: str) -> dict:
-        t = self.group_size[0] if len(self.group_size) == 1 else list(self.group_size)
-        return {
-            "ar": {},
-            "dar": {"t": t},
-            "mlm": {"mask_ratio": self.mask_ratio},
-            "vmlm": {"mask_ratio_range": list(self.mask_ratio_range)},
-            "gvp": {"num_groups": self.num_groups, "segmentation": self.segmentation},
-        }.get(name, {})
+        return objectives.mixture.parse_weights(self.mixture)
 
     @property
     def single_stream(self) -> bool:
-        """A classic single-stream form: BERT's [MASK] inputs (mlm, vmlm) or GPT's next token (ar)."""
-        if self.objective == "ar":
-            return self.ar_form == "single_stream"
-        return self.objective in MASKED and self.masked_form == "single_stream"
+        """A classic single-stream form: GPT's next token (ar), BERT's [MASK] inputs (masked family)."""
+        return self.params.form == objectives.SINGLE_STREAM
+
+    @property
+    def single_stream_head(self) -> str | None:
+        return objectives.get(self.objective).single_stream_head if self.single_stream else None
 
     def plan_params(self) -> dict:
-        """The keyword arguments of ``plans.make_plan`` for this objective (stored in ``config.plan_params``); for a
-        mixture, ``{"mixture": normalised weights, "components": {name: that objective's plan parameters}}``."""
-        if not self.is_mixture:
-            return self._component_params(self.objective)
-        weights = self.mixture_weights()
-        weights, components = plans.check_mixture(
-            weights, {name: self._component_params(name) for name in weights if name in objectives.OBJECTIVES})
-        return {"mixture": weights, "components": components}
+        """The keyword arguments of the plan function (stored in ``config.plan_params``); for a mixture,
+        ``{"mixture": normalised weights, "components": {name: that objective's plan parameters}}``."""
+        return self.params.plan_params()
 
     def collator_params(self) -> dict:
-        params = {"t": "group_size"}
-        out = {params.get(k, k): (tuple(v) if k == "mask_ratio_range" else v) for k, v in self.plan_params().items()}
-        if self.objective in MASKED:
-            out.update(form=self.masked_form, mask_replace_prob=self.mask_replace_prob,
-                       random_replace_prob=self.random_replace_prob)
-        if self.objective == "ar":
-            out.update(form=self.ar_form)
-        return out
+        return self.params.collator_params()
+
+    def check_block_size(self, block_size: int) -> None:
+        names = self.mixture_weights() if self.is_mixture else [self.objective]
+        for name in names:
+            self.objective_params(name).check_block_size(block_size)
+
+
+def _objective_fields() -> list[tuple]:
+    """The flags of every objective module, once each (a flag that several objectives share, such as --masked_form,
+    must have one default and one type)."""
+    merged: dict[str, tuple] = {}
+    for o in objectives.OBJECTIVES.values():
+        hints = typing.get_type_hints(o.Params)
+        for f in dataclasses.fields(o.Params):
+            if not f.metadata.get("cli", True):
+                continue
+            spec = (f.name, hints[f.name], field(default=f.default, default_factory=f.default_factory,
+                                                 metadata=dict(f.metadata)))
+            if f.name in merged:
+                old = merged[f.name][2]
+                if (old.default, old.default_factory) != (f.default, f.default_factory) and not (
+                        f.default_factory is not dataclasses.MISSING and old.default_factory is not dataclasses.MISSING
+                        and old.default_factory() == f.default_factory()):
+                    raise TypeError(f"objectives share the flag --{f.name} with different defaults")
+                continue
+            merged[f.name] = spec
+    return list(merged.values())
+
+
+# `hf-lookaround pretrain`'s objective flags: --objective, and every objective module's parameters
+ObjectiveArguments = dataclasses.make_dataclass(
+    "ObjectiveArguments",
+    [("objective", str, field(default="ar", metadata={"help": f"one of {objectives.PLAN_NAMES}"})),
+     *_objective_fields()],
+    bases=(ObjectiveArgumentsBase,),
+)
+ObjectiveArguments.__module__ = __name__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,10 +441,11 @@ class LookAroundTrainer(Trainer):
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         # under --torch_compile the attention masks (a FlexAttention BlockMask above all) are built here, once per
-        # batch and outside the compiled graph, which cannot build a BlockMask inside itself
-        if self.args.torch_compile and "group_ids" in inputs and "prepared_attention" not in inputs:
+        # batch (a block-causal one once per run) and outside the compiled graph, which cannot build a BlockMask
+        if self.args.torch_compile and "prepared_attention" not in inputs:
             inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
-            if hasattr(inner, "prepare_attention"):
+            block_causal = getattr(inner.config, "default_attention", None) == "block_causal"
+            if ("group_ids" in inputs or block_causal) and hasattr(inner, "prepare_attention"):
                 inputs = {**inputs, "prepared_attention": inner.prepare_attention(**inputs)}
         return super().compute_loss(model, inputs, *args, **kwargs)
 
@@ -515,7 +522,7 @@ def prepare_tokenizer(model_args: ModelArguments, data_args: DataArguments, trai
 
 
 def check_tokenizer(tokenizer, objective_args: ObjectiveArguments) -> None:
-    if objective_args.single_stream and objective_args.objective in MASKED and tokenizer.mask_token_id is None:
+    if objective_args.single_stream_head == objectives.MASKED_HEAD and tokenizer.mask_token_id is None:
         raise ValueError(
             f"--objective {objective_args.objective} --masked_form single_stream feeds [MASK] inputs, but the tokenizer "
             "has no mask token: use a tokenizer with one (e.g. --train_tokenizer) or --masked_form two_stream"
@@ -547,9 +554,11 @@ def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments,
             setattr(config, name, getattr(tokenizer, name, None))
     elif len(tokenizer) > config.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the checkpoint's vocabulary has {config.vocab_size}")
-    if block_size > config.max_position_embeddings:
+    width = objective_args.params.input_width(block_size)  # a form may add start rows to each block
+    if width > config.max_position_embeddings:
+        extra = f" (plus {width - block_size} start rows of --{objective_args.objective}_form)" if width > block_size else ""
         raise ValueError(
-            f"--block_size {block_size} is larger than the model's max_position_embeddings "
+            f"--block_size {block_size}{extra} is larger than the model's max_position_embeddings "
             f"({config.max_position_embeddings}): lower --block_size or raise max_position_embeddings"
         )
     config.objective = objective_args.objective
@@ -558,6 +567,8 @@ def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments,
     if objective_args.is_mixture:
         config.mixture = dict(config.plan_params["mixture"])  # the weights, for a reader of config.json
     config.prediction_stream = "content" if objective_args.single_stream else "query"  # the stream trained to predict
+    for name, value in objective_args.params.config_fields().items():  # e.g. dar's one-stream block-causal pattern
+        setattr(config, name, value)
     config.validate_lookaround()
     return config
 
@@ -571,7 +582,8 @@ def build_model(config, model_args: ModelArguments, objective_args: ObjectiveArg
 
     cls = LookAroundForPreTraining
     if objective_args.single_stream:
-        cls = LookAroundForCausalLM if objective_args.objective == "ar" else LookAroundForMaskedLM
+        cls = {objectives.CAUSAL_HEAD: LookAroundForCausalLM, objectives.MASKED_HEAD: LookAroundForMaskedLM}[
+            objective_args.single_stream_head]
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path:
         from ..hub.weights import check_local_weights
@@ -598,7 +610,7 @@ def without_unread_content(collator, objective_args: ObjectiveArguments, trainin
     objectives and GVP, whose top rank holds many tokens) asks for it."""
     masked = objectives.family(objective_args.objective) == objectives.MASKED
     drop = training_args.drop_unread_content
-    by_default = masked or objective_args.objective == "gvp"
+    by_default = objectives.get(objective_args.objective).drops_unread_content
     if not (by_default if drop is None else drop) or objective_args.single_stream:
         return collator
     from .unread_content import DropUnreadContent
@@ -654,17 +666,6 @@ def check_data_args(data_args: DataArguments, training_args: TrainingArguments) 
         raise ValueError(
             "--streaming cannot hold out --validation_split_percentage of a stream of unknown length: give "
             "--validation_files, or train only (--do_train without --do_eval)"
-        )
-
-
-def check_group_sizes(objective_args: ObjectiveArguments, block_size: int) -> None:
-    """A dar group larger than a block's predictable tokens (block_size - 1, after BOS) cannot be formed."""
-    uses_t = objective_args.objective == "dar" or (
-        objective_args.is_mixture and "dar" in objective_args.mixture_weights())
-    if uses_t and max(objective_args.group_size) > block_size - 1:
-        raise ValueError(
-            f"--group_size {max(objective_args.group_size)} is larger than a block's {block_size - 1} predicted tokens "
-            f"(--block_size {block_size} minus BOS): use a group size <= {block_size - 1} or a larger --block_size"
         )
 
 
@@ -770,7 +771,7 @@ def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments
     keeps it near the cost of a short training run; the log says how many of how many."""
     from ..evaluation.perplexity import ar_perplexity, default_masked_mode, masked_perplexity
 
-    if objective_args.single_stream and objective_args.objective == "ar":  # GPT: one causal forward per window
+    if objective_args.single_stream_head == objectives.CAUSAL_HEAD:  # GPT, or dar's one-stream form (t forwards)
         result = ar_perplexity(model, tokenizer, texts, max_length=block_size, stride=max(1, block_size // 2),
                                batch_size=batch_size)
         return {"eval_ar_perplexity": result.perplexity, "eval_bits_per_byte": result.bits_per_byte}
@@ -792,7 +793,8 @@ def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments
         model.train(was_training)
     if "num_scorable_tokens" in result.extra:
         logger.info("masked perplexity: scored %d of %d positions", result.num_tokens, result.extra["num_scorable_tokens"])
-    name = "eval_masked_perplexity" if objective_args.objective in MASKED else "eval_ar_perplexity"
+    masked = objectives.family(objective_args.objective) == objectives.MASKED
+    name = "eval_masked_perplexity" if masked else "eval_ar_perplexity"
     return {name: result.perplexity, "eval_bits_per_byte": result.bits_per_byte}
 
 
@@ -869,7 +871,7 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
 
     check_launch(training_args)
     check_data_args(data_args, training_args)
-    check_group_sizes(objective_args, block_size)
+    objective_args.check_block_size(block_size)
     with training_args.main_process_first(desc="loading the text"):
         train_raw, eval_raw = read_splits(data_args)
     if training_args.do_eval and eval_raw is None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from .. import objectives
 from ..hub.cards import write_model_card
 from ..models.lookaround.configuration_lookaround_vit import LookAroundViTConfig
 from ..data.image_collator import make_image_collator
@@ -33,11 +34,9 @@ logger = logging.getLogger(__name__)
 
 
 def _plan_params(args) -> dict:
-    if args.objective == "gvp":
-        return {"num_groups": args.num_groups, "segmentation": args.segmentation}
-    if args.objective == "vmlm":
-        return {"mask_ratio_range": tuple(args.mask_ratio_range)}
-    return {"mask_ratio": args.mask_ratio}
+    """The plan's parameters from the options the objective's module names (``--num_groups``, ``--mask_ratio``...)."""
+    objective = objectives.get(args.objective)
+    return objective.Params(**{f: getattr(args, f) for f in objective.flags if hasattr(args, f)}).plan_params()
 
 
 def _training_args(output_dir, args, steps):

@@ -9,7 +9,7 @@ NORM_POSITIONS = ("pre", "post")
 GLU_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu"}
 PLAIN_ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")
 POSITION_EMBEDDING_TYPES = ("rope", "absolute")
-ATTENTION_PATTERNS = ("causal", "bidirectional")
+ATTENTION_PATTERNS = ("causal", "bidirectional", "block_causal")
 POOLINGS = ("cls", "mean", "last")
 PREDICTION_STREAMS = ("query", "content")
 # Configs written before `prediction_stream` existed name only their objective, one of these five. This file is
@@ -70,8 +70,12 @@ class LookAroundConfig(PreTrainedConfig):
             correct whatever order a plan predicts in.
         rope_theta (`float`): RoPE base.
         attention_bias, mlp_bias (`bool`): biases in the projections.
-        default_attention (`"causal"` or `"bidirectional"`): the single-stream pattern used when no plan is given
-            (features for probing, classification). Pretraining scripts set it to match the objective.
+        default_attention (`"causal"`, `"bidirectional"` or `"block_causal"`): the single-stream pattern used when no
+            plan is given (features for probing, classification). Pretraining scripts set it to match the objective.
+            `"block_causal"`: a token sees the tokens of its own group and of every earlier group, groups being
+            `attention_group_size` consecutive tokens (dar's one-stream form, after SAT: the row of a token
+            predicts the token `attention_group_size` places ahead, in the next group).
+        attention_group_size (`int`): the group size of the `"block_causal"` pattern (1 is causal).
         classifier_pooling (`"cls"`, `"mean"` or `"last"`): how the sequence classifier pools tokens.
         classifier_dropout (`float`, optional): dropout before the classifier (defaults to `hidden_dropout_prob`).
         objective (`str`, optional), plan_params (`dict`, optional): what the checkpoint was pretrained with;
@@ -108,6 +112,7 @@ class LookAroundConfig(PreTrainedConfig):
     attention_bias: bool = False
     mlp_bias: bool = False
     default_attention: str = "bidirectional"
+    attention_group_size: int = 1
     classifier_pooling: str = "mean"
     classifier_dropout: float | None = None
     objective: str | None = None
@@ -140,7 +145,7 @@ class LookAroundConfig(PreTrainedConfig):
     def validate_lookaround(self) -> None:
         """Raise a ValueError that says what to fix for any inconsistent value."""
         self.check_positive_ints("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                 "intermediate_size", "max_position_embeddings")
+                                 "intermediate_size", "max_position_embeddings", "attention_group_size")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "

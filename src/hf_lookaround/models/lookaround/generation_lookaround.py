@@ -36,7 +36,7 @@ from transformers.generation import (
     TypicalLogitsWarper,
 )
 
-from .masking_lookaround import NO_TARGET_RANK
+from .masking_lookaround import NO_TARGET_RANK, one_stream_start_rows
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,12 @@ def check_group_size(config, group_size, allow_untrained: bool = False) -> None:
         raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     sizes = trained_group_sizes(config)
     objective = getattr(config, "objective", None)
-    if getattr(config, "prediction_stream", None) == "content":
+    if is_one_stream_group_model(config):
+        if group_size != config.attention_group_size:
+            _refuse_or_warn(f"this one-stream checkpoint (block-causal attention) predicts the token "
+                            f"{config.attention_group_size} places ahead: it decodes with group_size="
+                            f"{config.attention_group_size} only, not {group_size}", allow_untrained)
+    elif getattr(config, "prediction_stream", None) == "content":
         _refuse_or_warn("this checkpoint was trained single-stream (config.prediction_stream='content'): its query "
                         "stream, which group decoding reads, was never trained; use generate() without group_size (CLI: "
                         "drop --group_size / --draft_group_size)",
@@ -135,10 +140,18 @@ def default_group_size(config) -> int:
     """The group size ``generate()`` / the CLI decode with when none is given: 1 (AR decoding) when the checkpoint
     trained it or records no look-ahead plan, else the smallest group size it trained (a ``dar`` checkpoint trained
     with ``t = 2`` alone decodes with ``t = 2``, never silently with an untrained ``t = 1``)."""
+    if is_one_stream_group_model(config):
+        return int(config.attention_group_size)
     sizes = trained_group_sizes(config)
     if not sizes or 1 in sizes or getattr(config, "prediction_stream", None) == "content":
         return 1
     return min(sizes)
+
+
+def is_one_stream_group_model(config) -> bool:
+    """dar's one-stream form: block-causal content stream whose row predicts the token ``t`` places ahead."""
+    return getattr(config, "prediction_stream", None) == "content" and \
+        getattr(config, "default_attention", None) == "block_causal"
 
 
 def check_draft_group_size(config, draft_group_size, allow_untrained: bool = False) -> None:
@@ -149,6 +162,9 @@ def check_draft_group_size(config, draft_group_size, allow_untrained: bool = Fal
     if isinstance(draft_group_size, bool) or not isinstance(draft_group_size, int) or draft_group_size < 2:
         raise ValueError(f"draft_group_size must be an int >= 2 (a group of k query rows: the next token and k - 1 "
                          f"drafts after it), got {draft_group_size!r}")
+    if is_one_stream_group_model(config):
+        raise UntrainedDecodingError("self-speculative decoding reads the two-stream form's AR and draft query rows; "
+                                     "this one-stream (block-causal) checkpoint has neither: decode with group_size")
     try:  # the draft group's own size, and the stream
         check_group_size(config, draft_group_size, allow_untrained)
     except UntrainedDecodingError as error:
@@ -238,11 +254,13 @@ def _static_cache(model, batch: int, max_len: int, dtype_like):
     return cache
 
 
-def _decoding_step(model, compile_config):
+def _decoding_step(model, compile_config, one_stream: bool = False):
     """``(prefill, step)``: one decoding forward (content rows join the cache, query rows predict) -> float logits
     of the query rows. ``step`` is compiled with ``compile_config`` (fixed shapes: a static cache and full-width
     ranks and mask); ``prefill``, the first forward over the prompt, runs eager, as in transformers' own loop: it
-    has its own width, and it fills the static cache's tensors outside any CUDA graph, which would own them."""
+    has its own width, and it fills the static cache's tensors outside any CUDA graph, which would own them.
+    ``one_stream``: dar's one-stream form: block-causal content rows join the cache and the last ``t`` of them
+    predict (``forward(input_ids, attention_mask, position_ids, cache)``)."""
     backbone, lm_head = model.base_model, model.lm_head
 
     def prefill(input_ids, attention_mask, group_ids, position_ids, cache, query_position_ids, query_group_ids):
@@ -251,10 +269,17 @@ def _decoding_step(model, compile_config):
                        query_position_ids=query_position_ids, query_group_ids=query_group_ids, content_output=False)
         return lm_head(out.query_hidden_state).float()
 
+    def one_stream_prefill(input_ids, attention_mask, position_ids, cache):
+        out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       attention_pattern="block_causal", past_key_values=cache, use_cache=cache is not None)
+        return lm_head(out.last_hidden_state[:, -model.config.attention_group_size:]).float()
+
+    if one_stream:
+        prefill = one_stream_prefill
     if compile_config is None:
         return prefill, prefill
     held = getattr(model, "_lookaround_compiled_step", None)
-    key = repr(sorted(compile_config.to_dict().items()))
+    key = repr((one_stream, sorted(compile_config.to_dict().items())))
     if held is None or held[0] != key:
         options = compile_config.to_dict()
         compiled = torch.compile(prefill, fullgraph=options["fullgraph"], dynamic=False, backend=options["backend"],
@@ -309,7 +334,7 @@ def semi_ar_ranks(attention_mask: torch.Tensor, total_len: int, group_size: int,
     condition has rank 0 and text position ``i >= c`` has rank ``R + floor((i - P) / t)`` with
     ``R = c + ceil((P - c) / t)`` the rank of the first generated group: groups of ``t`` tokens end where the
     prompt ends and the first text group holds ``1..t`` tokens, exactly a plan that
-    ``plans.semi_autoregressive_plan`` draws. ``t = 1`` gives ``g[i] = i`` (the AR plan). Padding gets rank 0
+    the dar plan (``objectives/dar.py``) draws. ``t = 1`` gives ``g[i] = i`` (the AR plan). Padding gets rank 0
     (it is never attended). Position ids count real tokens only.
     """
     batch, prompt_cols = attention_mask.shape
@@ -323,6 +348,23 @@ def semi_ar_ranks(attention_mask: torch.Tensor, total_len: int, group_size: int,
     ranks = first_generated + torch.div(i - real, group_size, rounding_mode="floor")
     ranks = torch.where(i < c, torch.zeros_like(ranks), ranks)
     return ranks, i.clamp(min=0)
+
+
+def one_stream_prompt(input_ids, attention_mask, group_size: int, bos: int, pad: int):
+    """A left-padded prompt in dar's one-stream layout: ``(ids, mask, positions)``, ``(B, U)`` with ``U`` a multiple
+    of ``t``. Groups of ``t`` tokens end where each prompt ends (the first text group holds ``1..t`` tokens, as the
+    plan draws it), and :func:`one_stream_start_rows` BOS copies come before the prompt's BOS, so every group fills
+    a block and the prompt's last ``t`` rows predict the next group. Rows are left-padded by whole blocks."""
+    batch, prompt_len = input_ids.shape
+    real = (attention_mask != 0).long().sum(-1, keepdim=True)  # BOS and the text
+    first_group = torch.remainder(real - 2, group_size) + 1  # s1: (text - 1) mod t + 1
+    row_len = one_stream_start_rows(group_size, first_group) + real
+    width = int(row_len.max())
+    from_end = torch.arange(width - 1, -1, -1, device=input_ids.device).expand(batch, width)
+    source = (prompt_len - 1 - from_end).clamp(min=0)
+    ids = torch.where(from_end < real, input_ids.gather(1, source), torch.where(from_end < row_len, bos, pad))
+    positions = (torch.arange(width, device=input_ids.device) - (width - row_len)).clamp(min=0)
+    return ids, (from_end < row_len).long(), positions
 
 
 class GroupDecodingMixin:
@@ -581,6 +623,16 @@ def _group_decode(
     has_condition = first_real == bos if bos is not None else torch.zeros(batch, dtype=torch.bool, device=device)
     # the whole plan is known up front: ranks and positions of every column, prompt and continuation
     ranks, positions = semi_ar_ranks(attention_mask, total, group_size, has_condition)
+    one_stream = is_one_stream_group_model(config)
+    if one_stream:
+        if bos is None or not bool(has_condition.all()):
+            raise ValueError("a one-stream (block-causal) checkpoint decodes prompts that start with the BOS token "
+                             "(its start rows are copies of it): put tokenizer.bos_token in front of each prompt")
+        stream_ids, stream_mask, stream_positions = one_stream_prompt(input_ids, attention_mask, group_size, bos,
+                                                                      pad_token_id)
+        stream_prefill, stream_step = _decoding_step(model, compile_config if static_cache else None, one_stream=True)
+        # the positions of the generated columns continue each row's prompt
+        generated_positions = stream_positions[:, -1:] + 1 + torch.arange(max_new_tokens, device=device)
 
     # one buffer for the whole output: a step writes its columns, views give the sequence so far (no copies)
     buffer = input_ids.new_full((batch, total), pad_token_id)
@@ -596,7 +648,9 @@ def _group_decode(
     eos_ids = None if eos_ids is None else eos_ids.to(device)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
     cache = DynamicCache(config=config) if use_cache else None
-    if static_cache:
+    if static_cache and one_stream:  # a slot for every key: the laid-out prompt and every new token
+        cache = _static_cache(model, batch, stream_ids.shape[1] + max_new_tokens, input_ids.dtype)
+    elif static_cache:
         # fixed shapes, so that a compiled step is reused: every key of the plan is passed (the cache has a slot for
         # each column), and the query rows of a last, cut group are padded to t
         cache = _static_cache(model, batch, total, input_ids.dtype)
@@ -610,7 +664,20 @@ def _group_decode(
         if width <= 0:
             break
         slots = slice(length, length + width)
-        if static_cache:
+        if one_stream:
+            # the rows of the group written last (the prompt's last block at first) predict the next group
+            keys = mask[:, prompt_len:] if static_cache else mask[:, prompt_len:length]
+            key_mask = torch.cat([stream_mask, keys], 1)
+            if past and cache is not None:
+                ids = buffer[:, past:length]
+                position_ids = generated_positions[:, past - prompt_len : length - prompt_len]
+            else:  # the prompt (and without a cache, everything written since)
+                ids = torch.cat([stream_ids, buffer[:, prompt_len:length]], 1)
+                position_ids = torch.cat([stream_positions, generated_positions[:, : length - prompt_len]], 1)
+            forward = stream_step if (past and static_cache) else stream_prefill
+            logits = forward(ids, key_mask, position_ids, cache)[:, :width]
+            past = length
+        elif static_cache:
             forward = step if past else prefill  # the prompt's forward has its own width
             logits = forward(buffer[:, past:length], mask, ranks, positions[:, past:length], cache,
                              query_positions[:, length : length + group_size],
@@ -632,7 +699,7 @@ def _group_decode(
                 group_ids=ranks[:, : length + width], position_ids=positions[:, : length + width],
                 target_positions=torch.arange(length, length + width, device=device).expand(batch, width),
             )
-        if not static_cache:
+        if not (static_cache or one_stream):
             logits = lm_head(out.query_hidden_state[:, :width]).float()
         if one_call:
             group_scores = logits.flatten(0, 1)

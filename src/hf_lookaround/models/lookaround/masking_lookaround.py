@@ -31,6 +31,33 @@ def may_attend(query_rank, key_rank, query_is_strict, key_valid):
     return key_valid & ((key_rank < query_rank) | ((key_rank == query_rank) & ~query_is_strict))
 
 
+def infilling_ranks(hidden: torch.Tensor, is_condition: torch.Tensor) -> torch.Tensor:
+    """Ranks ``(B, T)`` of one step of infilling or of the masked-prefix protocol: the plan masked and GVP
+    pretraining trained, for a set of visible tokens and the hidden positions to predict from them.
+
+    As in the masked and GVP plans with ``num_condition_tokens``: the condition token (BOS, where
+    ``is_condition``) has rank 0 and sees only itself; the visible tokens are the first group (rank 1, or 0 in a
+    row without a condition token), bidirectional among themselves; the hidden positions are the next group
+    (rank 2, or 1), whose query rows read the condition and the visible tokens. Padding gets any rank: its
+    keys are invalid."""
+    hidden, is_condition = torch.as_tensor(hidden, dtype=torch.bool), torch.as_tensor(is_condition, dtype=torch.bool)
+    if hidden.shape != is_condition.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and is_condition {tuple(is_condition.shape)} must have one shape")
+    if (hidden & is_condition).any():
+        raise ValueError("a condition token (BOS) is visible by definition: it cannot be hidden")
+    c = is_condition.any(-1, keepdim=True).long()
+    return torch.where(is_condition, 0, torch.where(hidden, c + 1, c))
+
+
+def one_stream_start_rows(group_size: int, first_group_size):
+    """dar's one-stream form: the start rows (BOS copies) before a sequence whose first text group has
+    ``first_group_size`` tokens. One block of ``t`` (the condition, whose rows predict the first group) and
+    ``t - s1`` more that pad the first text group to a whole block, so that every group fills one block of ``t``
+    slots and block-causal attention sees exactly the earlier groups. The collator lays out training batches
+    and the decoder its prompts with it."""
+    return 2 * group_size - 1 - first_group_size
+
+
 # ``attn_implementation="lookaround_auto"``: SDPA with a boolean mask below this many keys, FlexAttention with a
 # block-sparse BlockMask from it on. A dense mask costs every (row, key) pair; a BlockMask skips the blocks the plan
 # leaves empty (about half of them for the AR family), which pays once attention dominates the step. The value
@@ -192,6 +219,7 @@ def create_plan_mask(
     plain_causal: bool = False,
     query_rows_alone: bool = False,
     prepared: PreparedAttention | None = None,
+    static_group_size: int | None = None,
 ) -> PreparedAttention | None:
     """The masks of one forward, in the form ``implementation`` takes; None for the causal fast path.
 
@@ -200,6 +228,8 @@ def create_plan_mask(
     query_rows_alone: the last layer runs the query rows alone (nothing reads the content stream's output);
         their own mask is built too.
     prepared: masks built beforehand by ``model.prepare_attention`` (outside a compiled step) for this batch.
+    static_group_size: a block-causal forward with no padding and no cache offset: its masks depend on the length
+        alone, so they are built once per shape (:func:`block_causal_masks`).
     """
     if prepared is not None:
         check_prepared_attention(prepared, plan, num_content)
@@ -209,4 +239,40 @@ def create_plan_mask(
         return prepared
     if plain_causal and implementation in ("sdpa", AUTO_ATTENTION):
         return None
+    if static_group_size is not None:
+        return block_causal_masks(static_group_size, num_content, implementation, dtype, plan.key_rank.device)
     return build_prepared_attention(plan, implementation, dtype, num_content, with_query_rows=query_rows_alone)
+
+
+# (group size, length, kernel, dtype, device) -> the masks of an unpadded block-causal forward
+_BLOCK_CAUSAL_MASKS: dict[tuple, PreparedAttention] = {}
+
+
+def block_causal_masks(group_size: int, length: int, implementation: str, dtype: torch.dtype,
+                       device) -> PreparedAttention:
+    """The masks of a block-causal forward over ``length`` tokens without padding or cache (dar's one-stream form in
+    training): the same for every batch, so they are built once per shape, from :func:`may_attend` (a row sees the
+    keys of its own and every earlier group), with a batch dimension of 1 that broadcasts. A BlockMask costs
+    milliseconds to build; a compiled step then reads the same mask every time (``model.prepare_attention``)."""
+    kernel = resolve_attention_implementation(implementation, length)
+    key = (group_size, length, kernel, dtype, str(device))
+    if key not in _BLOCK_CAUSAL_MASKS:
+        rank = torch.div(torch.arange(length, device=device), group_size, rounding_mode="floor")[None]
+        plan = AttentionPlan(query_rank=rank, query_is_strict=torch.zeros_like(rank, dtype=torch.bool),
+                             key_rank=rank, key_valid=torch.ones_like(rank, dtype=torch.bool))
+        if kernel == "flex_attention":  # a BlockMask for any batch: its mask_mod reads no batch index
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            flat = rank[0].int()
+
+            def mask_mod(b, h, q_idx, kv_idx):  # content rows (not strict), every key valid
+                q_rank, k_rank = flat[q_idx], flat[kv_idx]
+                return may_attend(q_rank, k_rank, q_rank < 0, k_rank >= 0)
+
+            block_mask = create_block_mask(mask_mod, None, None, length, length, device=device,
+                                           _compile=rank.is_cuda and not torch.compiler.is_compiling())
+            row_factor = torch.ones((1, length, 1, 1), dtype=dtype, device=device)  # every row sees its own group
+            _BLOCK_CAUSAL_MASKS[key] = PreparedAttention(block_mask, row_factor, length, length)
+        else:
+            _BLOCK_CAUSAL_MASKS[key] = build_prepared_attention(plan, implementation, dtype, length, False)
+    return _BLOCK_CAUSAL_MASKS[key]

@@ -54,6 +54,7 @@ from .masking_lookaround import (
     PreparedAttention,
     build_prepared_attention,
     create_plan_mask,
+    infilling_ranks,
     may_attend,
     register_auto_attention,
     resolve_attention_implementation,
@@ -480,11 +481,10 @@ class LookAroundModel(LookAroundPreTrainedModel):
         # nobody reads the content stream's output: the last layer runs the query rows alone
         query_rows_alone = not content_output and rows.num_query > 0 and not output_hidden_states \
             and not output_attentions
-        plain_causal = not rows.two_stream and rows.pattern == "causal" and attention_mask is None \
-            and rows.key_len == seq_len and not output_attentions
+        unpadded = not rows.two_stream and attention_mask is None and rows.key_len == seq_len and not output_attentions
         masks = create_plan_mask(rows.plan, self.config._attn_implementation, inputs_embeds.dtype, seq_len,
-                                 plain_causal=plain_causal, query_rows_alone=query_rows_alone,
-                                 prepared=prepared_attention)
+                                 plain_causal=unpadded and rows.pattern == "causal", query_rows_alone=query_rows_alone,
+                                 prepared=prepared_attention, static_group_size=self._static_group_size(rows, unpadded))
 
         hidden = inputs_embeds
         if rows.two_stream:  # the query stream starts from a learned vector
@@ -516,6 +516,10 @@ class LookAroundModel(LookAroundPreTrainedModel):
             target_positions=rows.target_positions,
             past_key_values=past_key_values if use_cache else None,
         )
+
+    def _static_group_size(self, rows, unpadded: bool) -> int | None:
+        """The group size of a block-causal forward whose masks are the same for every batch (no padding, no cache)."""
+        return self.config.attention_group_size if unpadded and rows.pattern == "block_causal" else None
 
     def embed(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.FloatTensor | None) -> torch.Tensor:
         """The content stream's input: token embeddings (or the given ones), checked."""
@@ -594,8 +598,11 @@ class LookAroundModel(LookAroundPreTrainedModel):
             key_rank = torch.arange(key_len, device=device).expand(batch, key_len)
         elif pattern == "bidirectional":
             key_rank = torch.zeros(batch, key_len, dtype=torch.long, device=device)
+        elif pattern == "block_causal":  # groups of t consecutive keys: a key's rank is its group's index
+            key_rank = torch.div(torch.arange(key_len, device=device), self.config.attention_group_size,
+                                 rounding_mode="floor").expand(batch, key_len)
         else:
-            raise ValueError(f"attention_pattern must be 'causal' or 'bidirectional', got {pattern!r}")
+            raise ValueError(f"attention_pattern must be 'causal', 'bidirectional' or 'block_causal', got {pattern!r}")
         content_rank = key_rank.gather(1, content_index)
 
         row_positions, row_rank, num_query = position_ids, content_rank, 0
@@ -999,10 +1006,9 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         )
 
     def _masked_plan_ranks(self, input_ids, attention_mask, is_target) -> torch.Tensor:
-        """The ranks masked pretraining gave a BOS-prefixed block (``plans.masked_plan`` with a condition token):
-        BOS alone at rank 0, the visible tokens rank 1, the positions to predict rank 2; in a row that does not
-        start with a visible BOS, visible rank 0 and targets rank 1 (``plans.infilling_ranks``, which this
-        remote-code file cannot import)."""
+        """The ranks masked pretraining gave a BOS-prefixed block: BOS alone at rank 0, the visible tokens rank 1,
+        the positions to predict rank 2; in a row that does not start with a visible BOS, visible rank 0 and
+        targets rank 1 (:func:`masking_lookaround.infilling_ranks`)."""
         bos = self.config.bos_token_id
         is_condition = torch.zeros_like(is_target)
         if input_ids is not None and bos is not None:
@@ -1010,8 +1016,7 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
             if attention_mask is not None:
                 first = first & (attention_mask[:, 0].to(first.device) != 0)
             is_condition[:, 0] = first
-        c = is_condition.any(-1, keepdim=True).long()
-        return torch.where(is_condition, 0, torch.where(is_target, c + 1, c))
+        return infilling_ranks(is_target, is_condition)
 
     def _positions_to_predict(self, input_ids, attention_mask, labels) -> torch.Tensor:
         mask_id = self.config.mask_token_id
@@ -1037,7 +1042,9 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
     """Causal LM (GPT-style) with a KV cache for `generate()` (dynamic or static cache).
 
     - `config.prediction_stream == "content"`: the single-stream causal view; `logits[:, i]` is the content stream
-      at `i`.
+      at `i`. With `config.default_attention == "block_causal"` (dar's one-stream form) a token sees its own group of
+      `config.attention_group_size` tokens and every earlier group, and `logits[:, i]` predicts the token `t` places
+      ahead (the labels a `dar` collator of that form emits); `generate()` decodes a group per forward.
     - `"query"` (two-stream checkpoints): the AR plan, the pathway pretraining trained. The content stream is causal
       (a token's rank is its index among the keys) and a query row at position `i + 1` with rank `i + 1` gives
       `logits[:, i]`: it predicts token `i + 1` from the tokens `<= i`, exactly as the AR plan's query stream does.
@@ -1060,9 +1067,12 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         logits_to_keep: int | torch.Tensor = 0,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
+        prepared_attention: PreparedAttention | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        r"""labels (`(B, T)`): the input ids themselves; they are shifted inside, -100 is ignored."""
+        r"""labels (`(B, T)`): the input ids themselves; they are shifted inside, -100 is ignored. (A block-causal
+        checkpoint's collator writes at `labels[:, i + 1]` the token row `i` predicts, `t` places ahead.)
+        prepared_attention: the masks from `model.prepare_attention(**batch)`, built outside a compiled step."""
         refuse_plan_inputs(self, kwargs)
         inputs = input_ids if input_ids is not None else inputs_embeds
         shape, device = inputs.shape[:2], inputs.device
@@ -1073,8 +1083,9 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         common = dict(
             input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-            attention_pattern="causal", past_key_values=past_key_values, use_cache=use_cache,
+            attention_pattern=self.content_pattern, past_key_values=past_key_values, use_cache=use_cache,
             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+            prepared_attention=prepared_attention,
         )
         if self.predicts_with_query_stream:
             # with labels every row is needed for the loss; otherwise only the kept ones run
@@ -1100,6 +1111,28 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
             loss=loss, logits=logits, past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,
         )
+
+    @property
+    def content_pattern(self) -> str:
+        """The content stream's pattern: block-causal for dar's one-stream form, else causal."""
+        return "block_causal" if self.config.default_attention == "block_causal" else "causal"
+
+    def prepare_attention(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, **kwargs):
+        """The masks of a single-stream batch, built outside a compiled step (pass the result as
+        `prepared_attention`); None where the forward needs none (SDPA's own causal kernel)."""
+        if self.predicts_with_query_stream:
+            raise ValueError("prepare_attention serves the single-stream form; a two-stream checkpoint's causal view "
+                             "builds its query rows inside forward")
+        inputs = input_ids if input_ids is not None else inputs_embeds
+        if inputs is None:
+            raise ValueError("prepare_attention needs input_ids (B, T) or inputs_embeds (B, T, D)")
+        batch, seq_len = inputs.shape[:2]
+        rows = self.model._rows(batch, seq_len, inputs.device, attention_mask, None, None, kwargs.get("position_ids"),
+                                self.content_pattern, None, None, None)
+        dtype = self.model.embed_tokens.weight.dtype
+        return create_plan_mask(rows.plan, self.config._attn_implementation, dtype, seq_len,
+                                plain_causal=attention_mask is None and rows.pattern == "causal",
+                                static_group_size=self.model._static_group_size(rows, attention_mask is None))
 
     def _next_token_rows(self, rows, position_ids, past_key_values, shape):
         """Query rows of the AR plan: the row after current token `r` has position `pos[r] + 1`, rank `index + 1`."""

@@ -1,0 +1,239 @@
+"""dar's one-stream form (SAT): block-causal attention, the row t places before a target predicts it.
+
+Checked from the outside: the loss at each target has zero gradient from every token outside the groups before
+its own and a non-zero gradient from every token inside them (the two-stream plan's conditioning set), on every
+backend; decoding a group per forward gives the tokens of a brute-force re-forward; the command trains it.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import hf_lookaround as H
+from hf_lookaround import objectives
+from hf_lookaround.cli import main as cli_main
+from hf_lookaround.models.lookaround.masking_lookaround import one_stream_start_rows
+from hf_lookaround.objectives import dar
+from hf_lookaround.training.pretraining import ObjectiveArguments
+
+PAD, BOS, EOS, MASK = 0, 1, 2, 3
+VOCAB = 61
+
+
+class ToyTokenizer:
+    pad_token_id, bos_token_id, eos_token_id, mask_token_id = PAD, BOS, EOS, MASK
+    cls_token_id = sep_token_id = None
+
+    def __len__(self):
+        return VOCAB
+
+
+@pytest.fixture(scope="module")
+def static_flex_shapes():
+    """torch 2.13's inductor fails on FlexAttention with dynamic shapes on the CPU: compile static graphs."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        yield
+    torch._dynamo.reset()
+
+
+def one_stream_model(tiny_model, t: int, impl: str = "eager", seed: int = 0, **overrides):
+    return tiny_model(H.LookAroundForCausalLM, impl, seed=seed, default_attention="block_causal",
+                      attention_group_size=t, prediction_stream="content", objective="dar", plan_params={"t": t},
+                      **overrides)
+
+
+def ragged_rows(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"input_ids": [BOS] + rng.integers(4, VOCAB, n - 1).tolist()} for n in lengths]
+
+
+def collate(t, lengths, seed=0):
+    collator = objectives.make_collator("dar", ToyTokenizer(), group_size=t, form="single_stream", seed=seed)
+    return collator(ragged_rows(lengths, seed))
+
+
+def layout_of(row: torch.Tensor, t: int):
+    """(shift, s1) of one laid-out row: how many BOS copies stand before the text's BOS, and its first group."""
+    leading = int((torch.cumprod((row == BOS).long(), 0)).sum())
+    shift = leading - 1
+    return shift, 2 * t - 1 - shift
+
+
+def targets(batch, t):
+    """(row, slot of the predicting row, x position p of the target, shift, s1) for every label."""
+    found = []
+    for b, j in (batch["labels"] != -100).nonzero().tolist():
+        shift, s1 = layout_of(batch["input_ids"][b], t)
+        found.append((b, j - 1, j + t - 1 - shift, shift, s1))
+    return found
+
+
+def plan_rank(p, s1, t):
+    """The two-stream plan's rank of text position p (>= 1) after BOS (rank 0)."""
+    return 0 if p == 0 else int(dar.ranks(np.array(p - 1), s1, t, 1))
+
+
+@pytest.mark.parametrize("t", [2, 3])
+def test_the_layout_puts_every_group_in_one_block_and_labels_each_target_once(t):
+    lengths = [14, 9, 14, 5, 2]
+    batch = collate(t, lengths, seed=1)
+    rows = ragged_rows(lengths, seed=1)
+    assert set(batch) == {"input_ids", "labels"}  # no attention mask: one mask for every batch
+    assert batch["input_ids"].shape == (5, max(lengths) + 2 * t - 2)
+    for b, row in enumerate(rows):
+        shift, s1 = layout_of(batch["input_ids"][b], t)
+        assert shift == one_stream_start_rows(t, s1) and 1 <= s1 <= t
+        n = len(row["input_ids"])
+        assert batch["input_ids"][b, shift : shift + n].tolist() == row["input_ids"]
+        for p in range(1, n):  # every text token is a target, in the block after its predicting row's
+            slot = p + shift
+            assert batch["labels"][b, slot - t + 1] == row["input_ids"][p]
+            assert slot // t == plan_rank(p, s1, t)  # block = the plan's rank (block 0: the condition)
+        assert (batch["labels"][b] != -100).sum() == n - 1
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("t", [2, 3])
+def test_each_target_reads_exactly_the_earlier_groups(t, impl, tiny_model):
+    """Zero gradient from every token of the target's group and later; non-zero from every token of an earlier
+    group, and from the condition block."""
+    model = one_stream_model(tiny_model, t, impl)
+    batch = collate(t, [14, 9, 14, 5], seed=2)
+    embeds = model.model.embed_tokens(batch["input_ids"]).detach().requires_grad_(True)
+    log_probs = model(inputs_embeds=embeds).logits.log_softmax(-1)
+    checked = 0
+    for b, row, q, shift, s1 in targets(batch, t):
+        token = batch["labels"][b, row + 1]
+        grad = torch.autograd.grad(log_probs[b, row, token], embeds, retain_graph=True)[0]
+        reach = grad.abs().sum(-1)  # (B, W)
+        assert (reach[torch.arange(len(reach)) != b] == 0).all()  # rows never mix
+        n = int((batch["labels"][b] != -100).sum()) + 1
+        for p in range(1, n):
+            must = plan_rank(p, s1, t) < plan_rank(q, s1, t)
+            assert (reach[b, p + shift] > 0) == must, (b, q, p, t)
+        assert (reach[b, :t] > 0).all()  # the condition block (BOS copies) is read by every target
+        assert (reach[b, shift + n :] == 0).all()  # padding after the row is never read
+        checked += 1
+    assert checked == 13 + 8 + 13 + 4
+
+
+@torch.no_grad()
+def test_flex_forward_ignores_what_a_target_must_not_see(static_flex_shapes, tiny_model):
+    """FlexAttention has no CPU backward: the same rule by perturbing the tokens a target must not see."""
+    t = 2
+    model = one_stream_model(tiny_model, t, "flex_attention")
+    batch = collate(t, [14, 14, 14], seed=3)
+    base = model(input_ids=batch["input_ids"]).logits
+    sdpa = one_stream_model(tiny_model, t, "sdpa")(input_ids=batch["input_ids"]).logits
+    torch.testing.assert_close(base, sdpa, rtol=1e-5, atol=1e-5)
+    for b, row, q, shift, s1 in targets(batch, t)[5::9]:
+        later = [p + shift for p in range(1, 14) if plan_rank(p, s1, t) >= plan_rank(q, s1, t)]
+        changed = batch["input_ids"].clone()
+        changed[b, later] = (changed[b, later] + 7) % (VOCAB - 4) + 4
+        torch.testing.assert_close(model(input_ids=changed).logits[b, row], base[b, row], rtol=0, atol=1e-6)
+        earlier = [p + shift for p in range(1, 14) if plan_rank(p, s1, t) < plan_rank(q, s1, t)]
+        if earlier:
+            changed[b, earlier] = (changed[b, earlier] + 3) % (VOCAB - 4) + 4
+            assert (model(input_ids=changed).logits[b, row] - base[b, row]).abs().max() > 1e-4
+
+
+def brute_force_decode(model, prompt: list[int], t: int, new_tokens: int) -> list[int]:
+    """Greedy, one full forward per group over the laid-out sequence: the rows of the last block predict."""
+    text = len(prompt) - 1
+    s1 = (text - 1) % t + 1
+    seq = [BOS] * one_stream_start_rows(t, s1) + list(prompt)
+    out = []
+    while len(out) < new_tokens:
+        assert len(seq) % t == 0
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([seq])).logits[0, -t:]
+        group = logits.argmax(-1).tolist()[: new_tokens - len(out)]
+        out += group
+        seq += group
+    return out
+
+
+@pytest.mark.parametrize("t", [2, 3])
+def test_group_decoding_equals_a_brute_force_reforward(t, tiny_model):
+    model = one_stream_model(tiny_model, t, "sdpa", seed=4)
+    model.generation_config.pad_token_id = PAD
+    prompts = [[BOS, 5, 9, 11, 7, 30], [BOS, 8], [BOS, 12, 13, 14, 15]]
+    want = [brute_force_decode(model, p, t, 7) for p in prompts]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
+    mask = (torch.arange(width) >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    for kwargs in ({}, {"use_cache": False}, {"cache_implementation": "static"}):
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=7, do_sample=False, eos_token_id=[],
+                             **kwargs)
+        assert out[:, :width].tolist() == ids.tolist()
+        assert out[:, width:].tolist() == want, kwargs
+    one = model.generate(ids[1:2, width - 2 :], max_new_tokens=7, do_sample=False, eos_token_id=[])
+    assert one[0, 2:].tolist() == want[1]  # unpadded, and without group_size: t is the default
+
+
+def test_it_refuses_what_it_cannot_do(tiny_model):
+    with pytest.raises(ValueError, match="one group size"):
+        ObjectiveArguments(objective="dar", group_size=[1, 2], dar_form="single_stream")
+    with pytest.raises(ValueError, match="start with the BOS"):
+        collator = objectives.make_collator("dar", ToyTokenizer(), group_size=2, form="single_stream")
+        collator([{"input_ids": [5, 6, 7, 8]}])
+    model = one_stream_model(tiny_model, 2)
+    with pytest.raises(ValueError, match="group_size=2 only"):
+        model.generate(torch.tensor([[BOS, 5, 6]]), group_size=3, max_new_tokens=3)
+    with pytest.raises(ValueError, match="self-speculative"):
+        model.generate(torch.tensor([[BOS, 5, 6]]), draft_group_size=2, max_new_tokens=3)
+    with pytest.raises(ValueError, match="start with the BOS"):
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3)
+
+
+def test_pretrain_trains_and_saves_a_causal_lm_that_decodes_groups(tmp_path, bbc_text_dir):
+    out = tmp_path / "run"
+    code = cli_main([
+        "pretrain", "--train_files", str(bbc_text_dir / "train.jsonl.gz"), "--train_tokenizer",
+        "--tokenizer_vocab_size", "400", "--preset", "tiny", "--block_size", "32", "--objective", "dar",
+        "--group_size", "2", "--dar_form", "single_stream", "--per_device_train_batch_size", "4",
+        "--max_train_samples", "16", "--max_steps", "3", "--do_train", "--use_cpu", "true", "--report_to", "none",
+        "--disable_tqdm", "true", "--output_dir", str(out),
+    ])
+    assert code == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["default_attention"] == "block_causal" and config["attention_group_size"] == 2
+    assert config["prediction_stream"] == "content" and config["architectures"] == ["LookAroundForCausalLM"]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    ids = tok(tok.bos_token + "The economy", return_tensors="pt", add_special_tokens=False).input_ids
+    generated = model.generate(ids, max_new_tokens=6, do_sample=False)
+    assert generated.shape == (1, ids.shape[1] + 6)
+
+
+@pytest.mark.parametrize("t", [2, 3])
+def test_ar_perplexity_scores_each_token_from_all_tokens_before_it(t, tiny_model, tokenizer, bbc_text_dir):
+    """p(x_k | x_<k) of the one-stream form, against a brute force: for each k, the prefix x_<k laid out as a
+    prompt (its groups ending at x_(k-1)); the first of its last t rows predicts x_k."""
+    from hf_lookaround.data.text import load_texts
+    from hf_lookaround.evaluation.perplexity import ar_perplexity, sliding_windows
+
+    model = one_stream_model(tiny_model, t, "sdpa", seed=5, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                             pad_token_id=tokenizer.pad_token_id)
+    text = load_texts(bbc_text_dir / "validation.jsonl.gz")[0][:160]
+    # windows of 24 with stride 12: later windows start mid-document and get a BOS in front
+    result = ar_perplexity(model, tokenizer, [text], max_length=24, stride=12, batch_size=2)
+    ids = [tokenizer.bos_token_id] + tokenizer(text, add_special_tokens=False).input_ids
+    assert result.extra["ar_mode"] == "one_stream_groups" and result.num_tokens == len(ids) - 1
+    want = []
+    for window in sliding_windows(ids, 24, 12, has_bos=True):  # the windows themselves are not under test
+        context = window.input_ids if window.offset else [tokenizer.bos_token_id, *window.input_ids]
+        lead = len(context) - len(window.input_ids)
+        for k in range(window.first_scored + lead, len(context)):
+            prefix = context[:k]
+            s1 = (len(prefix) - 2) % t + 1
+            seq = [tokenizer.bos_token_id] * one_stream_start_rows(t, s1) + prefix
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([seq])).logits[0, -t]
+            want.append(-torch.log_softmax(logits, -1)[context[k]].item())
+    assert np.allclose(result.nlls, want, atol=1e-4)

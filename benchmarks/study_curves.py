@@ -96,10 +96,12 @@ def cell_key(objective: str, seed: int, preset: str = "small") -> str:
 
 
 def part_cells(protocol: dict, part: str, with_optional: bool = False) -> list[tuple[str, int]]:
-    """The part's cells, objective-major: [(objective, seed)]."""
+    """The part's cells, objective-major: [(objective, seed)] (``protocol["only"]``: the dry run's subset)."""
     spec = protocol["parts"][str(part)]
     blocks = [spec] + ([spec["optional"]] if with_optional and "optional" in spec else [])
-    return [(o, s) for b in blocks for o in b["objectives"] for s in b["seeds"]]
+    cells = [(o, s) for b in blocks for o in b["objectives"] for s in b["seeds"]]
+    only = protocol.get("only") or {}
+    return [(o, s) for o, s in cells if o in only.get("objectives", [o]) and s in only.get("seeds", [s])]
 
 
 def latin_square(cells: list[tuple[str, int]], gpus: list) -> dict[tuple[str, int], object]:
@@ -287,6 +289,8 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--part", required=True, choices=("1", "2"))
         q.add_argument("--with_optional", action="store_true", help="also the part's optional cells (gvp-k8)")
         q.add_argument("--gpus", type=int, default=4, help="cells: the GPU count to show the assignment for")
+    run.add_argument("--only_objectives", nargs="+", default=None, help="a subset of the part (the CPU dry run)")
+    run.add_argument("--only_seeds", nargs="+", type=int, default=None, help="a subset of the part (the CPU dry run)")
     run.add_argument("--command_label", required=True, help="names this command (p1c1, p1c2, ...)")
     run.add_argument("--minutes", type=float, default=9.0, help="the command's deadline")
     run.add_argument("--exit_margin_s", type=float, default=25.0, help="workers stop this long before the deadline")
@@ -356,6 +360,8 @@ def main(argv=None) -> int:
     _apply_run_defaults(args, protocol)
     if args.tiny:  # the dry run reads the committed file (its SHA-256 recorded), then shrinks its sizes
         protocol = dict(tiny_protocol(protocol, args.tiny_tokens or [2 * 8 * 64, 4 * 8 * 64]), sha256=protocol["sha256"])
+    if args.only_objectives or args.only_seeds:
+        protocol["only"] = {k: v for k, v in (("objectives", args.only_objectives), ("seeds", args.only_seeds)) if v}
     return run_part(args, protocol)
 
 

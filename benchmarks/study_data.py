@@ -65,6 +65,13 @@ def passages(text: str, chars: int) -> list[str]:
     return out
 
 
+def heldout_passages(documents: list[str], chars: int, k: int) -> tuple[list[str], list[int]]:
+    """``k`` passages spread evenly over every document's consecutive passages, and the document of each."""
+    pieces = [(d, p) for d, text in enumerate(documents) for p in passages(text, chars)]
+    chosen = _evenly_spaced(pieces, k)
+    return [p for _, p in chosen], [d for d, _ in chosen]
+
+
 def _evenly_spaced(items: list, k: int) -> list:
     if k >= len(items):
         return list(items)
@@ -187,11 +194,13 @@ def prepare(settings: dict, corpus_dir: str, data_root: str, work_dir: Path, bbc
     # over them; each passage is scored from its start, so every prefix length 0..block-1 has as many tokens
     tests = {"gutenberg": list(texts(load("test")))}
     tests.update(second_domain_tests(root, bbc_dir or bbc_from_wheel(work_dir)))
-    heldout = {}
+    heldout, documents = {}, {}
     for name in HELDOUT_SETS:
-        pieces = [p for t in tests[name] for p in passages(t, settings["ppl_passage_chars"])]
-        heldout[name] = _evenly_spaced(pieces, settings["ppl_passages"])
+        heldout[name], documents[name] = heldout_passages(tests[name], settings["ppl_passage_chars"],
+                                                          settings["ppl_passages"])
     (prep_dir / "heldout.json").write_text(json.dumps(heldout))
+    # the document of each passage (its index in the set's test documents): the clusters of the curves' bootstrap
+    (prep_dir / "heldout_documents.json").write_text(json.dumps(documents))
 
     # task files, every split shuffled once (seed 0): "the first N" (--probe_train, --ft_train) is then a random
     # sample, not the first labels of a file sorted by label
@@ -220,7 +229,7 @@ def prepare(settings: dict, corpus_dir: str, data_root: str, work_dir: Path, bbc
         "train_corpus": {"name": corpus_dir.name, "documents": len(train),
                          "files": {s: [p.name for p in f] for s, f in files.items()},
                          "validation_documents": len(validation), "validation_blocks_available": len(val_all)},
-        "heldout": str(prep_dir / "heldout.json"),
+        "heldout": str(prep_dir / "heldout.json"), "heldout_documents": str(prep_dir / "heldout_documents.json"),
         "heldout_sizes": {k: {"passages": len(v), "characters": sum(map(len, v)),
                               "documents_in_split": len(tests[k])} for k, v in heldout.items()},
         "task_dirs": task_dirs, "task_sizes": task_sizes,

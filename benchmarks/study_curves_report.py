@@ -1,0 +1,388 @@
+"""The learning curves' report (issue 32): every claim's tests at every checkpoint, under the protocol's rule only.
+
+    python benchmarks/study_curves_report.py --bundles device_out/curves__part1__*.json.gz \\
+        --output docs/results/study32/CURVES.md --plots_dir docs/results/study32
+
+Reads the bundles of the part commands (every record of a part; a later bundle repeats the earlier ones), applies
+``rule_for_failed_or_killed_cells`` of ``benchmarks/study_protocol_curves.json`` (the excluded records and the
+missing cells are listed), and runs the protocol's tests at each checkpoint: paired t over seeds, Holm within the
+checkpoint, the bootstrap (NLL: passages resampled by document; probes and fine-tuning: by test example).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from study_curves import PROTOCOL_PATH, load_protocol, read_bundle, tiny_protocol, tokens_tag  # noqa: E402
+from study_stats import bootstrap_indices, holm, mean, paired_comparison, seeds_for_power  # noqa: E402
+
+LEVEL, N_BOOT, BOOT_SEED = 0.05, 2000, 0
+SETS = ("gutenberg", "bbc", "sotu", "brown")
+CLASSIFICATION = ("rotten_tomatoes", "trec", "sms_spam")
+REGRESSION = ("vader_movie",)
+NOTE_STUDY18 = ("docs/results/study18 is unchanged. Its C2 verdict rests on a rule (C2 on the masked-prefix "
+                "protocol, pooled over the held-out sets) written after its results; here C2's rule, under both "
+                "masked protocols, was fixed in the protocol file before any result.")
+
+
+# ---------------------------------------------------------------------------------------------
+# records under the rule
+# ---------------------------------------------------------------------------------------------
+def _finite(x) -> bool:
+    if isinstance(x, dict):
+        return all(_finite(v) for v in x.values())
+    if isinstance(x, list):
+        return all(_finite(v) for v in x)
+    return not isinstance(x, float) or math.isfinite(x)
+
+
+def merge_bundles(paths) -> dict[str, list[dict]]:
+    """name -> every distinct copy of that record across the bundles."""
+    out: dict[str, list[dict]] = {}
+    for path in paths:
+        for name, record in read_bundle(Path(path))["records"].items():
+            copies = out.setdefault(name, [])
+            if record not in copies:
+                copies.append(record)
+    return out
+
+
+def apply_rule(copies: dict[str, list[dict]], protocol: dict) -> tuple[dict[str, dict], list[tuple[str, str]]]:
+    """The records that count (name -> record) and the excluded ones (name, reason)."""
+    kept, excluded = {}, []
+    for name, records in sorted(copies.items()):
+        records = sorted(records, key=lambda r: r.get("finished_unix", math.inf))
+        for extra in records[1:]:
+            excluded.append((name, f"a second record of this checkpoint (command {extra.get('command_label')}): "
+                                   "the first finished counts"))
+        r = records[0]
+        commit = str(r.get("code_commit") or "")
+        if r.get("protocol_sha256") != protocol["sha256"]:
+            excluded.append((name, f"protocol {str(r.get('protocol_sha256'))[:12]}, not this file's"))
+        elif not commit or "dirty" in commit or "unknown" in commit:
+            excluded.append((name, f"code commit {commit or 'missing'}"))
+        elif not _finite({k: r.get(k) for k in ("perplexity", "probe", "finetune")}):
+            excluded.append((name, "a non-finite number"))
+        else:
+            kept[name] = r
+    return kept, excluded
+
+
+def by_checkpoint(kept: dict[str, dict], protocol: dict) -> dict[int, dict[str, dict[int, dict]]]:
+    """tokens -> objective -> seed -> record; the fine-tuning record joins the last checkpoint's."""
+    out = {t: {} for t in protocol["checkpoint_tokens"]}
+    last = protocol["checkpoint_tokens"][-1]
+    for r in kept.values():
+        if r.get("kind") != "finetune" and r["tokens"] in out:
+            out[r["tokens"]].setdefault(r["objective"], {})[r["seed"]] = dict(r)
+    for r in kept.values():
+        target = out[last].get(r["objective"], {}).get(r["seed"]) if r.get("kind") == "finetune" else None
+        if target is not None:
+            target["finetune"] = r["finetune"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# measures: a value per record and its bootstrap replicates
+# ---------------------------------------------------------------------------------------------
+def _entry(r, name, protocol):
+    return r["perplexity"]["sets"][name][protocol]
+
+
+def _protocol_of(measure: str, objective: str) -> str:
+    """ar's NLL and gap are always its ar plan's (its one natural protocol)."""
+    wanted = measure.split("_", 1)[1]
+    return "ar_plan" if objective == "ar" and measure.startswith("gap_") else wanted
+
+
+def cluster_weights(documents, n_boot: int, seed: int) -> np.ndarray:
+    """(n_boot, passages): how often each passage's document was drawn (documents resampled with replacement)."""
+    docs = np.asarray(documents)
+    ids = np.unique(docs)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(ids), size=(n_boot, len(ids)))
+    counts = np.stack([np.bincount(d, minlength=len(ids)) for d in draws])
+    return counts[:, np.searchsorted(ids, docs)]
+
+
+def _ratio(num, den, w):
+    num, den = np.asarray(num, float), np.asarray(den, float)
+    if w is None:
+        return num.sum() / den.sum() if den.sum() else float("nan")
+    d = w @ den
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(d > 0, (w @ num) / d, np.nan)
+
+
+def nll_value(r, measure, w=None):
+    """Mean over the sets of NLL per token (``nll_*``) or of short minus long NLL (``gap_*``)."""
+    protocol = _protocol_of(measure, r["objective"])
+    parts = []
+    for name in SETS:
+        pp = _entry(r, name, protocol)["per_passage"]
+        ws = None if w is None else w[name]
+        if measure.startswith("nll_"):
+            parts.append(_ratio(pp["nll_sum"], pp["tokens"], ws))
+        else:
+            parts.append(_ratio(pp["short_nll_sum"], pp["short_tokens"], ws) - _ratio(pp["long_nll_sum"], pp["long_tokens"], ws))
+    return sum(parts) / len(parts)
+
+
+def _score(entry, idx=None):
+    p, y = np.asarray(entry["test_predictions"], float), np.asarray(entry["test_labels"], float)
+    if idx is None:
+        idx = np.arange(len(y))[None, :]
+    ps, ys = p[idx], y[idx]
+    if entry["metric"] == "accuracy":
+        return (ps == ys).mean(axis=1)
+    ps, ys = ps - ps.mean(axis=1, keepdims=True), ys - ys.mean(axis=1, keepdims=True)
+    den = np.sqrt((ps * ps).sum(axis=1) * (ys * ys).sum(axis=1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, (ps * ys).sum(axis=1) / den, 0.0)
+
+
+def score_value(r, measure, idx=None):
+    """probe_classification / probe_regression / finetune_average: test scores, per-example resampling."""
+    tasks = {"probe_classification": CLASSIFICATION, "probe_regression": REGRESSION,
+             "finetune_average": CLASSIFICATION + REGRESSION}[measure]
+    source = r["finetune"]["full"] if measure == "finetune_average" else r["probe"]
+    values = [_score(source[t], None if idx is None else idx[t]) for t in tasks]
+    out = sum(values) / len(values)
+    return float(out[0]) if idx is None else out
+
+
+def value(r, measure) -> float:
+    return nll_value(r, measure) if measure[:4] in ("nll_", "gap_") else score_value(r, measure)
+
+
+class Draws:
+    """The bootstrap's resampling, drawn once per checkpoint: both sides and every seed see the same draws."""
+
+    def __init__(self, record: dict, n_boot: int = N_BOOT, seed: int = BOOT_SEED):
+        docs = record.get("perplexity_documents") or {}
+        self.weights = {n: cluster_weights(docs[n], n_boot, seed + i) for i, n in enumerate(SETS) if n in docs}
+        sizes = {t: len(record["probe"][t]["test_labels"]) for t in CLASSIFICATION + REGRESSION}
+        mats = bootstrap_indices([sizes[t] for t in sizes], n_boot, seed)
+        self.indices = dict(zip(sizes, mats))
+
+    def replicates(self, r, measure):
+        if measure[:4] in ("nll_", "gap_"):
+            return nll_value(r, measure, self.weights)
+        return score_value(r, measure, self.indices)
+
+
+def _has(r, measure) -> bool:
+    try:
+        return math.isfinite(value(r, measure))
+    except (KeyError, TypeError, ZeroDivisionError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# tests at one checkpoint
+# ---------------------------------------------------------------------------------------------
+def run_test(group, test, draws: Draws | None) -> dict:
+    claim, a, b, measure, expected, effect, null = test
+    A, B = group.get(a, {}), group.get(b, {})
+    seeds = sorted(s for s in set(A) & set(B) if _has(A[s], measure) and _has(B[s], measure))
+    out = {"claim": claim, "a": a, "b": b, "measure": measure, "expected": expected, "effect": effect, "null": null,
+           "seeds": seeds, "n": len(seeds), "p": float("nan")}
+    if len(seeds) < 2:
+        return out
+    pc = paired_comparison([value(A[s], measure) for s in seeds], [value(B[s], measure) for s in seeds], null=null)
+    out.update(mean=pc.mean_diff, sd=pc.sd_diff, low=pc.ci_low, high=pc.ci_high, p=pc.p_t)
+    if draws is not None:
+        reps = np.mean([draws.replicates(A[s], measure) - draws.replicates(B[s], measure) for s in seeds], axis=0)
+        reps = reps[~np.isnan(reps)]
+        out["boot_low"], out["boot_high"] = (float(q) for q in np.quantile(reps, [0.025, 0.975]))
+    return out
+
+
+def decide(results: list[dict]) -> None:
+    """Holm over the checkpoint's tests, then study18's rule (in place)."""
+    adjusted = holm([r["p"] for r in results])
+    m = max(1, sum(not math.isnan(p) for p in adjusted))
+    for r, p in zip(results, adjusted):
+        r["p_holm"], r["family"] = p, m
+        side = 0 if r["n"] < 2 or r["mean"] == r["null"] else (1 if r["mean"] > r["null"] else -1)
+        boot_ok = "boot_low" not in r or (side > 0 and r["boot_low"] > r["null"]) or (side < 0 and r["boot_high"] < r["null"])
+        r["called"] = bool(side and not math.isnan(p) and p < LEVEL and boot_ok)
+        r["outcome"] = ("no data" if r["n"] < 2 else "not called" if not r["called"] else
+                        "supports" if side == r["expected"] else "contradicts")
+        if r["n"] >= 2 and not r["called"]:
+            r["seeds_paper"] = seeds_for_power(r["effect"], r["sd"], 0.8, LEVEL / m)
+            r["seeds_observed"] = seeds_for_power(abs(r["mean"] - r["null"]), r["sd"], 0.8, LEVEL / m)
+
+
+def verdict(outcomes: list[str]) -> str:
+    if outcomes and all(o == "supports" for o in outcomes):
+        return "holds"
+    if any(o == "contradicts" for o in outcomes):
+        return "does not hold"
+    return "cannot tell" if any(o != "no data" for o in outcomes) else "no data"
+
+
+def analyse(checkpoints: dict, protocol: dict, n_boot: int = N_BOOT) -> dict[int, list[dict]]:
+    out = {}
+    for tokens, group in checkpoints.items():
+        any_record = next((r for o in group.values() for r in o.values()), None)
+        draws = Draws(any_record, n_boot) if any_record is not None else None
+        results = [run_test(group, t, draws) for t in protocol["tests"]["list"]]
+        decide(results)
+        out[tokens] = results
+    return out
+
+
+def direction_changes(series: list[dict]) -> str:
+    """How the sign of the effect moves with tokens: "no", "yes (called both ways)" or "sign only"."""
+    called = {r["outcome"] for r in series if r["outcome"] in ("supports", "contradicts")}
+    if len(called) == 2:
+        return "yes (called both ways)"
+    signs = {np.sign(r["mean"] - r["null"]) for r in series if r["n"] >= 2}
+    return "sign only (not called both ways)" if len(signs) > 1 else "no"
+
+
+# ---------------------------------------------------------------------------------------------
+# markdown and plots
+# ---------------------------------------------------------------------------------------------
+def _f(x, spec="+.4f") -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _test_label(r) -> str:
+    return f"{r['measure']}: {r['a']} − {r['b']}" + (f" (null {r['null']:+g})" if r["null"] else "")
+
+
+def claim_lines(claim: str, analysis: dict) -> list[str]:
+    lines = [f"### {claim}", "", "| test | tokens | n | mean diff [95 % t] | bootstrap 95 % | p (Holm) | outcome | "
+             "seeds for 80 % (paper / observed effect) |", "| --- | --- | ---: | --- | --- | ---: | --- | --- |"]
+    verdicts = []
+    for tokens, results in analysis.items():
+        mine = [r for r in results if r["claim"] == claim]
+        verdicts.append(f"{tokens_tag(tokens)}: **{verdict([r['outcome'] for r in mine])}**")
+        for r in mine:
+            boot = f"[{_f(r.get('boot_low'))}, {_f(r.get('boot_high'))}]" if "boot_low" in r else "–"
+            need = f"{r.get('seeds_paper') or '–'} / {r.get('seeds_observed') or '–'}" if "seeds_paper" in r else ""
+            lines.append(f"| {_test_label(r)} | {tokens_tag(tokens)} | {r['n']} | {_f(r.get('mean'))} "
+                         f"[{_f(r.get('low'))}, {_f(r.get('high'))}] | {boot} | {_f(r.get('p_holm'), '.3g')} | "
+                         f"{r['outcome']} | {need} |")
+    lines += ["", "Verdict by tokens seen: " + ", ".join(verdicts) + "."]
+    tests = {(r["a"], r["b"], r["measure"]) for rs in analysis.values() for r in rs if r["claim"] == claim}
+    for a, b, m in sorted(tests):
+        series = [next(r for r in rs if (r["a"], r["b"], r["measure"]) == (a, b, m)) for rs in analysis.values()]
+        lines.append(f"- {m}, {a} − {b}: direction changes with tokens: {direction_changes(series)}.")
+    return lines + [""]
+
+
+def plot_claim(claim: str, analysis: dict, path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tests = sorted({(r["a"], r["b"], r["measure"]) for rs in analysis.values() for r in rs if r["claim"] == claim})
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (a, b, m) in enumerate(tests):
+        xs, ys, lo, hi = [], [], [], []
+        for tokens, rs in analysis.items():
+            r = next(r for r in rs if (r["a"], r["b"], r["measure"]) == (a, b, m))
+            if r["n"] >= 2:
+                xs.append(tokens / 1e6 * (1 + 0.02 * i))
+                ys.append(r["mean"])
+                lo.append(r["mean"] - r["low"])
+                hi.append(r["high"] - r["mean"])
+        if xs:
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=f"{m}: {a} − {b}")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("pretraining tokens seen (M)")
+    ax.set_ylabel("paired difference, mean over seeds (95 % t interval)")
+    ax.set_title(f"{claim} against tokens seen")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _throughput_lines(kept: dict) -> list[str]:
+    rates = [s["tokens_per_second"] for r in kept.values() for s in r.get("pretrain_segments", [])
+             if s.get("tokens_per_second")]
+    if not rates:
+        return []
+    return [f"Pretraining throughput per process: mean {mean(rates):,.0f} tokens/s over {len(rates)} segments "
+            f"({min(rates):,.0f}–{max(rates):,.0f}).", ""]
+
+
+def _coverage_lines(protocol, checkpoints, excluded) -> list[str]:
+    lines = ["## Records the rule excluded, and cells missing at each checkpoint", ""]
+    lines += [f"- excluded `{name}`: {why}" for name, why in excluded] or ["- no record excluded"]
+    cells = {(o, s) for p in protocol["parts"].values() for o in p["objectives"] for s in p["seeds"]}
+    for tokens, group in checkpoints.items():
+        missing = sorted(f"{o}/seed{s}" for o, s in cells if s not in group.get(o, {}))
+        lines.append(f"- {tokens_tag(tokens)}: {len(cells) - len(missing)} of {len(cells)} cells count"
+                     + (f"; missing: {', '.join(missing)}" if missing else ""))
+    return lines + [""]
+
+
+def build_report(bundles, output: Path, plots_dir: Path | None, protocol_path: Path = PROTOCOL_PATH,
+                 n_boot: int = N_BOOT, dry_run: dict | None = None) -> dict:
+    """``dry_run``: {"tokens": [...], "objectives": [...], "seeds": [...]} of a CPU dry run (the driver's --tiny)."""
+    protocol = load_protocol(protocol_path)
+    if dry_run:
+        protocol = dict(tiny_protocol(protocol, dry_run["tokens"]), sha256=protocol["sha256"])
+        protocol["parts"] = {"dry": {"objectives": dry_run["objectives"], "seeds": dry_run["seeds"]}}
+    kept, excluded = apply_rule(merge_bundles(bundles), protocol)
+    checkpoints = by_checkpoint(kept, protocol)
+    analysis = analyse(checkpoints, protocol, n_boot)
+    lines = ["# The study's learning curves (issue 32)", "",
+             f"Generated by `benchmarks/study_curves_report.py` from {len(bundles)} bundle(s) under the protocol "
+             f"`benchmarks/study_protocol_curves.json` (SHA-256 `{protocol['sha256'][:16]}…`); do not edit by hand.",
+             "", NOTE_STUDY18, "", "Rule: " + protocol["tests"]["call"] + ". " + protocol["tests"]["family"], "",
+             "Code commits of the counted records: " + ", ".join(sorted({r["code_commit"] for r in kept.values()})) + ".",
+             ""]
+    lines += _throughput_lines(kept)
+    lines += _coverage_lines(protocol, checkpoints, excluded)
+    for claim in dict.fromkeys(t[0] for t in protocol["tests"]["list"]):
+        lines += claim_lines(claim, analysis)
+        if plots_dir is not None:
+            Path(plots_dir).mkdir(parents=True, exist_ok=True)
+            path = plot_claim(claim, analysis, Path(plots_dir) / f"curve_{claim}.png")
+            lines += [f"![{claim} against tokens seen]({Path(path).name})", ""]
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return {"analysis": analysis, "excluded": excluded, "checkpoints": checkpoints}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bundles", nargs="+", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--plots_dir", default=None, help="default: the output's folder; --no_plots: none")
+    p.add_argument("--no_plots", action="store_true")
+    p.add_argument("--protocol", default=str(PROTOCOL_PATH))
+    p.add_argument("--n_boot", type=int, default=N_BOOT)
+    p.add_argument("--dry_run", nargs=3, metavar=("TOKENS", "OBJECTIVES", "SEEDS"), default=None,
+                   help="a CPU dry run's sizes, comma-separated: e.g. 1024,2048 ar,mlm-0.15 0,1")
+    args = p.parse_args(argv)
+    plots = None if args.no_plots else Path(args.plots_dir or Path(args.output).parent)
+    dry = None
+    if args.dry_run:
+        t, o, s = (x.split(",") for x in args.dry_run)
+        dry = {"tokens": [int(x) for x in t], "objectives": o, "seeds": [int(x) for x in s]}
+    build_report(args.bundles, Path(args.output), plots, Path(args.protocol), args.n_boot, dry)
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

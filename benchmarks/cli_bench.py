@@ -42,6 +42,10 @@ PACKAGE_RUNS = {
     "ar": ("llama", ["--objective", "ar"]),
     "ar, single stream": ("llama", ["--objective", "ar", "--ar_form", "single_stream"]),  # GPT's form of ar
     "dar t=2": ("llama", ["--objective", "dar", "--group_size", "2"]),
+    # SAT's one-stream form: 2t - 2 start rows per block, so 1022 text tokens fill the 1024 positions (tokens/s
+    # counts the 1022)
+    "dar t=2, one stream": ("llama", ["--objective", "dar", "--group_size", "2", "--dar_form", "single_stream",
+                                      "--block_size", "1022"]),
     # DDP tuning a user can pass through TrainingArguments: fewer, larger gradient buckets, no buffer broadcast
     "dar t=2, ddp tuned": ("llama", ["--objective", "dar", "--group_size", "2", "--ddp_bucket_cap_mb", "100",
                                      "--ddp_broadcast_buffers", "false"]),
@@ -148,8 +152,10 @@ def run_package(spec: dict) -> dict:
             "--block_size", str(spec["block_size"]), "--validation_split_percentage", "0",
             "--max_train_samples", str(spec["batch_size"] * spec["steps"]), "--do_train",
             *shared_flags(spec), *spec["extra"]]
-    timer = step_timer(spec["warmup_steps"], spec["batch_size"] * spec["block_size"] * world_size())
-    run(*parse_args(argv), callbacks=[timer])
+    args = parse_args(argv)
+    block_size = args[1].block_size  # a run may set its own (the one-stream dar row leaves room for start rows)
+    timer = step_timer(spec["warmup_steps"], spec["batch_size"] * block_size * world_size())
+    run(*args, callbacks=[timer])
     shown = [Path(a).name if a in (spec["train_file"], spec["tokenizer"], spec["output_dir"]) else a for a in argv]
     return {"command": "hf-lookaround pretrain " + " ".join(shown), **timer.result()}
 

@@ -186,6 +186,20 @@ def decoders(model, causal, args):
             table[f"group t={t} ({compiled})"] = (compiled, static(group_size=t))
         for k in (2, 4):
             table[f"speculative k={k} ({compiled})"] = (compiled, static(draft_group_size=k))
+    # dar's one-stream form (SAT): the same weights as a block-causal LM, a group of t rows per forward
+    one = one_stream_twin(causal)
+
+    def one_stream(t, static_cache):
+        def decode(prompts):
+            kwargs = {"cache_implementation": "static"} if static_cache else {}
+            out = one.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=args.new_tokens,
+                               do_sample=args.do_sample, group_size=t, **kwargs)
+            return out, {"forwards": -(-args.new_tokens // t)}
+        return decode
+
+    table["one-stream t=2"] = ("eager", one_stream(2, False))
+    if not args.no_compile:
+        table[f"one-stream t=2 ({compiled})"] = (compiled, one_stream(2, True))
     table["generate() eager"] = ("eager", hf(False))
     if not args.no_compile:
         table["generate() static+compile"] = (compiled, hf(True))
@@ -198,6 +212,18 @@ def decoders(model, causal, args):
             raise SystemExit(f"--decoders: unknown {unknown}; choose from {list(table)}")
         table = {name: table[name] for name in ["t=1", *args.decoders]}  # t=1 stays: the reference tokens
     return table
+
+
+def one_stream_twin(causal):
+    """A block-causal (dar one-stream, t = 2) LookAroundForCausalLM with the weights of ``causal``."""
+    config = causal.config.__class__(**{**causal.config.to_dict(), "default_attention": "block_causal",
+                                        "attention_group_size": 2, "prediction_stream": "content"})
+    config.plan_params = {"t": 2}
+    one = H.LookAroundForCausalLM(config).to(device=causal.device, dtype=causal.dtype).eval()
+    one.load_state_dict(causal.state_dict())
+    one.generation_config.eos_token_id = None
+    one.generation_config.pad_token_id = config.pad_token_id
+    return one
 
 
 def time_decoder(decode, prompts, device, repeats):

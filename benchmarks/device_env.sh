@@ -4,6 +4,7 @@
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-device_out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+wheels=(.devdata/whl/*.whl); [ -e "${wheels[0]}" ] || wheels=(.whl/*.whl)  # carried wheels: .devdata/whl (study) or .whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${wheels[@]}" || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader

@@ -255,6 +255,8 @@ def block_causal_masks(group_size: int, length: int, implementation: str, dtype:
     keys of its own and every earlier group), with a batch dimension of 1 that broadcasts. A BlockMask costs
     milliseconds to build; a compiled step then reads the same mask every time (``model.prepare_attention``)."""
     kernel = resolve_attention_implementation(implementation, length)
+    if implementation == AUTO_ATTENTION and torch.device(device).type == "cuda":
+        kernel = "flex_attention"  # built once, a block-sparse BlockMask beats SDPA's dense mask at any length
     key = (group_size, length, kernel, dtype, str(device))
     if key not in _BLOCK_CAUSAL_MASKS:
         rank = torch.div(torch.arange(length, device=device), group_size, rounding_mode="floor")[None]

@@ -6,7 +6,8 @@
 - ``spectrum``: spectra on real text (``--data``), plans drawn by ``make_plan``;
 - ``connectivity``: the Fig. 2 surrogate for checkpoints.
 
-Objectives are written ``ar``, ``dar:T`` (``dar:1,2,3`` for a mixture), ``mlm:RHO``, ``vmlm:A-B``.
+Objectives are written ``ar``, ``dar:T`` (``dar:1,2,3`` for a mixture), ``mlm:RHO``, ``vmlm:A-B``, ...: the forms
+of each objective module's ``Params.SPEC``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import objectives
 from ..plans import expected_masked_count
 from ..theory.cooccurrence import check_theorem_31, normalised_matrix, spectrum
 from ..theory.toy import closed_form_spectrum, derived_spectrum, spectrum_bands, toy_cooccurrence, toy_dataset
@@ -24,23 +26,23 @@ from ..theory.toy import closed_form_spectrum, derived_spectrum, spectrum_bands,
 __all__ = ["main", "parse_objective"]
 
 
+def _specs() -> str:
+    """The spec forms of every objective that has some, as one phrase: ``ar, dar:T, ... or vmlm:A-B``."""
+    forms = [form for o in objectives.OBJECTIVES.values() if o.Params.SPEC for form in o.Params.SPEC.split(", ")]
+    return ", ".join(forms[:-1]) + " or " + forms[-1] if len(forms) > 1 else "".join(forms)
+
+
 def parse_objective(spec: str) -> tuple[str, dict]:
-    """``ar`` | ``dar:T`` | ``dar:T1,T2`` | ``mlm:RHO`` | ``vmlm:A-B`` -> (objective, plan params)."""
+    """``ar`` | ``dar:T`` | ``dar:T1,T2`` | ``mlm:RHO`` | ``vmlm:A-B`` | ... -> (objective, plan params): the
+    argument after ``:`` is read by the objective's ``Params.from_spec`` (its ``SPEC`` lists the forms)."""
     name, _, arg = spec.partition(":")
-    try:
-        if name == "ar" and not arg:
-            return "ar", {}
-        if name == "dar":
-            sizes = [int(x) for x in (arg or "2").split(",")]
-            return "dar", {"t": sizes[0] if len(sizes) == 1 else sizes}
-        if name == "mlm":
-            return "mlm", {"mask_ratio": float(arg or 0.15)}
-        if name == "vmlm":
-            a, b = (float(x) for x in (arg or "0.15-0.3").split("-"))
-            return "vmlm", {"mask_ratio_range": (a, b)}
-    except ValueError:
-        pass
-    raise ValueError(f"bad objective {spec!r}: use ar, dar:T, dar:T1,T2, mlm:RHO or vmlm:A-B")
+    entry = objectives.OBJECTIVES.get(name)
+    if entry is not None and entry.Params.SPEC:
+        try:
+            return name, entry.Params.from_spec(arg).plan_params()
+        except ValueError:
+            pass
+    raise ValueError(f"bad objective {spec!r}: use {_specs()}")
 
 
 def _cell(value) -> str:

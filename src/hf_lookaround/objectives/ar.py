@@ -19,8 +19,18 @@ def plan(lengths, seq_len: int, num_condition_tokens: int = 0, generator=None) -
     return Plan(torch.from_numpy(np.where(inside, ranks, 0)), torch.from_numpy(inside & (ranks >= 1)))
 
 
+def exact_plans(n: int, num_condition_tokens: int = 0) -> list:
+    """The one plan of a sequence of ``n`` tokens, with probability 1 (the theory module's enumeration)."""
+    c = num_condition_tokens
+    ranks = np.zeros(n, dtype=np.int64)
+    ranks[c:] = np.arange(n - c) + (1 if c else 0)
+    return [(1.0, ranks, (np.arange(n) >= c) & (ranks >= 1))]
+
+
 @dataclass
 class Params(ObjectiveParams):
+    SPEC = "ar"
+
     ar_form: str = flag(
         TWO_STREAM,
         help="ar: two_stream (the query stream predicts, as for every objective here) or single_stream (GPT: the "
@@ -28,6 +38,12 @@ class Params(ObjectiveParams):
 
     def __post_init__(self):
         check_form("ar_form", self.ar_form)
+
+    @classmethod
+    def from_spec(cls, arg: str) -> "Params":
+        if arg:
+            raise ValueError(f"ar takes no parameter, got {arg!r}")
+        return cls()
 
     def collator_params(self) -> dict:
         return {"form": self.ar_form}
@@ -67,4 +83,5 @@ OBJECTIVE = Objective(
     collator=AutoregressiveCollator,
     presets={"ar": ("autoregressive", {})},
     single_stream_head=CAUSAL_HEAD,
+    exact_plans=exact_plans,
 )

@@ -16,6 +16,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 LOOK_AHEAD, MASKED, ANY_ORDER, MIXTURE = "look_ahead", "masked", "any_order", "mixture"
 FAMILIES = (LOOK_AHEAD, MASKED, ANY_ORDER, MIXTURE)  # also the order of the objectives table
@@ -46,7 +47,18 @@ def check_form(name: str, value: str, allowed=FORMS) -> None:
 @dataclass
 class ObjectiveParams:
     """The base of an objective's parameters. Subclasses are dataclasses whose fields are the objective's flags
-    (defaults, help in the field's metadata); ``__post_init__`` validates them with messages that name the flag."""
+    (defaults, help in the field's metadata); ``__post_init__`` validates them with messages that name the flag.
+
+    ``SPEC``: the short forms ``hf-lookaround theory`` takes for the objective (``dar:T``, ``mlm:RHO``), read by
+    :meth:`from_spec`; None: the objective has none."""
+
+    SPEC: ClassVar[str | None] = None
+
+    @classmethod
+    def from_spec(cls, arg: str) -> "ObjectiveParams":
+        """The parameters a spec's argument (the text after ``name:``, empty when absent) writes; a ValueError
+        when it is not one of the forms of ``SPEC``."""
+        raise ValueError(f"{cls.__module__} takes no spec")
 
     def plan_params(self) -> dict:
         """The keyword arguments of the plan function (recorded in ``config.plan_params``)."""
@@ -91,6 +103,10 @@ class Objective:
     single_stream_head: str | None = None  # the head its single-stream form trains (None: no such form)
     # the top rank holds many tokens whose content rows nothing reads: pretrain drops them by default
     drops_unread_content: bool = False
+    # every plan of one sequence with its probability, for the theory module's exact co-occurrence matrices:
+    # f(n, num_condition_tokens, **plan params) -> [(probability, group_ids (n,), is_target (n,))], every position
+    # after the prefix maskable (None: no exact enumeration; the plans are sampled)
+    exact_plans: Callable | None = None
 
     @property
     def defaults(self) -> dict:

@@ -63,8 +63,24 @@ def plan(lengths, seq_len: int, t=2, num_condition_tokens: int = 0, generator=No
     return Plan(torch.from_numpy(np.where(inside, rank, 0)), torch.from_numpy(inside & (rank >= 1)))
 
 
+def exact_plans(n: int, num_condition_tokens: int = 0, t=2) -> list:
+    """Every plan of a sequence of ``n`` tokens with its probability: ``t`` uniform over the list, then
+    ``s1 ~ U{1..t}`` (the theory module's enumeration)."""
+    c, sizes = num_condition_tokens, group_sizes(t)
+    after_prefix = np.arange(n) >= c
+    plans = []
+    for size in sizes:
+        for s1 in range(1, size + 1):
+            rank = np.zeros(n, dtype=np.int64)
+            rank[c:] = ranks(np.arange(n - c), s1, size, c)
+            plans.append((1.0 / len(sizes) / size, rank, after_prefix & (rank >= 1)))
+    return plans
+
+
 @dataclass
 class Params(ObjectiveParams):
+    SPEC = "dar:T, dar:T1,T2"
+
     group_size: list[int] = flag(default_factory=lambda: [2], help="dar: group size t, or several (a mixture)",
                                  aliases=["--group_sizes"])
     dar_form: str = flag(
@@ -85,6 +101,10 @@ class Params(ObjectiveParams):
             raise ValueError(f"--dar_form single_stream takes one group size, got --group_size {sizes}: a row of "
                              "this form predicts the token t places ahead and cannot tell which t a sequence drew; "
                              "train several group sizes with --dar_form two_stream")
+
+    @classmethod
+    def from_spec(cls, arg: str) -> "Params":
+        return cls(group_size=[int(x) for x in (arg or "2").split(",")])
 
     def plan_params(self) -> dict:
         sizes = group_sizes(list(self.group_size))
@@ -196,4 +216,5 @@ OBJECTIVE = Objective(
              "dar-t2-1s": ("diversity-enhanced AR, t=2, one stream (SAT)", {"group_size": [2],
                                                                            "dar_form": SINGLE_STREAM})},
     single_stream_head=CAUSAL_HEAD,
+    exact_plans=exact_plans,
 )

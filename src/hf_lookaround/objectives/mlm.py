@@ -5,13 +5,14 @@ also holds what the masked family shares: the masked plan's ranks, the ``[MASK]`
 flags (``vmlm`` and ``span`` build on them).
 """
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..data.collators import PlanCollator, labels_for
-from ..plans import Plan, check_lengths, inside_positions, numpy_rng, random_subsets
+from ..plans import Plan, check_lengths, expected_masked_count, inside_positions, numpy_rng, random_subsets
 from .base import MASKED, MASKED_HEAD, SINGLE_STREAM, TWO_STREAM, Objective, ObjectiveParams, check_form, flag
 
 
@@ -67,6 +68,28 @@ def plan(lengths, seq_len: int, mask_ratio: float = 0.15, num_condition_tokens: 
     return draw_masked(lengths, seq_len, ratios, num_condition_tokens, maskable, generator)
 
 
+def exact_masked_plans(n: int, num_condition_tokens: int, counts: dict[int, float]) -> list:
+    """The masked family's plans of a sequence of ``n`` tokens, every position after the prefix maskable: a count
+    ``m`` with probability ``counts[m]``, then every subset of ``m`` positions uniformly (``masked_ranks``' ranks)."""
+    c, base = num_condition_tokens, 1 if num_condition_tokens else 0
+    plans = []
+    for m, p_m in sorted(counts.items()):
+        subsets = list(itertools.combinations(range(c, n), m))
+        for chosen in subsets:
+            ranks = np.zeros(n, dtype=np.int64)
+            ranks[c:] = base
+            ranks[list(chosen)] = base + 1
+            plans.append((p_m / len(subsets), ranks, ranks == base + 1))
+    return plans
+
+
+def exact_plans(n: int, num_condition_tokens: int = 0, mask_ratio: float = 0.15) -> list:
+    """Every plan with its probability: every subset of ``expected_masked_count(ratio, n)`` positions, uniformly."""
+    check_ratio("mask_ratio", float(mask_ratio))
+    count = expected_masked_count(float(mask_ratio), n - num_condition_tokens)
+    return exact_masked_plans(n, num_condition_tokens, {count: 1.0})
+
+
 @dataclass
 class MaskedFormParams(ObjectiveParams):
     """The flags of the masked family's forms (shared by mlm, vmlm and span)."""
@@ -98,7 +121,13 @@ def check_replace_probs(mask_replace_prob: float, random_replace_prob: float, pr
 
 @dataclass
 class Params(MaskedFormParams):
+    SPEC = "mlm:RHO"
+
     mask_ratio: float = flag(0.15, help="mlm: masking ratio")
+
+    @classmethod
+    def from_spec(cls, arg: str) -> "Params":
+        return cls(mask_ratio=float(arg or 0.15))
 
     def __post_init__(self):
         super().__post_init__()
@@ -175,4 +204,5 @@ OBJECTIVE = Objective(
     target_ratio=lambda params: params.get("mask_ratio", 0.15),
     single_stream_head=MASKED_HEAD,
     drops_unread_content=True,
+    exact_plans=exact_plans,
 )

@@ -1,13 +1,14 @@
 """``vmlm``: variable-length masking (paper (a) Eq. 5): as ``mlm``, with the ratio drawn per sequence from
 ``U[a, b]`` (text [0.15, 0.3]; images [0.5, 0.75])."""
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 
-from ..plans import Plan
+from ..plans import Plan, expected_masked_count
 from .base import MASKED, MASKED_HEAD, Objective, flag
-from .mlm import MaskedCollator, MaskedFormParams, draw_masked
+from .mlm import MaskedCollator, MaskedFormParams, draw_masked, exact_masked_plans
 
 
 def check_mask_ratio_range(mask_ratio_range) -> tuple[float, float]:
@@ -31,8 +32,31 @@ def plan(lengths, seq_len: int, mask_ratio_range: tuple[float, float] = (0.15, 0
     return draw_masked(lengths, seq_len, ratios, num_condition_tokens, maskable, generator)
 
 
+def count_distribution(n: int, a: float, b: float) -> dict[int, float]:
+    """P(count = m) when the ratio is ``U[a, b]`` and the count is ``expected_masked_count(ratio, n)``.
+
+    The count is piecewise constant in the ratio, with jumps where ``ratio * n`` crosses a half
+    integer; integrating over the pieces gives the exact distribution."""
+    if a == b:
+        return {expected_masked_count(a, n): 1.0}
+    cuts = sorted({a, b} | {(k + 0.5) / n for k in range(n + 1) if a < (k + 0.5) / n < b})
+    probs: dict[int, float] = defaultdict(float)
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        probs[expected_masked_count((lo + hi) / 2, n)] += (hi - lo) / (b - a)
+    return dict(probs)
+
+
+def exact_plans(n: int, num_condition_tokens: int = 0, mask_ratio_range=(0.15, 0.3)) -> list:
+    """Every plan with its probability: the count's exact distribution under ``U[a, b]``, then every subset of
+    that size uniformly."""
+    a, b = check_mask_ratio_range(mask_ratio_range)
+    return exact_masked_plans(n, num_condition_tokens, count_distribution(n - num_condition_tokens, a, b))
+
+
 @dataclass
 class Params(MaskedFormParams):
+    SPEC = "vmlm:A-B"
+
     mask_ratio_range: list[float] = flag(default_factory=lambda: [0.15, 0.3], help="vmlm: a b")
 
     def __post_init__(self):
@@ -41,6 +65,10 @@ class Params(MaskedFormParams):
             check_mask_ratio_range(self.mask_ratio_range)
         except ValueError as error:
             raise ValueError(f"--{error}") from None
+
+    @classmethod
+    def from_spec(cls, arg: str) -> "Params":
+        return cls(mask_ratio_range=[float(x) for x in (arg or "0.15-0.3").split("-")])
 
     def plan_params(self) -> dict:
         return {"mask_ratio_range": list(self.mask_ratio_range)}
@@ -77,4 +105,5 @@ OBJECTIVE = Objective(
     target_ratio=lambda params: max(params.get("mask_ratio_range", (0.15, 0.3))),
     single_stream_head=MASKED_HEAD,
     drops_unread_content=True,
+    exact_plans=exact_plans,
 )

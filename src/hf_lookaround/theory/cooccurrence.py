@@ -12,8 +12,8 @@ token-level average that training uses.
 
 The objects, one function each:
 
-- :func:`plan_distribution` -- the exact distribution of a plan (AR, DAR, MLM, VMLM), consistent
-  with the random draws of :func:`hf_lookaround.plans.make_plan`;
+- :func:`plan_distribution` -- the exact distribution of a plan (AR, DAR, MLM, VMLM, ...: each objective
+  module's ``exact_plans``), consistent with the random draws of :func:`hf_lookaround.plans.make_plan`;
 - :func:`pairs_from_plan` -- the pairs of one sequence under one plan;
 - :func:`cooccurrence_matrix` -- ``A[X, X+] = P(X, X+)`` as a ``scipy.sparse`` matrix;
 - :func:`normalised_matrix` -- ``Ā = A / sqrt(P_C P_G)``;
@@ -23,8 +23,6 @@ The objects, one function each:
 
 from __future__ import annotations
 
-import itertools
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Sequence
 
@@ -33,9 +31,6 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from .. import objectives
-from ..objectives import dar
-from ..objectives.vmlm import check_mask_ratio_range
-from ..plans import expected_masked_count
 
 __all__ = [
     "EXACT_OBJECTIVES",
@@ -52,8 +47,8 @@ __all__ = [
     "check_theorem_31",
 ]
 
-# the plans whose distribution is enumerated exactly below: the look-ahead and masked families
-EXACT_OBJECTIVES = objectives.names(objectives.LOOK_AHEAD, objectives.MASKED)
+# the objectives whose plans are enumerated exactly: those whose module gives an ``exact_plans`` hook
+EXACT_OBJECTIVES = tuple(name for name, o in objectives.OBJECTIVES.items() if o.exact_plans is not None)
 
 # A context function maps (tokens, visible mask, target index) to a hashable conditional text.
 ContextFn = Callable[[np.ndarray, np.ndarray, int], Hashable]
@@ -62,86 +57,29 @@ ContextFn = Callable[[np.ndarray, np.ndarray, int], Hashable]
 # --------------------------------------------------------------------------------------------
 # exact plan distributions
 # --------------------------------------------------------------------------------------------
-def _ar_ranks(n: int, c: int) -> np.ndarray:
-    ranks = np.zeros(n, dtype=np.int64)
-    ranks[c:] = np.arange(n - c) + (1 if c else 0)
-    return ranks
-
-
-def _dar_ranks(n: int, c: int, size: int, s1: int) -> np.ndarray:
-    ranks = np.zeros(n, dtype=np.int64)
-    ranks[c:] = dar.ranks(np.arange(n - c), s1, size, c)  # the plan's own rank rule
-    return ranks
-
-
-def _masked_count_distribution(n: int, a: float, b: float) -> dict[int, float]:
-    """P(count = m) when the ratio is ``U[a, b]`` and the count is ``expected_masked_count(ratio, n)``.
-
-    The count is piecewise constant in the ratio, with jumps where ``ratio * n`` crosses a half
-    integer; integrating over the pieces gives the exact distribution."""
-    if a == b:
-        return {expected_masked_count(a, n): 1.0}
-    cuts = sorted({a, b} | {(k + 0.5) / n for k in range(n + 1) if a < (k + 0.5) / n < b})
-    probs: dict[int, float] = defaultdict(float)
-    for lo, hi in zip(cuts[:-1], cuts[1:]):
-        probs[expected_masked_count((lo + hi) / 2, n)] += (hi - lo) / (b - a)
-    return dict(probs)
-
-
 def plan_distribution(objective: str, n: int, num_condition_tokens: int = 0, **params):
     """Every plan of ``objective`` for one sequence of length ``n``, with its probability.
 
-    Returns a list of ``(probability, group_ids (n,), is_target (n,))``. The rules are those of
-    :mod:`hf_lookaround.plans` (tests check that ``make_plan`` draws from this distribution):
+    Returns a list of ``(probability, group_ids (n,), is_target (n,))``, from the ``exact_plans`` hook of the
+    objective's module (tests check that ``make_plan`` draws from this distribution):
 
     - ``ar``: one plan, ``g[i] = i`` (shifted by one after a condition prefix);
     - ``dar`` (``t`` int or list): ``t`` uniform over the list, then ``s1 ~ U{1..t}``;
     - ``mlm`` (``mask_ratio``): every subset of ``expected_masked_count(ratio, n)`` positions,
       uniformly;
     - ``vmlm`` (``mask_ratio_range=(a, b)``): the count's exact distribution under ``U[a, b]``,
-      then every subset of that size uniformly.
+      then every subset of that size uniformly;
+
+    and so on for every objective in :data:`EXACT_OBJECTIVES`.
     """
     c = num_condition_tokens
     if not 0 <= c < n:
         raise ValueError(f"need 0 <= num_condition_tokens < n, got {c} and n={n}")
-    after_prefix = np.arange(n) >= c
-    plans: list[tuple[float, np.ndarray, np.ndarray]] = []
-    if objective == "ar":
-        _reject_unknown(params, ())
-        ranks = _ar_ranks(n, c)
-        plans.append((1.0, ranks, after_prefix & (ranks >= 1)))
-    elif objective == "dar":
-        _reject_unknown(params, ("t",))
-        t = params.get("t", 2)
-        sizes = [t] if isinstance(t, int) else list(t)
-        if not sizes or any(int(s) < 1 for s in sizes):
-            raise ValueError(f"group size t must be a positive int or a non-empty list of them, got {t!r}")
-        for size in sizes:
-            for s1 in range(1, size + 1):
-                ranks = _dar_ranks(n, c, int(size), s1)
-                plans.append((1.0 / len(sizes) / size, ranks, after_prefix & (ranks >= 1)))
-    elif objectives.family(objective) == objectives.MASKED:
-        if objective == "mlm":
-            _reject_unknown(params, ("mask_ratio",))
-            ratio = float(params.get("mask_ratio", 0.15))
-            if not 0.0 < ratio < 1.0:
-                raise ValueError(f"mask_ratio must lie strictly between 0 and 1, got {ratio}")
-            counts = {expected_masked_count(ratio, n - c): 1.0}
-        else:
-            _reject_unknown(params, ("mask_ratio_range",))
-            a, b = check_mask_ratio_range(params.get("mask_ratio_range", (0.15, 0.3)))
-            counts = _masked_count_distribution(n - c, a, b)
-        base = 1 if c else 0
-        for m, p_m in sorted(counts.items()):
-            subsets = list(itertools.combinations(range(c, n), m))
-            for chosen in subsets:
-                ranks = np.zeros(n, dtype=np.int64)
-                ranks[c:] = base
-                ranks[list(chosen)] = base + 1
-                plans.append((p_m / len(subsets), ranks, ranks == base + 1))
-    else:
+    if objective not in EXACT_OBJECTIVES:
         raise ValueError(f"exact enumeration supports {EXACT_OBJECTIVES}, got {objective!r}; sample other plans")
-    return plans
+    entry = objectives.get(objective)
+    _reject_unknown(params, tuple(entry.defaults))
+    return entry.exact_plans(n, c, **params)
 
 
 def _reject_unknown(params: dict, allowed: Sequence[str]) -> None:

@@ -154,7 +154,7 @@ def full_length_nlls(model, tokenizer, texts, max_length: int, stride: int, batc
     import numpy as np
     import torch
 
-    from hf_lookaround.plans import infilling_ranks
+    from hf_lookaround.models.lookaround.masking_lookaround import infilling_ranks
 
     M = pkg.perplexity()
     docs, _, has_bos = M.encode_documents(tokenizer, texts)
@@ -196,13 +196,39 @@ def full_length_perplexity(model, tokenizer, spec) -> dict:
     return out
 
 
+def one_stream_perplexity(model, tokenizer, spec, log) -> dict:
+    """dar's one-stream form under the AR protocol, p(x_k | x_<k) (``ar_perplexity``: one layout per first-group
+    size), recorded as ``ar_plan`` in the same form as the two-stream cells' (``study_cell.perplexity``)."""
+    from study_cell import per_passage, scored_tokens_per_text
+
+    from study_common import HELDOUT_SETS, PREFIX_BUCKETS
+
+    M, s = pkg.perplexity(), spec["settings"]
+    heldout = json.loads(Path(spec["prep"]["heldout"]).read_text())
+    out = {"natural_protocol": "ar_plan", "sets": {}}
+    for name in HELDOUT_SETS:
+        r = M.ar_perplexity(model, tokenizer, heldout[name], max_length=s["block_size"], stride=s["block_size"] // 2,
+                            batch_size=s["eval_batch_size"])
+        out["sets"][name] = {"ar_plan": round_sig({
+            "perplexity": r.perplexity, "nll": r.mean_nll, "bits_per_byte": r.bits_per_byte,
+            "num_tokens": r.num_tokens, "num_bytes": int(r.num_bytes), "num_passages": len(heldout[name]),
+            "by_prefix_length": M.bucket_by_prefix_length(r.nlls, r.prefix_lengths, PREFIX_BUCKETS),
+            "per_passage": per_passage(r.nlls, r.prefix_lengths, scored_tokens_per_text(tokenizer, heldout[name])),
+        })}
+        log(f"perplexity {name}: ar_plan (one stream) {r.perplexity:.1f}")
+    return out
+
+
 def evaluate(model, tokenizer, spec, log) -> dict:
     """Perplexity (both protocols, and full-length where the protocol asks), probes; a protocol the model cannot
     run is named in ``skipped``."""
     import study_cell
 
     out, skipped = {}, {}
-    if pkg.perplexity().is_two_stream(model):
+    if pkg.is_one_stream_group_model(model.config):
+        out["perplexity"] = one_stream_perplexity(model, tokenizer, spec, log)
+        skipped["masked_prefix"] = "dar's one-stream form is block-causal: it has no bidirectional prefix to mask"
+    elif pkg.perplexity().is_two_stream(model):
         out["perplexity"] = study_cell.perplexity(model, tokenizer, spec, log)
         if spec["full_length"]:
             for name, entry in full_length_perplexity(model, tokenizer, spec).items():

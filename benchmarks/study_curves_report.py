@@ -216,13 +216,15 @@ def decide(results: list[dict]) -> None:
         boot_ok = "boot_low" not in r or (side > 0 and r["boot_low"] > r["null"]) or (side < 0 and r["boot_high"] < r["null"])
         r["called"] = bool(side and not math.isnan(p) and p < LEVEL and boot_ok)
         r["outcome"] = ("no data" if r["n"] < 2 else "not called" if not r["called"] else
-                        "supports" if side == r["expected"] else "contradicts")
+                        "differs" if r["expected"] == 0 else "supports" if side == r["expected"] else "contradicts")
         if r["n"] >= 2 and not r["called"]:
             r["seeds_paper"] = seeds_for_power(r["effect"], r["sd"], 0.8, LEVEL / m)
             r["seeds_observed"] = seeds_for_power(abs(r["mean"] - r["null"]), r["sd"], 0.8, LEVEL / m)
 
 
 def verdict(outcomes: list[str]) -> str:
+    if any(o == "differs" for o in outcomes):  # a two-sided test of no predicted direction (P: dar's two forms)
+        return "the forms differ"
     if outcomes and all(o == "supports" for o in outcomes):
         return "holds"
     if any(o == "contradicts" for o in outcomes):

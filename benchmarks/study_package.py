@@ -110,3 +110,10 @@ def glue():
     from hf_lookaround.evaluation import glue as module
 
     return module
+
+
+def is_one_stream_group_model(config) -> bool:
+    """dar's one-stream form (block-causal; ``generate(group_size=t)``, ``ar_perplexity`` with t layouts)."""
+    from hf_lookaround.models.lookaround.generation_lookaround import is_one_stream_group_model as fn
+
+    return fn(config)

@@ -32,8 +32,10 @@ def test_the_bundles_frozen_facts_agree_with_the_table():
     assert set(generation_lookaround.GROUP_DECODING_OBJECTIVES) == set(look_ahead)
     for name in look_ahead:
         assert objectives.OBJECTIVES[name].defaults.get("t", 1) == generation_lookaround.GROUP_DECODING_OBJECTIVES[name]
-    assert set(configuration_lookaround.LEGACY_MASKED_OBJECTIVES) == set(objectives.names(objectives.MASKED))
-    assert set(configuration_lookaround.LEGACY_QUERY_STREAM_OBJECTIVES) == set(
+    # the LEGACY_* tuples describe configs written before `prediction_stream` existed: frozen history, which
+    # objectives added since (span) never join; every name in them is still an objective of that family
+    assert set(configuration_lookaround.LEGACY_MASKED_OBJECTIVES) <= set(objectives.names(objectives.MASKED))
+    assert set(configuration_lookaround.LEGACY_QUERY_STREAM_OBJECTIVES) <= set(
         objectives.names(objectives.LOOK_AHEAD, objectives.ANY_ORDER))
 
 

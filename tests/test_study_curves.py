@@ -122,6 +122,8 @@ def test_verdicts_and_direction(protocol):
     assert rep.verdict(["supports", "supports"]) == "holds"
     assert rep.verdict(["supports", "contradicts"]) == "does not hold"
     assert rep.verdict(["no data"]) == "no data"
+    assert rep.verdict(["not called", "differs"]) == "the forms differ"  # P: two-sided, no predicted direction
+    assert rep.verdict(["not called", "no data"]) == "cannot tell"
     series = [{"outcome": "supports", "n": 8, "mean": 0.1, "null": 0.0},
               {"outcome": "contradicts", "n": 8, "mean": -0.1, "null": 0.0}]
     assert rep.direction_changes(series) == "yes (called both ways)"

@@ -237,3 +237,36 @@ def test_ar_perplexity_scores_each_token_from_all_tokens_before_it(t, tiny_model
                 logits = model(input_ids=torch.tensor([seq])).logits[0, -t]
             want.append(-torch.log_softmax(logits, -1)[context[k]].item())
     assert np.allclose(result.nlls, want, atol=1e-4)
+
+
+def test_decoding_streams_stops_at_eos_and_samples_reproducibly(tiny_model):
+    """The one-stream decoder goes through the same writes as the two-stream one: streamers see every token once,
+    a row stops after EOS (padding after it), and sampling with a seed repeats itself."""
+    t = 2
+    model = one_stream_model(tiny_model, t, "sdpa", seed=6)
+    model.generation_config.pad_token_id = PAD
+    prompt = torch.tensor([[BOS, 5, 9, 11]])
+    greedy = model.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=[])[0, 4:].tolist()
+
+    class Collect:
+        def __init__(self):
+            self.seen = []
+
+        def put(self, value):
+            self.seen.append(value.flatten().tolist())
+
+        def end(self):
+            self.seen.append("end")
+
+    streamer = Collect()
+    model.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=[], streamer=streamer)
+    assert streamer.seen[0] == prompt[0].tolist() and streamer.seen[-1] == "end"
+    assert sum(streamer.seen[1:-1], []) == greedy and all(len(g) == t for g in streamer.seen[1:-1])
+    eos = greedy[2]  # the third new token (the first of the second group) as EOS: the row ends there
+    stopped = model.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=eos)[0, 4:].tolist()
+    assert stopped[: greedy.index(eos) + 1] == greedy[: greedy.index(eos) + 1]
+    assert all(token == PAD for token in stopped[greedy.index(eos) + 1 :])
+    torch.manual_seed(0)
+    first = model.generate(prompt, max_new_tokens=8, do_sample=True, top_k=5, eos_token_id=[])
+    torch.manual_seed(0)
+    assert torch.equal(model.generate(prompt, max_new_tokens=8, do_sample=True, top_k=5, eos_token_id=[]), first)

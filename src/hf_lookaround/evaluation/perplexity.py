@@ -278,6 +278,10 @@ def masked_perplexity(
     window: ``positions_per_window=m`` scores only ``m`` evenly spaced prefix lengths of each window (every
     prefix-length bucket keeps tokens; bits per byte extrapolate the sample's mean NLL to all tokens).
     ``progress``: a tqdm bar over the windows."""
+    if is_one_stream_group_model(model.config):
+        raise ValueError("this checkpoint is dar's one-stream form (block-causal): it has no bidirectional prefix to "
+                         "mask; score it with the ar protocol (ar_perplexity, CLI: --protocol ar), which gives the "
+                         "same p(x_k | x_<k)")
     if mode == "auto":
         mode = default_masked_mode(model)
     if mode not in MASKED_MODES:

@@ -430,3 +430,35 @@ def test_dropping_unread_content_is_on_by_default_for_the_masked_objectives_and_
     assert isinstance(wrapped, DropUnreadContent) and wrapped.width_multiple == 256  # a quarter of the block
     assert not isinstance(collator("--objective", "gvp", "--drop_unread_content", "false"), DropUnreadContent)
     assert isinstance(collator("--objective", "dar", "--drop_unread_content"), DropUnreadContent)
+
+
+@pytest.mark.parametrize("objective,flags", [("vmlm", {}), ("mlm", {"mask_ratio": 0.3}), ("span", {})])
+def test_the_commands_drop_keeps_one_width_for_every_batch_of_real_text(objective, flags, tokenizer, bbc_text_dir):
+    """Under --torch_compile the command wraps masked collators with the objective's bound on the rows they keep:
+    every batch of a run has one width (one compiled graph), and a batch that keeps more is widened, never cut."""
+    from hf_lookaround.data.text import load_texts
+    from hf_lookaround.training.pretraining import (
+        LookAroundTrainingArguments,
+        ObjectiveArguments,
+        build_collators,
+        without_unread_content,
+    )
+
+    block = 512
+    objective_args = ObjectiveArguments(objective=objective, **flags)
+    collator, _ = build_collators(objective_args, tokenizer, seed=0, block_size=block, static_shapes=True)
+    args = LookAroundTrainingArguments(output_dir="unused", torch_compile=True, use_cpu=True, report_to=[])
+    dropping = without_unread_content(collator, objective_args, args, block)
+    ids = [tokenizer.bos_token_id] + [i for text in load_texts(bbc_text_dir / "train.jsonl.gz")
+                                      for i in tokenizer(text, add_special_tokens=False).input_ids]
+    blocks = [{"input_ids": ids[i : i + block]} for i in range(0, len(ids) - block, block)]
+    blocks = [{"input_ids": [tokenizer.bos_token_id] + b["input_ids"][1:]} for b in blocks]
+    widths = [dropping(blocks[i : i + 8])["input_ids"].shape[1] for i in range(0, len(blocks) - 8, 8)]
+    assert len(widths) >= 4 and set(widths) == {dropping.min_width} and dropping.min_width < block
+    # a batch whose rows are mostly special tokens (never masked) keeps more rows: widened to the next multiple
+    special = [{"input_ids": [tokenizer.bos_token_id] + [tokenizer.eos_token_id] * 300 + b["input_ids"][301:]}
+               for b in blocks[:8]]
+    wide = dropping(special)
+    assert wide["input_ids"].shape[1] > dropping.min_width
+    kept = (wide["attention_mask"] != 0).sum(1)
+    assert int(kept.max()) <= wide["input_ids"].shape[1]

@@ -100,6 +100,9 @@ class Objective:
     image_defaults: dict | None = None  # plan parameters for images (None: not an image objective)
     # an upper bound on the fraction of a sequence that carries a loss, from the plan parameters (None: all of it)
     target_ratio: Callable[[dict], float] | None = None
+    # the least fraction of a sequence its top rank holds (None: no useful bound, e.g. GVP's last group): the
+    # content rows dropped with --drop_unread_content, so a compiled step can keep one width for every batch
+    min_top_ratio: Callable[[dict], float] | None = None
     single_stream_head: str | None = None  # the head its single-stream form trains (None: no such form)
     # the top rank holds many tokens whose content rows nothing reads: pretrain drops them by default
     drops_unread_content: bool = False

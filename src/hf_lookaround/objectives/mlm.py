@@ -202,6 +202,7 @@ OBJECTIVE = Objective(
              "mlm-0.3": ("masked, ratio 0.3", {"mask_ratio": 0.3})},
     image_defaults={"mask_ratio": 0.75},
     target_ratio=lambda params: params.get("mask_ratio", 0.15),
+    min_top_ratio=lambda params: params.get("mask_ratio", 0.15),
     single_stream_head=MASKED_HEAD,
     drops_unread_content=True,
     exact_plans=exact_plans,

@@ -172,6 +172,7 @@ OBJECTIVE = Objective(
                         {"span_mean_length": 32.0, "span_corruption_rate": 0.5})},
     # round(rate * n) <= ceil(rate * n) <= ceil(rate * seq_len), and max_targets keeps at least 1
     target_ratio=lambda params: params.get("corruption_rate", 0.15),
+    min_top_ratio=lambda params: params.get("corruption_rate", 0.15),
     single_stream_head=MASKED_HEAD,
     drops_unread_content=True,
     exact_plans=exact_plans,

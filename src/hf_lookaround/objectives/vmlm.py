@@ -103,6 +103,7 @@ OBJECTIVE = Objective(
     presets={"vmlm-0.15-0.3": ("variable masked, U[0.15, 0.3]", {"mask_ratio_range": [0.15, 0.3]})},
     image_defaults={"mask_ratio_range": (0.5, 0.75)},
     target_ratio=lambda params: max(params.get("mask_ratio_range", (0.15, 0.3))),
+    min_top_ratio=lambda params: min(params.get("mask_ratio_range", (0.15, 0.3))),
     single_stream_head=MASKED_HEAD,
     drops_unread_content=True,
     exact_plans=exact_plans,

@@ -619,7 +619,14 @@ def without_unread_content(collator, objective_args: ObjectiveArguments, trainin
     # batch (one or two multiples of 64); other plans' widths spread over the block (a quarter of it). An eager
     # step takes the exact width
     multiple = (64 if masked else max(64, block_size // 4)) if training_args.torch_compile else None
-    return DropUnreadContent(collator, width_multiple=multiple)
+    # one width for every batch where the objective bounds what it keeps (masked family: at most T (1 - least
+    # ratio) rows), rounded up to the multiple: one compiled graph per run, whatever the data
+    least = objectives.get(objective_args.objective).min_top_ratio
+    min_width = None
+    if multiple and least is not None:
+        bound = math.ceil(block_size * (1 - float(least(objective_args.plan_params()))))
+        min_width = min(block_size, -(-bound // multiple) * multiple)
+    return DropUnreadContent(collator, width_multiple=multiple, min_width=min_width)
 
 
 def check_launch(training_args: TrainingArguments) -> None:

@@ -11,7 +11,8 @@ from ..plans import host_positions_of
 __all__ = ["DropUnreadContent", "drop_unread_content"]
 
 
-def drop_unread_content(batch: dict, content_width: int | None = None, width_multiple: int | None = None) -> dict:
+def drop_unread_content(batch: dict, content_width: int | None = None, width_multiple: int | None = None,
+                        min_width: int | None = None) -> dict:
     """An equivalent two-stream batch without the content rows that no prediction reads.
 
     A query row of rank r reads content of rank < r, and a content row of rank r reads content of rank <= r; so the
@@ -25,6 +26,9 @@ def drop_unread_content(batch: dict, content_width: int | None = None, width_mul
     checks on the host that `content_width` holds every sequence's kept rows (a fixed width keeps shapes static).
     `width_multiple`: without a fixed width, round the batch's width up to a multiple of this, so that a compiled
     step sees a few shapes only (GVP, whose top group ranges from one token to most of the sequence).
+    `min_width`: without a fixed width, never narrower than this (the objective's bound on the rows it keeps: every
+    batch of a run then has this width and a compiled step one graph; a batch that keeps more, e.g. one full of
+    special tokens that are never masked, is widened as `width_multiple` says, never cut).
     """
     # on the host, in numpy: a data loader calls this for every batch, and numpy's calls cost a fraction of torch's
     device = batch["input_ids"].device
@@ -35,7 +39,9 @@ def drop_unread_content(batch: dict, content_width: int | None = None, width_mul
     keep = valid & (group_ids < top_rank)
     needed = int(keep.sum(-1).max()) if keep.size else 0
     width = needed if content_width is None else content_width
-    if content_width is None and width_multiple:
+    if content_width is None and min_width and needed <= min_width:
+        width = min(min_width, input_ids.shape[1])
+    elif content_width is None and width_multiple:
         width = min(-(-needed // width_multiple) * width_multiple, input_ids.shape[1])
     if width < needed:
         raise ValueError(f"content_width={content_width} is smaller than the {needed} content rows a sequence of this "
@@ -80,12 +86,14 @@ class DropUnreadContent:
     (a compiled step then sees a few widths, one static graph each). Other attributes (``set_epoch``, ...) are the
     wrapped collator's."""
 
-    def __init__(self, collator, width_multiple: int | None = None):
+    def __init__(self, collator, width_multiple: int | None = None, min_width: int | None = None):
         self.collator = collator
         self.width_multiple = width_multiple
+        self.min_width = min_width
 
     def __call__(self, features):
-        return drop_unread_content(self.collator(features), width_multiple=self.width_multiple)
+        return drop_unread_content(self.collator(features), width_multiple=self.width_multiple,
+                                   min_width=self.min_width)
 
     def __getattr__(self, name):
         if name == "collator":  # not set yet (unpickling in a worker): no recursion

@@ -15,6 +15,9 @@ is renamed into place (a rename is atomic on POSIX file systems). Readers (``las
 - :func:`resolve_resume_checkpoint` turns ``--resume_from_checkpoint last|DIR`` into a folder, with a
   clear error for an incomplete one;
 - :func:`check_resume_compatible` refuses a checkpoint of another objective or model size;
+- :func:`missing_training_state` names what a checkpoint cannot restore besides its weights (optimizer,
+  schedule, RNG state, trainer state: a ``--save_only_model`` checkpoint, or files deleted with their marker
+  entries); a resume refuses such a checkpoint unless ``--resume_weights_only true`` asks for its weights alone;
 - :func:`checkpoint_problems` checks a complete checkpoint against its marker (every listed file there, with
   its size and a sample of its bytes): a file deleted, cut short or rewritten after the marker is found, and
   ``last`` skips such a checkpoint with a warning (a named one is refused);
@@ -53,6 +56,7 @@ __all__ = [
     "remove_incomplete_checkpoints",
     "resolve_resume_checkpoint",
     "check_resume_compatible",
+    "missing_training_state",
     "allow_indexed_cpu_map_location",
     "checkpoint_problems",
     "set_aside_later_checkpoints",
@@ -328,6 +332,37 @@ def check_resume_compatible(checkpoint, config, world_size: int | None = None, r
             + "). Resume with the arguments of that run, or start a new run from its weights with "
             "--model_name_or_path (without --resume_from_checkpoint)"
         )
+
+
+def missing_training_state(checkpoint, world_size: int = 1) -> list[str]:
+    """What ``Trainer`` would silently not restore from ``checkpoint`` besides the weights, one phrase each (empty:
+    everything is there): the optimizer state, the learning-rate schedule, the RNG state of each process, the
+    trainer state (step, data position). A ``--save_only_model`` checkpoint lacks all but the last.
+
+    The RNG files are required only when the checkpoint was saved by ``world_size`` processes (or does not say):
+    with another number of processes they cannot be restored anyway, which :func:`check_resume_compatible` says."""
+    folder = Path(checkpoint)
+    missing = []
+    subdirs = [p.name for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
+    optimizer = ((folder / "optimizer.pt").is_file() or (folder / "optimizer.bin").is_file()
+                 or any("optimizer" in name or name.startswith("global_step") for name in subdirs))  # FSDP, DeepSpeed
+    if not optimizer:
+        missing.append("the optimizer state (optimizer.pt)")
+    if not (folder / "scheduler.pt").is_file():
+        missing.append("the learning-rate schedule (scheduler.pt)")
+    marker = folder / COMPLETE_MARKER
+    try:
+        saved_world = json.loads(marker.read_text()).get("world_size") if marker.is_file() else None
+    except (OSError, ValueError):
+        saved_world = None
+    if saved_world in (None, world_size):
+        names = ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{i}.pth" for i in range(world_size)]
+        absent = [name for name in names if not (folder / name).is_file()]
+        if absent:
+            missing.append(f"the RNG state ({', '.join(absent)})")
+    if not (folder / "trainer_state.json").is_file():
+        missing.append("the trainer state (trainer_state.json: the step and the data position)")
+    return missing
 
 
 def _normalise(value):

@@ -299,6 +299,13 @@ class LookAroundTrainingArguments(TrainingArguments):
                           "checkpoint-N folders are deleted first (without this, or --resume_from_checkpoint, "
                           "an occupied output_dir is refused)"},
     )
+    resume_weights_only: bool = field(
+        default=False,
+        metadata={"help": "--resume_from_checkpoint from a checkpoint without optimizer, scheduler or RNG state (one "
+                          "saved with --save_only_model): go on from its weights (and step) with a fresh optimizer, "
+                          "learning-rate schedule and RNG, with a warning naming what was not restored. Without "
+                          "this, such a resume is refused"},
+    )
     drop_unread_content: bool | None = field(
         default=None,
         metadata={"help": "two-stream training: leave out the content rows no prediction reads (a masked plan's "
@@ -859,6 +866,22 @@ def finished_training(checkpoint, training_args: TrainingArguments) -> bool:
     return step >= state.get("max_steps", float("inf")) and state.get("epoch", 0) >= training_args.num_train_epochs
 
 
+def check_training_state(checkpoint, training_args: TrainingArguments) -> None:
+    """Refuse to resume from ``checkpoint`` if it lacks state besides the weights (``Trainer`` would go on with a
+    fresh optimizer, schedule or RNG and say nothing), unless ``--resume_weights_only true``: then warn."""
+    missing = checkpointing.missing_training_state(checkpoint, training_args.world_size)
+    if not missing:
+        return
+    if not getattr(training_args, "resume_weights_only", False):
+        raise ValueError(
+            f"cannot resume from {checkpoint}: it holds no {'; no '.join(missing)} (a --save_only_model checkpoint, "
+            "or files deleted), so the run would go on with a fresh one; pass --resume_weights_only true to go on "
+            "from its weights anyway, or resume from a checkpoint that holds them"
+        )
+    logger.warning("--resume_weights_only: resuming from the weights of %s; not restored, started fresh: %s",
+                   checkpoint, "; ".join(missing))
+
+
 def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: ObjectiveArguments,
          training_args: TrainingArguments, callbacks: list) -> dict:
     if not (training_args.do_train or training_args.do_eval):
@@ -926,6 +949,8 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
             checkpointing.check_resume_compatible(checkpoint, model.config, training_args.world_size,
                                                   run=trainer.run_settings)
     done = checkpoint is not None and finished_training(checkpoint, training_args)
+    if checkpoint is not None and not done:
+        check_training_state(checkpoint, training_args)
     final_state = Path(training_args.output_dir) / "trainer_state.json"
     saved = done and final_state.is_file() and (Path(training_args.output_dir) / "config.json").is_file() and (
         json.loads(final_state.read_text()).get("global_step") == json.loads(

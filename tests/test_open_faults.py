@@ -1,0 +1,100 @@
+"""Faults that gave silent wrong results (issue 30, section 3): a resume without optimizer, scheduler or RNG state,
+damaged final weights kept by a rerun, a tokenizer overwritten, flags that trained or scored nothing.
+
+One tiny finished run (4 steps, checkpoints 2 and 4; as in test_checkpoint_trust.py) is made once; each test
+damages a copy of it."""
+
+import json
+import shutil
+
+import pytest
+
+from hf_lookaround import cli
+from hf_lookaround.cli.pretrain import parse_args
+from hf_lookaround.training import checkpointing
+from hf_lookaround.training.pretraining import run
+
+TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,hidden_dropout_prob=0.1"
+
+
+@pytest.fixture(scope="module")
+def make_args(tokenizer_dir, bbc_text_dir):
+    def make(output_dir, *extra, max_steps=4):
+        return [
+            "--train_files", str(bbc_text_dir / "train.jsonl.gz"), "--tokenizer_name", str(tokenizer_dir),
+            "--preset", "tiny", "--config_overrides", TINY, "--block_size", "32",
+            "--validation_split_percentage", "20", "--output_dir", str(output_dir),
+            "--per_device_train_batch_size", "4", "--learning_rate", "3e-3", "--logging_steps", "1",
+            "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true", "--objective", "vmlm",
+            "--do_train", "--max_train_samples", "16", "--max_steps", str(max_steps), "--save_steps", "2",
+            "--seed", "7", *extra,
+        ]
+    return make
+
+
+@pytest.fixture(scope="module")
+def finished_run(make_args, tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "run"
+    run(*parse_args(make_args(out)))
+    assert [p.name for p in checkpointing.list_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    return out
+
+
+@pytest.fixture
+def copy(finished_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    return out
+
+
+def error_line(capsys, argv) -> str:
+    assert cli.main(argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hf-lookaround ")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def remove_with_marker_entry(checkpoint, name) -> None:
+    """Delete a file of a complete checkpoint and its entry in the marker: the checkpoint still looks intact."""
+    (checkpoint / name).unlink()
+    marker = checkpoint / checkpointing.COMPLETE_MARKER
+    manifest = json.loads(marker.read_text())
+    for key in ("files", "samples"):
+        manifest[key].pop(name, None)
+    marker.write_text(json.dumps(manifest))
+    assert checkpointing.checkpoint_problems(checkpoint) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. a resume that cannot restore optimizer, scheduler or RNG state is refused
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "rng_state.pth"])
+def test_resuming_without_a_state_file_is_refused(copy, make_args, capsys, name):
+    remove_with_marker_entry(copy / "checkpoint-4", name)
+    line = error_line(capsys, ["pretrain", *make_args(copy, "--resume_from_checkpoint", "last", max_steps=6)])
+    assert line.startswith("hf-lookaround pretrain: error: ")
+    assert "checkpoint-4" in line and name in line and "--resume_weights_only" in line
+    assert not (copy / "checkpoint-6").exists()
+
+
+def test_a_save_only_model_checkpoint_resumes_only_with_resume_weights_only(make_args, tmp_path, capsys, caplog):
+    out = tmp_path / "run"
+    run(*parse_args(make_args(out, "--save_only_model", "true", max_steps=2)))
+    line = error_line(capsys, ["pretrain", *make_args(out, "--save_only_model", "true", "--resume_from_checkpoint",
+                                                      "last")])
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        assert name in line
+    assert not (out / "checkpoint-4").exists()
+    with caplog.at_level("WARNING", logger="hf_lookaround.training.pretraining"):
+        assert cli.main(["pretrain", *make_args(out, "--save_only_model", "true", "--resume_from_checkpoint", "last",
+                                                "--resume_weights_only", "true")]) == 0
+    warned = [r.getMessage() for r in caplog.records if "--resume_weights_only" in r.getMessage()]
+    assert len(warned) == 1 and "optimizer.pt" in warned[0] and "checkpoint-2" in warned[0]
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 4  # went on from step 2
+
+
+def test_resume_weights_only_is_in_the_help(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["pretrain", "--help"])
+    assert "--resume_weights_only" in capsys.readouterr().out

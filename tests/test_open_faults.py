@@ -98,3 +98,36 @@ def test_resume_weights_only_is_in_the_help(capsys):
     with pytest.raises(SystemExit):
         cli.main(["pretrain", "--help"])
     assert "--resume_weights_only" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. damaged final weights are written again from the last checkpoint
+# ---------------------------------------------------------------------------------------------
+def tensors(path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+@pytest.mark.parametrize("damage", ["cut to a third", "cut to a third, no marker", "rewritten at the same size"])
+def test_a_damaged_final_model_is_written_again_from_the_last_checkpoint(copy, make_args, caplog, damage):
+    weights = copy / "model.safetensors"
+    data = weights.read_bytes()
+    if damage.startswith("cut"):
+        weights.write_bytes(data[: len(data) // 3])
+    else:
+        weights.write_bytes(data[:-64] + bytes(64))
+    if damage.endswith("no marker"):  # a final model saved before the marker existed
+        (copy / checkpointing.FINAL_MARKER).unlink(missing_ok=True)
+    with caplog.at_level("WARNING", logger="hf_lookaround.training.pretraining"):
+        assert cli.main(["pretrain", *make_args(copy, "--resume_from_checkpoint", "last")]) == 0
+    warned = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(warned) == 1 and "model.safetensors" in warned[0] and "checkpoint-4" in warned[0]
+    assert checkpointing.final_model_problems(copy) == []
+    final, last = tensors(weights), tensors(copy / "checkpoint-4" / "model.safetensors")
+    assert final.keys() == last.keys() and all((final[k] == last[k]).all() for k in final)
+    assert [p.name for p in checkpointing.list_checkpoints(copy)] == ["checkpoint-2", "checkpoint-4"]
+    # and the run is finished again: a second rerun changes nothing
+    before = weights.read_bytes()
+    assert cli.main(["pretrain", *make_args(copy, "--resume_from_checkpoint", "last")]) == 0
+    assert weights.read_bytes() == before

@@ -131,3 +131,21 @@ def test_a_damaged_final_model_is_written_again_from_the_last_checkpoint(copy, m
     before = weights.read_bytes()
     assert cli.main(["pretrain", *make_args(copy, "--resume_from_checkpoint", "last")]) == 0
     assert weights.read_bytes() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. train-tokenizer does not overwrite a tokenizer silently
+# ---------------------------------------------------------------------------------------------
+def test_train_tokenizer_refuses_a_folder_that_holds_a_tokenizer_unless_overwrite(bbc_text_dir, tmp_path, capsys):
+    out = tmp_path / "tok"
+    argv = ["train-tokenizer", str(bbc_text_dir / "train.jsonl.gz"), "-o", str(out), "--vocab_size", "300"]
+    assert cli.main(argv) == 0
+    before = (out / "tokenizer.json").read_bytes()
+    line = error_line(capsys, [*argv[:-1], "400"])
+    assert line.startswith("hf-lookaround train-tokenizer: error: ") and str(out) in line and "--overwrite" in line
+    assert (out / "tokenizer.json").read_bytes() == before
+    assert cli.main([*argv[:-1], "400", "--overwrite"]) == 0
+    assert (out / "tokenizer.json").read_bytes() != before
+    # a folder without a tokenizer (say, empty, made beforehand) is fine
+    (tmp_path / "empty").mkdir()
+    assert cli.main([*argv[:3], str(tmp_path / "empty"), *argv[4:]]) == 0

@@ -149,3 +149,47 @@ def test_train_tokenizer_refuses_a_folder_that_holds_a_tokenizer_unless_overwrit
     # a folder without a tokenizer (say, empty, made beforehand) is fine
     (tmp_path / "empty").mkdir()
     assert cli.main([*argv[:3], str(tmp_path / "empty"), *argv[4:]]) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. flags and data that trained or scored nothing, or something else, without a word
+# ---------------------------------------------------------------------------------------------
+def test_pretrain_with_nothing_to_train_is_refused(make_args, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = make_args(out, "--num_train_epochs", "0")
+    argv[argv.index("--max_steps") + 1] = "-5"
+    line = error_line(capsys, ["pretrain", *argv])
+    assert "nothing to train" in line and "--max_steps -5" in line and "--num_train_epochs 0" in line
+    assert not (out / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("flag", ["--max_length", "--stride"])
+def test_perplexity_refuses_a_zero_window(finished_run, bbc_text_dir, tmp_path, capsys, flag):
+    # before: 0 was read as "not given", and the default window scored the documents with rc 0
+    line = error_line(capsys, ["perplexity", "--model_name_or_path", str(finished_run), "--dataset", str(bbc_text_dir),
+                               "--protocol", "masked", "--max_documents", "1", "--positions_per_window", "2",
+                               "--device", "cpu", "--output_dir", str(tmp_path / "out"), flag, "0"])
+    assert line.startswith("hf-lookaround perplexity: error: ") and f"{flag} 0" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_generate_refuses_zero_samples(finished_run, capsys):
+    # before: one sample, rc 0
+    line = error_line(capsys, ["generate", str(finished_run), "--num_tokens", "3", "--num_samples", "0",
+                               "--device", "cpu"])
+    assert line.startswith("hf-lookaround generate: error: ") and "--num_samples 0" in line
+
+
+def test_jsonl_records_without_text_are_refused(make_args, bbc_text_dir, tmp_path, capsys):
+    import gzip
+
+    records = [json.loads(line) for line in gzip.open(bbc_text_dir / "train.jsonl.gz", "rt")]
+    for i in (2, 5, 6, 9, 11, 13, 20):  # lines 3, 6, 7, 10, 12, 14, 21 hold no text
+        records[i] = {"title": "no text here"} if i % 2 else {"text": None}
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    argv = make_args(tmp_path / "run")
+    argv[argv.index("--train_files") + 1] = str(data)
+    line = error_line(capsys, ["pretrain", *argv])
+    assert str(data) in line and "7 record(s)" in line and "lines 3, 6, 7, 10, 12, ..." in line
+    assert not (tmp_path / "run" / "model.safetensors").exists()

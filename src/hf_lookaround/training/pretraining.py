@@ -909,6 +909,9 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
          training_args: TrainingArguments, callbacks: list) -> dict:
     if not (training_args.do_train or training_args.do_eval):
         raise ValueError("nothing to do: pass --do_train and/or --do_eval (with neither, no stage would run)")
+    if training_args.do_train and training_args.max_steps <= 0 and training_args.num_train_epochs <= 0:
+        raise ValueError(f"nothing to train: --max_steps {training_args.max_steps} and --num_train_epochs "
+                         f"{training_args.num_train_epochs:g}; give a positive --max_steps or --num_train_epochs")
     set_seed(training_args.seed)
     apply_global_batch_size(training_args)
     # only the loss is needed from evaluation: gathering (B, M, V) logits would waste memory

@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``hf-lookaround generate``; bad input raises ValueError, which the CLI prints as one line (exit 2)."""
     args = build_parser().parse_args(argv)
+    if args.num_samples < 1:
+        raise ValueError(f"--num_samples {args.num_samples}: must be at least 1")
     args.device = resolve_device(args.device)
 
     from transformers import AutoConfig, AutoModelForPreTraining, AutoTokenizer  # our classes are registered

@@ -75,6 +75,10 @@ def _load_model(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    for flag in ("max_length", "stride"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag} {value}: must be a positive number of tokens (leave it out for the default)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from transformers import AutoTokenizer
 
@@ -90,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("scoring the first %d of %d documents (--max_documents)", min(args.max_documents, len(texts)), len(texts))
         texts = texts[: args.max_documents]
     max_positions = getattr(model.config, "max_position_embeddings", None) or 512
-    max_length = args.max_length or min(512, max_positions)
+    max_length = args.max_length if args.max_length is not None else min(512, max_positions)
     if max_length > max_positions:
         raise ValueError(f"--max_length {max_length} exceeds the model's max_position_embeddings ({max_positions})")
-    stride = args.stride or max_length // 2
+    stride = args.stride if args.stride is not None else max(1, max_length // 2)
     add_bos = False if args.no_bos else None
 
     if args.protocol == "ar":

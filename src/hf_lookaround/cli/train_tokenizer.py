@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..data.text import iter_texts
-from ..data.tokenization import train_tokenizer
+from ..data.tokenization import tokenizer_files, train_tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +21,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text_column", default="text", help="field of JSON Lines records / dataset column")
     parser.add_argument("--split", default="train", help="split to read when an input is a datasets name")
     parser.add_argument("--model_max_length", type=int, default=None)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the tokenizer that --output_dir already holds (without this, it is refused)")
     args = parser.parse_args(argv)
+
+    held = tokenizer_files(args.output_dir)
+    if held and not args.overwrite:
+        raise ValueError(f"--output_dir {args.output_dir} already holds a tokenizer ({', '.join(held)}): give another "
+                         "--output_dir, or pass --overwrite to replace it")
 
     texts = iter_texts(args.inputs, text_column=args.text_column, split=args.split)
     tok = train_tokenizer(

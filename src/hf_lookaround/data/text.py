@@ -209,8 +209,43 @@ def load_text_dataset(inputs: str | Sequence[str], text_column: str = "text", sp
             raise ValueError(problem) from err
         if builder == "text" and text_column != "text":
             ds = ds.rename_column("text", text_column)
-        parts.append(_only_text_column(ds, text_column, f"{builder} files"))
+        ds = _only_text_column(ds, text_column, f"{builder} files")
+        if builder == "json" and not streaming:
+            _refuse_records_without_text(ds, group, text_column)
+        parts.append(ds)
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def _records_without_text(path: Path, text_column: str) -> list[int]:
+    """The line numbers (of a .json array: the record numbers) of the records of ``path`` that hold no
+    ``text_column`` string (the field absent, or null)."""
+    def bad(record) -> bool:
+        return not isinstance(record, dict) or record.get(text_column) is None
+
+    with _open(path) as f:
+        first = _first_line(path) or ""
+        if first.lstrip().startswith("[") and not first.rstrip().endswith("}"):  # a .json array
+            return [i for i, record in enumerate(json.load(f), 1) if bad(record)]
+        return [lineno for lineno, line in enumerate(f, 1) if line.strip() and bad(json.loads(line))]
+
+
+def _refuse_records_without_text(ds, files: list[Path], text_column: str, shown: int = 5) -> None:
+    """Refuse JSON data some of whose records hold no ``text_column`` (the builder fills them with null, and they
+    would be left out of training without a word): name the file, the first line numbers and the count."""
+    if ds.data.column(text_column).null_count == 0:
+        return
+    found = [(path, lines) for path in files if (lines := _records_without_text(path, text_column))]
+    if not found:
+        return
+    path, lines = found[0]
+    where = "record" if (_first_line(path) or "").lstrip().startswith("[") else "line"
+    more = sum(len(lines) for _, lines in found[1:])
+    raise ValueError(
+        f"{path}: {len(lines)} record(s) hold no {text_column!r} text ({where}s "
+        f"{', '.join(map(str, lines[:shown]))}{', ...' if len(lines) > shown else ''})"
+        + (f", and {more} more in {len(found) - 1} other file(s)" if more else "")
+        + f": every record must hold its document in {text_column!r}; fix or remove them, or set --text_column"
+    )
 
 
 def _file_kind(path: Path) -> tuple[str, object]:

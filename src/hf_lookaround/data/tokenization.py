@@ -21,11 +21,22 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-__all__ = ["SPECIAL_TOKENS", "train_tokenizer", "encode_sentences"]
+__all__ = ["SPECIAL_TOKENS", "train_tokenizer", "encode_sentences", "tokenizer_files"]
 
 BOS, EOS, PAD, MASK, UNK = "<s>", "</s>", "[PAD]", "[MASK]", "[UNK]"
 # the order fixes the ids: [PAD] = 0, <s> = 1, </s> = 2, [UNK] = 3, [MASK] = 4
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK, MASK)
+
+
+# the files by which a folder holds a tokenizer (of this package, or any that AutoTokenizer loads)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "vocab.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
+
+
+def tokenizer_files(folder) -> list[str]:
+    """The tokenizer files that ``folder`` already holds (empty when it holds none, or is no folder)."""
+    folder = Path(folder)
+    return [name for name in TOKENIZER_FILES if (folder / name).is_file()] if folder.is_dir() else []
 
 
 def train_tokenizer(

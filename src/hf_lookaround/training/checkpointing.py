@@ -15,11 +15,17 @@ is renamed into place (a rename is atomic on POSIX file systems). Readers (``las
 - :func:`resolve_resume_checkpoint` turns ``--resume_from_checkpoint last|DIR`` into a folder, with a
   clear error for an incomplete one;
 - :func:`check_resume_compatible` refuses a checkpoint of another objective or model size;
+- :func:`missing_training_state` names what a checkpoint cannot restore besides its weights (optimizer,
+  schedule, RNG state, trainer state: a ``--save_only_model`` checkpoint, or files deleted with their marker
+  entries); a resume refuses such a checkpoint unless ``--resume_weights_only true`` asks for its weights alone;
 - :func:`checkpoint_problems` checks a complete checkpoint against its marker (every listed file there, with
   its size and a sample of its bytes): a file deleted, cut short or rewritten after the marker is found, and
   ``last`` skips such a checkpoint with a warning (a named one is refused);
 - :func:`set_aside_later_checkpoints` moves the checkpoints after the one a run resumes from (and damaged
   ones) aside, so that no save of the resumed run ever writes into a folder that holds an old marker;
+- :func:`mark_final_model` records the final model of ``output_dir`` as a marker records a checkpoint, and
+  :func:`final_model_problems` checks it: a finished run rerun with ``last`` rewrites a damaged final model from
+  its last checkpoint instead of keeping it;
 - :func:`check_output_dir` refuses to start a new run in an occupied folder, and :class:`OutputDirLock` a
   second run writing the same folder at once.
 """
@@ -53,10 +59,15 @@ __all__ = [
     "remove_incomplete_checkpoints",
     "resolve_resume_checkpoint",
     "check_resume_compatible",
+    "missing_training_state",
     "allow_indexed_cpu_map_location",
     "checkpoint_problems",
     "set_aside_later_checkpoints",
     "check_output_dir",
+    "FINAL_MARKER",
+    "final_model_files",
+    "mark_final_model",
+    "final_model_problems",
     "OutputDirLock",
     "LOCK_FILE",
     "disk_full_is_one_line",
@@ -114,14 +125,19 @@ def checkpoint_problems(folder) -> list[str]:
     Every file the marker lists must be there with its size (and, for markers that record them, the same
     sample digest: a file rewritten after the marker was written is found even at the same size)."""
     folder = Path(folder)
-    marker = folder / COMPLETE_MARKER
-    if not marker.is_file():
+    if not (folder / COMPLETE_MARKER).is_file():
         return [f"no {COMPLETE_MARKER}"]
+    return _listed_problems(folder, COMPLETE_MARKER)
+
+
+def _listed_problems(folder: Path, marker_name: str) -> list[str]:
+    """The files that ``folder/marker_name`` lists, checked: each there, with its size and sample digest."""
+    marker = folder / marker_name
     try:
         manifest = json.loads(marker.read_text())
         files, samples = manifest["files"], manifest.get("samples", {})
     except (OSError, ValueError, KeyError, TypeError) as err:
-        return [f"unreadable {COMPLETE_MARKER} ({type(err).__name__})"]
+        return [f"unreadable {marker_name} ({type(err).__name__})"]
     problems = []
     for name, size in files.items():
         path = folder / name
@@ -187,24 +203,83 @@ def mark_complete(folder, global_step: int, world_size: int, run: dict | None = 
     Call it on the process that saves, after all processes have finished writing into ``folder``."""
     folder = Path(folder)
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
+    _write_marker(folder, files, COMPLETE_MARKER, global_step=int(global_step), world_size=int(world_size),
+                  **({"run": dict(run)} if run else {}))
+
+
+def _write_marker(folder: Path, files: list[Path], marker_name: str, **fields) -> None:
+    """fsync ``files`` and their folders, then write ``folder/marker_name`` (their sizes and sample digests) atomically."""
     for path in files:
         _fsync(path)
     for sub in sorted({p.parent for p in files} | {folder}):
         _fsync(sub, directory=True)
     manifest = {
-        "global_step": int(global_step),
-        "world_size": int(world_size),
+        **{k: v for k, v in fields.items() if k != "run"},
         "files": {str(p.relative_to(folder)): p.stat().st_size for p in files},
         "samples": {str(p.relative_to(folder)): _sample_digest(p, p.stat().st_size) for p in files},
-        **({"run": dict(run)} if run else {}),
+        **({"run": fields["run"]} if "run" in fields else {}),
     }
-    tmp = folder / (COMPLETE_MARKER + ".tmp")
+    tmp = folder / (marker_name + ".tmp")
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, folder / COMPLETE_MARKER)  # atomic: the marker is there in full or not at all
+    os.replace(tmp, folder / marker_name)  # atomic: the marker is there in full or not at all
     _fsync(folder, directory=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the final model of output_dir, checked as checkpoints are
+# ---------------------------------------------------------------------------------------------
+FINAL_MARKER = "final_model_complete.json"
+_FINAL_MODEL_FILES = ("config.json", "generation_config.json", "trainer_state.json", "model*.safetensors",
+                      "model.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
+
+
+def final_model_files(output_dir) -> list[Path]:
+    """The files of the final model saved at the top of ``output_dir`` (weights, config, trainer state)."""
+    root = Path(output_dir)
+    return sorted({p for pattern in _FINAL_MODEL_FILES for p in root.glob(pattern) if p.is_file()})
+
+
+def mark_final_model(output_dir, global_step: int) -> None:
+    """After the final ``save_model`` and ``save_state``: record the final model's files as a checkpoint's marker
+    does, so that a rerun can tell a damaged final model (:func:`final_model_problems`)."""
+    _write_marker(Path(output_dir), final_model_files(output_dir), FINAL_MARKER, global_step=int(global_step))
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """A safetensors file whose size is not what its header says (cut short, or grown), or an unreadable header."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n <= 0 or 8 + n > size:
+                return f"{path.name} has {size} bytes, too few for its header"
+            header = json.loads(f.read(n))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        return f"{path.name} has an unreadable header ({type(err).__name__})"
+    if 8 + n + end != size:
+        return f"{path.name} has {size} bytes, its header says {8 + n + end}"
+    return None
+
+
+def final_model_problems(output_dir) -> list[str]:
+    """What is wrong with the final model of ``output_dir``, one short phrase each (empty: intact): files that
+    :data:`FINAL_MARKER` lists, deleted, cut short or rewritten since; a safetensors file whose size is not the one
+    its header gives (also for a final model saved before the marker existed); no weights at all."""
+    root = Path(output_dir)
+    problems = _listed_problems(root, FINAL_MARKER) if (root / FINAL_MARKER).is_file() else []
+    files = final_model_files(root)
+    if not any(p.suffix in (".safetensors", ".bin") for p in files):
+        problems.append("no model weights")
+    for path in files:
+        if path.suffix == ".safetensors":
+            problem = _safetensors_problem(path)
+            if problem and not any(q.startswith(path.name + " ") for q in problems):
+                problems.append(problem)
+    return problems
 
 
 def rotate_complete_checkpoints(output_dir, save_total_limit: int | None, keep=()) -> list[Path]:
@@ -328,6 +403,37 @@ def check_resume_compatible(checkpoint, config, world_size: int | None = None, r
             + "). Resume with the arguments of that run, or start a new run from its weights with "
             "--model_name_or_path (without --resume_from_checkpoint)"
         )
+
+
+def missing_training_state(checkpoint, world_size: int = 1) -> list[str]:
+    """What ``Trainer`` would silently not restore from ``checkpoint`` besides the weights, one phrase each (empty:
+    everything is there): the optimizer state, the learning-rate schedule, the RNG state of each process, the
+    trainer state (step, data position). A ``--save_only_model`` checkpoint lacks all but the last.
+
+    The RNG files are required only when the checkpoint was saved by ``world_size`` processes (or does not say):
+    with another number of processes they cannot be restored anyway, which :func:`check_resume_compatible` says."""
+    folder = Path(checkpoint)
+    missing = []
+    subdirs = [p.name for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
+    optimizer = ((folder / "optimizer.pt").is_file() or (folder / "optimizer.bin").is_file()
+                 or any("optimizer" in name or name.startswith("global_step") for name in subdirs))  # FSDP, DeepSpeed
+    if not optimizer:
+        missing.append("the optimizer state (optimizer.pt)")
+    if not (folder / "scheduler.pt").is_file():
+        missing.append("the learning-rate schedule (scheduler.pt)")
+    marker = folder / COMPLETE_MARKER
+    try:
+        saved_world = json.loads(marker.read_text()).get("world_size") if marker.is_file() else None
+    except (OSError, ValueError):
+        saved_world = None
+    if saved_world in (None, world_size):
+        names = ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{i}.pth" for i in range(world_size)]
+        absent = [name for name in names if not (folder / name).is_file()]
+        if absent:
+            missing.append(f"the RNG state ({', '.join(absent)})")
+    if not (folder / "trainer_state.json").is_file():
+        missing.append("the trainer state (trainer_state.json: the step and the data position)")
+    return missing
 
 
 def _normalise(value):

@@ -299,6 +299,13 @@ class LookAroundTrainingArguments(TrainingArguments):
                           "checkpoint-N folders are deleted first (without this, or --resume_from_checkpoint, "
                           "an occupied output_dir is refused)"},
     )
+    resume_weights_only: bool = field(
+        default=False,
+        metadata={"help": "--resume_from_checkpoint from a checkpoint without optimizer, scheduler or RNG state (one "
+                          "saved with --save_only_model): go on from its weights (and step) with a fresh optimizer, "
+                          "learning-rate schedule and RNG, with a warning naming what was not restored. Without "
+                          "this, such a resume is refused"},
+    )
     drop_unread_content: bool | None = field(
         default=None,
         metadata={"help": "two-stream training: leave out the content rows no prediction reads (a masked plan's "
@@ -866,10 +873,52 @@ def finished_training(checkpoint, training_args: TrainingArguments) -> bool:
     return step >= state.get("max_steps", float("inf")) and state.get("epoch", 0) >= training_args.num_train_epochs
 
 
+def final_model_saved(output_dir, checkpoint) -> bool:
+    """Whether ``output_dir`` holds the final model of ``checkpoint`` (the end of the training), intact: a final
+    model that is missing, of another step, or damaged (:func:`checkpointing.final_model_problems`) is written
+    again from the checkpoint, with a warning for a damaged one."""
+    root = Path(output_dir)
+    final_state = root / "trainer_state.json"
+    if not (final_state.is_file() and (root / "config.json").is_file()):
+        return False
+    problems = checkpointing.final_model_problems(root)
+    try:
+        same_step = json.loads(final_state.read_text()).get("global_step") == trainer_state_step(checkpoint)
+    except (OSError, ValueError) as err:
+        problems.append(f"trainer_state.json unreadable ({type(err).__name__})")
+        same_step = True
+    if not same_step:
+        return False
+    if problems:
+        logger.warning("the final model in %s is damaged (%s): writing it again from %s", root,
+                       "; ".join(problems), checkpoint)
+        return False
+    return True
+
+
+def check_training_state(checkpoint, training_args: TrainingArguments) -> None:
+    """Refuse to resume from ``checkpoint`` if it lacks state besides the weights (``Trainer`` would go on with a
+    fresh optimizer, schedule or RNG and say nothing), unless ``--resume_weights_only true``: then warn."""
+    missing = checkpointing.missing_training_state(checkpoint, training_args.world_size)
+    if not missing:
+        return
+    if not getattr(training_args, "resume_weights_only", False):
+        raise ValueError(
+            f"cannot resume from {checkpoint}: it holds no {'; no '.join(missing)} (a --save_only_model checkpoint, "
+            "or files deleted), so the run would go on with a fresh one; pass --resume_weights_only true to go on "
+            "from its weights anyway, or resume from a checkpoint that holds them"
+        )
+    logger.warning("--resume_weights_only: resuming from the weights of %s; not restored, started fresh: %s",
+                   checkpoint, "; ".join(missing))
+
+
 def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: ObjectiveArguments,
          training_args: TrainingArguments, callbacks: list) -> dict:
     if not (training_args.do_train or training_args.do_eval):
         raise ValueError("nothing to do: pass --do_train and/or --do_eval (with neither, no stage would run)")
+    if training_args.do_train and training_args.max_steps <= 0 and training_args.num_train_epochs <= 0:
+        raise ValueError(f"nothing to train: --max_steps {training_args.max_steps} and --num_train_epochs "
+                         f"{training_args.num_train_epochs:g}; give a positive --max_steps or --num_train_epochs")
     set_seed(training_args.seed)
     apply_global_batch_size(training_args)
     # only the loss is needed from evaluation: gathering (B, M, V) logits would waste memory
@@ -933,10 +982,9 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
             checkpointing.check_resume_compatible(checkpoint, model.config, training_args.world_size,
                                                   run=trainer.run_settings)
     done = checkpoint is not None and finished_training(checkpoint, training_args)
-    final_state = Path(training_args.output_dir) / "trainer_state.json"
-    saved = done and final_state.is_file() and (Path(training_args.output_dir) / "config.json").is_file() and (
-        json.loads(final_state.read_text()).get("global_step") == json.loads(
-            (Path(checkpoint) / "trainer_state.json").read_text()).get("global_step"))
+    if checkpoint is not None and not done:
+        check_training_state(checkpoint, training_args)
+    saved = done and final_model_saved(training_args.output_dir, checkpoint)
     results = Path(training_args.output_dir) / "all_results.json"
     if saved:
         # a finished run (a requeued job with `last`): nothing is trained or written again
@@ -948,10 +996,19 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
             return metrics
         trainer._load_from_checkpoint(training_args.output_dir)  # evaluate the final weights
     elif done:
-        # killed between the last checkpoint and the final save: save the checkpoint's weights, train nothing
-        logger.info("%s is the end of this training: saving it as the final model, training nothing", checkpoint)
-        trainer._load_from_checkpoint(checkpoint)
+        # killed between the last checkpoint and the final save, or a damaged final model: save the checkpoint's
+        # weights again, train nothing
         trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+        source = checkpoint
+        best = trainer.state.best_model_checkpoint
+        if training_args.load_best_model_at_end and best:  # the final model is the best checkpoint's
+            if not Path(best).is_dir() or checkpointing.checkpoint_problems(best):
+                raise ValueError(f"the final model of {training_args.output_dir} is the best checkpoint {best} "
+                                 "(--load_best_model_at_end), which is missing or damaged: it cannot be written again")
+            source = best
+        logger.info("%s is the end of this training: saving %s as the final model, training nothing", checkpoint,
+                    "it" if source == checkpoint else f"the best checkpoint {source}")
+        trainer._load_from_checkpoint(source)
         trainer.save_model()
         trainer.save_state()
     elif training_args.do_train:
@@ -979,6 +1036,8 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         # save_model maps only the trained head in auto_map: map every head, so that the output loads as a
         # causal or masked LM with trust_remote_code too
         ensure_remote_code(training_args.output_dir)
+        # last, once config.json has its auto_map: a rerun checks the final model against this record
+        checkpointing.mark_final_model(training_args.output_dir, trainer.state.global_step)
     if training_args.push_to_hub:
         from ..hub.push import push_trainer_output
 

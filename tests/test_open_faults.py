@@ -1,0 +1,195 @@
+"""Faults that gave silent wrong results (issue 30, section 3): a resume without optimizer, scheduler or RNG state,
+damaged final weights kept by a rerun, a tokenizer overwritten, flags that trained or scored nothing.
+
+One tiny finished run (4 steps, checkpoints 2 and 4; as in test_checkpoint_trust.py) is made once; each test
+damages a copy of it."""
+
+import json
+import shutil
+
+import pytest
+
+from hf_lookaround import cli
+from hf_lookaround.cli.pretrain import parse_args
+from hf_lookaround.training import checkpointing
+from hf_lookaround.training.pretraining import run
+
+TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,hidden_dropout_prob=0.1"
+
+
+@pytest.fixture(scope="module")
+def make_args(tokenizer_dir, bbc_text_dir):
+    def make(output_dir, *extra, max_steps=4):
+        return [
+            "--train_files", str(bbc_text_dir / "train.jsonl.gz"), "--tokenizer_name", str(tokenizer_dir),
+            "--preset", "tiny", "--config_overrides", TINY, "--block_size", "32",
+            "--validation_split_percentage", "20", "--output_dir", str(output_dir),
+            "--per_device_train_batch_size", "4", "--learning_rate", "3e-3", "--logging_steps", "1",
+            "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true", "--objective", "vmlm",
+            "--do_train", "--max_train_samples", "16", "--max_steps", str(max_steps), "--save_steps", "2",
+            "--seed", "7", *extra,
+        ]
+    return make
+
+
+@pytest.fixture(scope="module")
+def finished_run(make_args, tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "run"
+    run(*parse_args(make_args(out)))
+    assert [p.name for p in checkpointing.list_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    return out
+
+
+@pytest.fixture
+def copy(finished_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    return out
+
+
+def error_line(capsys, argv) -> str:
+    assert cli.main(argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hf-lookaround ")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def remove_with_marker_entry(checkpoint, name) -> None:
+    """Delete a file of a complete checkpoint and its entry in the marker: the checkpoint still looks intact."""
+    (checkpoint / name).unlink()
+    marker = checkpoint / checkpointing.COMPLETE_MARKER
+    manifest = json.loads(marker.read_text())
+    for key in ("files", "samples"):
+        manifest[key].pop(name, None)
+    marker.write_text(json.dumps(manifest))
+    assert checkpointing.checkpoint_problems(checkpoint) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. a resume that cannot restore optimizer, scheduler or RNG state is refused
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "rng_state.pth"])
+def test_resuming_without_a_state_file_is_refused(copy, make_args, capsys, name):
+    remove_with_marker_entry(copy / "checkpoint-4", name)
+    line = error_line(capsys, ["pretrain", *make_args(copy, "--resume_from_checkpoint", "last", max_steps=6)])
+    assert line.startswith("hf-lookaround pretrain: error: ")
+    assert "checkpoint-4" in line and name in line and "--resume_weights_only" in line
+    assert not (copy / "checkpoint-6").exists()
+
+
+def test_a_save_only_model_checkpoint_resumes_only_with_resume_weights_only(make_args, tmp_path, capsys, caplog):
+    out = tmp_path / "run"
+    run(*parse_args(make_args(out, "--save_only_model", "true", max_steps=2)))
+    line = error_line(capsys, ["pretrain", *make_args(out, "--save_only_model", "true", "--resume_from_checkpoint",
+                                                      "last")])
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        assert name in line
+    assert not (out / "checkpoint-4").exists()
+    with caplog.at_level("WARNING", logger="hf_lookaround.training.pretraining"):
+        assert cli.main(["pretrain", *make_args(out, "--save_only_model", "true", "--resume_from_checkpoint", "last",
+                                                "--resume_weights_only", "true")]) == 0
+    warned = [r.getMessage() for r in caplog.records if "--resume_weights_only" in r.getMessage()]
+    assert len(warned) == 1 and "optimizer.pt" in warned[0] and "checkpoint-2" in warned[0]
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 4  # went on from step 2
+
+
+def test_resume_weights_only_is_in_the_help(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["pretrain", "--help"])
+    assert "--resume_weights_only" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. damaged final weights are written again from the last checkpoint
+# ---------------------------------------------------------------------------------------------
+def tensors(path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+@pytest.mark.parametrize("damage", ["cut to a third", "cut to a third, no marker", "rewritten at the same size"])
+def test_a_damaged_final_model_is_written_again_from_the_last_checkpoint(copy, make_args, caplog, damage):
+    weights = copy / "model.safetensors"
+    data = weights.read_bytes()
+    if damage.startswith("cut"):
+        weights.write_bytes(data[: len(data) // 3])
+    else:
+        weights.write_bytes(data[:-64] + bytes(64))
+    if damage.endswith("no marker"):  # a final model saved before the marker existed
+        (copy / checkpointing.FINAL_MARKER).unlink(missing_ok=True)
+    with caplog.at_level("WARNING", logger="hf_lookaround.training.pretraining"):
+        assert cli.main(["pretrain", *make_args(copy, "--resume_from_checkpoint", "last")]) == 0
+    warned = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(warned) == 1 and "model.safetensors" in warned[0] and "checkpoint-4" in warned[0]
+    assert checkpointing.final_model_problems(copy) == []
+    final, last = tensors(weights), tensors(copy / "checkpoint-4" / "model.safetensors")
+    assert final.keys() == last.keys() and all((final[k] == last[k]).all() for k in final)
+    assert [p.name for p in checkpointing.list_checkpoints(copy)] == ["checkpoint-2", "checkpoint-4"]
+    # and the run is finished again: a second rerun changes nothing
+    before = weights.read_bytes()
+    assert cli.main(["pretrain", *make_args(copy, "--resume_from_checkpoint", "last")]) == 0
+    assert weights.read_bytes() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. train-tokenizer does not overwrite a tokenizer silently
+# ---------------------------------------------------------------------------------------------
+def test_train_tokenizer_refuses_a_folder_that_holds_a_tokenizer_unless_overwrite(bbc_text_dir, tmp_path, capsys):
+    out = tmp_path / "tok"
+    argv = ["train-tokenizer", str(bbc_text_dir / "train.jsonl.gz"), "-o", str(out), "--vocab_size", "300"]
+    assert cli.main(argv) == 0
+    before = (out / "tokenizer.json").read_bytes()
+    line = error_line(capsys, [*argv[:-1], "400"])
+    assert line.startswith("hf-lookaround train-tokenizer: error: ") and str(out) in line and "--overwrite" in line
+    assert (out / "tokenizer.json").read_bytes() == before
+    assert cli.main([*argv[:-1], "400", "--overwrite"]) == 0
+    assert (out / "tokenizer.json").read_bytes() != before
+    # a folder without a tokenizer (say, empty, made beforehand) is fine
+    (tmp_path / "empty").mkdir()
+    assert cli.main([*argv[:3], str(tmp_path / "empty"), *argv[4:]]) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. flags and data that trained or scored nothing, or something else, without a word
+# ---------------------------------------------------------------------------------------------
+def test_pretrain_with_nothing_to_train_is_refused(make_args, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = make_args(out, "--num_train_epochs", "0")
+    argv[argv.index("--max_steps") + 1] = "-5"
+    line = error_line(capsys, ["pretrain", *argv])
+    assert "nothing to train" in line and "--max_steps -5" in line and "--num_train_epochs 0" in line
+    assert not (out / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("flag", ["--max_length", "--stride"])
+def test_perplexity_refuses_a_zero_window(finished_run, bbc_text_dir, tmp_path, capsys, flag):
+    # before: 0 was read as "not given", and the default window scored the documents with rc 0
+    line = error_line(capsys, ["perplexity", "--model_name_or_path", str(finished_run), "--dataset", str(bbc_text_dir),
+                               "--protocol", "masked", "--max_documents", "1", "--positions_per_window", "2",
+                               "--device", "cpu", "--output_dir", str(tmp_path / "out"), flag, "0"])
+    assert line.startswith("hf-lookaround perplexity: error: ") and f"{flag} 0" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_generate_refuses_zero_samples(finished_run, capsys):
+    # before: one sample, rc 0
+    line = error_line(capsys, ["generate", str(finished_run), "--num_tokens", "3", "--num_samples", "0",
+                               "--device", "cpu"])
+    assert line.startswith("hf-lookaround generate: error: ") and "--num_samples 0" in line
+
+
+def test_jsonl_records_without_text_are_refused(make_args, bbc_text_dir, tmp_path, capsys):
+    import gzip
+
+    records = [json.loads(line) for line in gzip.open(bbc_text_dir / "train.jsonl.gz", "rt")]
+    for i in (2, 5, 6, 9, 11, 13, 20):  # lines 3, 6, 7, 10, 12, 14, 21 hold no text
+        records[i] = {"title": "no text here"} if i % 2 else {"text": None}
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    argv = make_args(tmp_path / "run")
+    argv[argv.index("--train_files") + 1] = str(data)
+    line = error_line(capsys, ["pretrain", *argv])
+    assert str(data) in line and "7 record(s)" in line and "lines 3, 6, 7, 10, 12, ..." in line
+    assert not (tmp_path / "run" / "model.safetensors").exists()

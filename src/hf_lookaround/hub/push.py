@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 # Trainer state and pickles never go to the Hub; weights go as safetensors.
 EXCLUDED_FILES = ("optimizer.*", "scheduler.*", "scaler.*", "rng_state*", "*.pt", "*.pth", "*.bin", "*.ckpt",
-                  ".*", "*.lock")
+                  ".*", "*.lock", "final_model_complete.json")  # the last: a local run's completeness record
 
 
 

@@ -177,7 +177,8 @@ def _spec(protocol, stamp, args, objective, seed, gpu, prep, settings, deadline_
             "finetune": args.finetune, "code_commit": stamp["commit"], "protocol_sha256": protocol["sha256"],
             "command_label": args.command_label, "part": str(args.part), "gpu": gpu, "device": args.device,
             "threads": threads, "cell_dir": str(cell_dir), "records_dir": str(args.records_dir),
-            "deadline_unix": deadline_unix, "eval_minutes_guess": args.eval_minutes_guess}
+            "deadline_unix": deadline_unix, "eval_minutes_guess": args.eval_minutes_guess,
+            "steps_this_command": args.steps_this_command}
 
 
 def _start(spec: dict, env: dict) -> subprocess.Popen:
@@ -310,6 +311,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--cells_per_gpu", type=int, default=None)
     run.add_argument("--finetune", action=argparse.BooleanOptionalAction, default=True)
     run.add_argument("--eval_minutes_guess", type=float, default=3.0, help="an evaluation's minutes before one ran")
+    run.add_argument("--steps_this_command", type=int, default=None,
+                     help="at most this many pretraining steps per cell in this command, then save and leave as at "
+                          "the deadline (a stop that does not depend on the machine's speed: the CPU dry run)")
     run.add_argument("--poll_s", type=float, default=2.0)
     run.add_argument("--device", default=None, choices=("cpu", "cuda"))
     for key, value in {**DEFAULTS, **LIST_DEFAULTS}.items():

@@ -318,6 +318,7 @@ def run(spec: dict, log) -> str:
     state_path = Path(spec["cell_dir"]) / "segments.json"
     segments = json.loads(state_path.read_text()) if state_path.is_file() else []
     eval_seconds = spec["eval_minutes_guess"] * 60
+    steps_left = spec.get("steps_this_command")  # None: until the deadline
     while True:
         saved = checkpoints(spec["cell_dir"])
         pending = _pending_evaluation(spec, saved)
@@ -340,9 +341,13 @@ def run(spec: dict, log) -> str:
             if spec["finetune"] and not finetune_tasks(spec, last, log):
                 return "paused for time (fine-tuning left for the next command)"
             return "finished"
-        if time.time() >= spec["deadline_unix"]:
+        if time.time() >= spec["deadline_unix"] or steps_left == 0:
             return "deadline"
+        if steps_left is not None:
+            target = min(target, max(saved, default=0) + steps_left)
         segments.append(pretrain_segment(spec, tokenizer, target, log))
+        if steps_left is not None:
+            steps_left -= segments[-1]["to_step"] - segments[-1]["from_step"]
         write_json(state_path, segments)
         prune(spec["cell_dir"], {max(checkpoints(spec["cell_dir"]))} | set(spec["checkpoint_steps"]))
 

@@ -134,13 +134,14 @@ def test_verdicts_and_direction(protocol):
 # ---------------------------------------------------------------------------------------------
 # two consecutive commands of a miniature part on the CPU (the device-side entry point)
 # ---------------------------------------------------------------------------------------------
-def _command(tmp, label, minutes, margin, stamp, eval_guess):
+def _command(tmp, label, minutes, margin, stamp, eval_guess, extra=()):
     corpus, data, bbc = study_data.write_synthetic_data(tmp / "data")
     argv = ["run", "--part", "1", "--tiny", "--only_objectives", "ar", "--only_seeds", "0", "1", "--cells_per_gpu", "2",
             "--corpus_dir", str(corpus), "--data_root", str(data), "--bbc_dir", str(bbc), "--device", "cpu",
             "--records_dir", str(tmp / "records"), "--work_dir", str(tmp / "work"), "--bundle_dir", str(tmp / label),
             "--command_label", label, "--minutes", str(minutes), "--exit_margin_s", str(margin),
-            "--eval_minutes_guess", str(eval_guess), "--tiny_tokens", "1024", "40960", "--stamp", str(stamp), "--poll_s", "0.5"]
+            "--eval_minutes_guess", str(eval_guess), "--tiny_tokens", "1024", "40960", "--stamp", str(stamp), "--poll_s", "0.5",
+            *extra]
     assert sc.main(argv) == 0
     return sc.read_bundle(next((tmp / label).glob("curves__part1__*.json.gz")))
 
@@ -148,8 +149,10 @@ def _command(tmp, label, minutes, margin, stamp, eval_guess):
 def test_a_second_command_resumes_the_first_commands_cells(tmp_path, protocol):
     stamp = tmp_path / "stamp.json"
     stamp.write_text(json.dumps({"commit": "abc123", "dirty": False, "protocol_sha256": protocol["sha256"]}))
-    # c1: workers stop ~20 s in (an evaluation guessed at 1 min never starts): checkpoints, no record
-    first = _command(tmp_path, "c1", minutes=0.5, margin=10.0, stamp=stamp, eval_guess=1.0)
+    # c1: every cell takes one step and leaves as at a deadline (a stop that does not depend on the machine's
+    # speed): a resumable checkpoint, no record
+    first = _command(tmp_path, "c1", minutes=4.0, margin=10.0, stamp=stamp, eval_guess=1.0,
+                     extra=("--steps_this_command", "1"))
     assert first["records"] == {}
     second = _command(tmp_path, "c2", minutes=4.0, margin=10.0, stamp=stamp, eval_guess=0.2)
     expected = [f"tiny__ar__seed{s}__{sc.tokens_tag(t)}.json" for s in (0, 1) for t in (1024, 40960)]
@@ -158,6 +161,7 @@ def test_a_second_command_resumes_the_first_commands_cells(tmp_path, protocol):
     segments = last["pretrain_segments"]
     assert [s["command_label"] for s in segments][0] == "c1" and segments[-1]["command_label"] == "c2"
     assert segments[-1]["resumed"] and segments[-1]["from_step"] == segments[-2]["to_step"] >= 2
+    assert segments[0]["command_label"] == "c1" and segments[0]["to_step"] == 1 and segments[1]["resumed"]
     assert segments[-1]["to_step"] == 80
     assert last["code_commit"] == "abc123" and last["protocol_sha256"] == protocol["sha256"]
     assert second["summary"]["cells_unfinished"] == []

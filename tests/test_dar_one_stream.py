@@ -189,7 +189,7 @@ def test_it_refuses_what_it_cannot_do(tiny_model):
         model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3)
 
 
-def test_pretrain_trains_and_saves_a_causal_lm_that_decodes_groups(tmp_path, bbc_text_dir):
+def test_pretrain_trains_and_saves_a_causal_lm_that_decodes_groups(tmp_path, bbc_text_dir, capsys):
     out = tmp_path / "run"
     code = cli_main([
         "pretrain", "--train_files", str(bbc_text_dir / "train.jsonl.gz"), "--train_tokenizer",
@@ -209,6 +209,12 @@ def test_pretrain_trains_and_saves_a_causal_lm_that_decodes_groups(tmp_path, bbc
     ids = tok(tok.bos_token + "The economy", return_tensors="pt", add_special_tokens=False).input_ids
     generated = model.generate(ids, max_new_tokens=6, do_sample=False)
     assert generated.shape == (1, ids.shape[1] + 6)
+    # the command decodes through the causal LM's content stream, t tokens a forward, the same tokens
+    capsys.readouterr()
+    assert cli_main(["generate", str(out), "--prompt", "The economy", "--max_new_tokens", "6", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["mode"].startswith("one stream, 2 tokens per forward")
+    assert printed["outputs"] == [tok.decode(generated[0, ids.shape[1]:], skip_special_tokens=True)]
 
 
 @pytest.mark.parametrize("t", [2, 3])

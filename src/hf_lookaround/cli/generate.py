@@ -73,9 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     sampling = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     config = AutoConfig.from_pretrained(args.model)
-    gpt = config.prediction_stream == "content" and config.objective == "ar"  # --ar_form single_stream
-    if gpt and args.prompt is not None and args.infill is None and args.num_tokens is None \
-            and args.group_size is None and args.draft_group_size is None:
+    # trained single-stream as a causal LM: GPT's form of ar (causal), dar's one-stream form (block-causal, t tokens
+    # a forward); both decode through LookAroundForCausalLM's content stream
+    pattern = config.default_attention if config.prediction_stream == "content" else None
+    one_stream_groups = pattern == "block_causal"
+    if pattern in ("causal", "block_causal") and args.prompt is not None and args.infill is None \
+            and args.num_tokens is None and args.draft_group_size is None \
+            and (args.group_size is None or one_stream_groups):
         return _print(args, _single_stream_generate(args, config, tokenizer, sampling))
     # every LookAround checkpoint loads into the pretraining head: the query stream and the LM head
     model = AutoModelForPreTraining.from_pretrained(args.model, config=config).to(args.device).eval()
@@ -128,10 +132,16 @@ def _single_stream_generate(args, config, tokenizer, sampling):
 
     model = AutoModelForCausalLM.from_pretrained(args.model, config=config).to(args.device).eval()
     input_ids = torch.tensor([_prompt_ids(args, tokenizer)] * args.num_samples, device=args.device)
+    groups = {"group_size": args.group_size} if args.group_size is not None else {}  # one-stream dar: its t only
     sequences = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=args.max_new_tokens,
-                               pad_token_id=tokenizer.pad_token_id, **{k: v for k, v in sampling.items() if v is not None})
+                               pad_token_id=tokenizer.pad_token_id, allow_untrained=args.allow_untrained, **groups,
+                               **{k: v for k, v in sampling.items() if v is not None})
     outputs = [tokenizer.decode(row[input_ids.shape[1]:], skip_special_tokens=True) for row in sequences.tolist()]
-    return outputs, {"mode": "causal (single stream)", "max_new_tokens": args.max_new_tokens}
+    if config.default_attention == "block_causal":
+        mode = f"one stream, {config.attention_group_size} tokens per forward (block-causal)"
+    else:
+        mode = "causal (single stream)"
+    return outputs, {"mode": mode, "max_new_tokens": args.max_new_tokens}
 
 
 def _print(args, result) -> int:

@@ -190,7 +190,7 @@ class SemiAutoregressiveCollator(PlanCollator):
     def _finish(self, input_ids, attention_mask, plan, generator):
         if self.form == TWO_STREAM:
             return super()._finish(input_ids, attention_mask, plan, generator)
-        t = int(self.plan_params()["t"] if isinstance(self.group_size, int) else self.group_size[0])
+        (t,) = group_sizes(self.group_size)  # one size: __post_init__ refuses several for this form
         bos = getattr(self.tokenizer, "bos_token_id", None)
         lengths = attention_mask.numpy().sum(1)
         if bos is None or (input_ids.numpy()[lengths > 0, 0] != bos).any():

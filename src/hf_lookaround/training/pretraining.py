@@ -32,9 +32,9 @@ import json
 import logging
 import math
 import os
+import dataclasses
 import shutil
 import typing
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +51,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import objectives
 from ..data.collators import PlanCollator, make_collator, max_targets
-from . import checkpointing
 from ..data.text import (
     build_blocks,
     is_split_by_node,
@@ -60,6 +59,7 @@ from ..data.text import (
     rank_local_prepare,
     split_for_rank,
 )
+from . import checkpointing
 
 logger = logging.getLogger(__name__)
 
@@ -141,10 +141,10 @@ class ObjectiveArgumentsBase:
             raise ValueError(f"--mixture applies only with --objective mixture (got --objective {self.objective}); "
                              "add --objective mixture or drop --mixture")
         if self.is_mixture:
-            for name in objectives.mixture.parse_weights(self.mixture):
-                if name in objectives.OBJECTIVES and objectives.family(name) != objectives.MIXTURE:
-                    self._component_plan_params(name)
-                    self._refuse_single_stream_component(name)
+            for name in self._component_names():
+                if self._component(name).form != objectives.TWO_STREAM:
+                    raise ValueError(f"--objective mixture trains two-stream only: drop the single_stream form of "
+                                     f"{name!r} (a single-stream form has no meaning for the other components' rows)")
         self.params  # every flag of the objective (and of a mixture's components) checked now, not mid-run
 
     def _refuse_other_forms(self) -> None:
@@ -156,25 +156,22 @@ class ObjectiveArgumentsBase:
                 raise ValueError(f"--{f.name} {getattr(self, f.name)} applies to --objective {' / '.join(owners)} only, "
                                  f"not --objective {self.objective}; drop --{f.name}")
 
-    def _refuse_single_stream_component(self, name: str) -> None:
-        params = self.objective_params(name)
-        if params.form != objectives.TWO_STREAM:
-            raise ValueError(f"--objective mixture trains two-stream only: drop the single_stream form of {name!r} "
-                             "(a single-stream form has no meaning for the other components' rows)")
-
     def objective_params(self, name: str):
         """``name``'s parameters dataclass, from the flags it owns."""
         o = objectives.get(name)
         given = {f.name: getattr(self, f.name) for f in dataclasses.fields(o.Params) if f.metadata.get("cli", True)}
         if o.family == objectives.MIXTURE:
-            weights = objectives.mixture.parse_weights(self.mixture)
-            given["components"] = {c: self._component_plan_params(c) for c in weights
-                                   if c in objectives.OBJECTIVES and objectives.get(c).family != objectives.MIXTURE}
+            given["components"] = {c: self._component(c).plan_params() for c in self._component_names()}
         return o.Params(**given)
 
-    def _component_plan_params(self, name: str) -> dict:
+    def _component_names(self) -> list[str]:
+        """The --mixture names that are objectives other than a mixture (check_mixture names the others)."""
+        return [name for name in self.mixture_weights()
+                if name in objectives.OBJECTIVES and objectives.family(name) != objectives.MIXTURE]
+
+    def _component(self, name: str):
         try:
-            return self.objective_params(name).plan_params()
+            return self.objective_params(name)
         except ValueError as error:
             raise ValueError(f"mixture: component {name!r}: {error}") from None
 
@@ -213,6 +210,10 @@ class ObjectiveArgumentsBase:
             self.objective_params(name).check_block_size(block_size)
 
 
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
 def _objective_fields() -> list[tuple]:
     """The flags of every objective module, once each (a flag that several objectives share, such as --masked_form,
     must have one default and one type)."""
@@ -222,16 +223,12 @@ def _objective_fields() -> list[tuple]:
         for f in dataclasses.fields(o.Params):
             if not f.metadata.get("cli", True):
                 continue
-            spec = (f.name, hints[f.name], field(default=f.default, default_factory=f.default_factory,
-                                                 metadata=dict(f.metadata)))
             if f.name in merged:
-                old = merged[f.name][2]
-                if (old.default, old.default_factory) != (f.default, f.default_factory) and not (
-                        f.default_factory is not dataclasses.MISSING and old.default_factory is not dataclasses.MISSING
-                        and old.default_factory() == f.default_factory()):
+                if _default(merged[f.name][2]) != _default(f):
                     raise TypeError(f"objectives share the flag --{f.name} with different defaults")
                 continue
-            merged[f.name] = spec
+            merged[f.name] = (f.name, hints[f.name], field(default=f.default, default_factory=f.default_factory,
+                                                           metadata=dict(f.metadata)))
     return list(merged.values())
 
 

@@ -117,14 +117,19 @@ class AttentionPlan:
         q_rank, k_rank = self.query_rank.int(), self.key_rank.int()
         strict, k_valid = self.query_is_strict.int(), self.key_valid.int()
 
+        batch, rows = q_rank.shape
+        # a plan of batch 1 serves every sequence of a batch (block_causal_masks): the BlockMask broadcasts (B=None),
+        # and its mask_mod, which the kernel calls with each sequence's index, reads row 0
+        broadcast = batch == 1
+
         def mask_mod(b, h, q_idx, kv_idx):
+            b = 0 if broadcast else b
             return may_attend(q_rank[b, q_idx], k_rank[b, kv_idx], strict[b, q_idx] != 0, k_valid[b, kv_idx] != 0)
 
-        batch, rows = q_rank.shape
         # on the GPU a compiled builder evaluates the (rows x keys) grid without materialising it (long context)
         compile_builder = q_rank.is_cuda and not torch.compiler.is_compiling()
-        return create_block_mask(mask_mod, batch, None, rows, k_rank.shape[1], device=q_rank.device,
-                                 _compile=compile_builder)
+        return create_block_mask(mask_mod, None if broadcast else batch, None, rows, k_rank.shape[1],
+                                 device=q_rank.device, _compile=compile_builder)
 
 
 def prepare_attention_mask(plan: AttentionPlan, implementation: str, dtype: torch.dtype):
@@ -262,19 +267,5 @@ def block_causal_masks(group_size: int, length: int, implementation: str, dtype:
         rank = torch.div(torch.arange(length, device=device), group_size, rounding_mode="floor")[None]
         plan = AttentionPlan(query_rank=rank, query_is_strict=torch.zeros_like(rank, dtype=torch.bool),
                              key_rank=rank, key_valid=torch.ones_like(rank, dtype=torch.bool))
-        if kernel == "flex_attention":  # a BlockMask for any batch: its mask_mod reads no batch index
-            from torch.nn.attention.flex_attention import create_block_mask
-
-            flat = rank[0].int()
-
-            def mask_mod(b, h, q_idx, kv_idx):  # content rows (not strict), every key valid
-                q_rank, k_rank = flat[q_idx], flat[kv_idx]
-                return may_attend(q_rank, k_rank, q_rank < 0, k_rank >= 0)
-
-            block_mask = create_block_mask(mask_mod, None, None, length, length, device=device,
-                                           _compile=rank.is_cuda and not torch.compiler.is_compiling())
-            row_factor = torch.ones((1, length, 1, 1), dtype=dtype, device=device)  # every row sees its own group
-            _BLOCK_CAUSAL_MASKS[key] = PreparedAttention(block_mask, row_factor, length, length)
-        else:
-            _BLOCK_CAUSAL_MASKS[key] = build_prepared_attention(plan, implementation, dtype, length, False)
+        _BLOCK_CAUSAL_MASKS[key] = build_prepared_attention(plan, kernel, dtype, length, with_query_rows=False)
     return _BLOCK_CAUSAL_MASKS[key]

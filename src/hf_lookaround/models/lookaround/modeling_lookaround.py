@@ -52,6 +52,7 @@ from .masking_lookaround import (
     NO_TARGET_RANK,
     AttentionPlan,
     PreparedAttention,
+    block_causal_masks,
     build_prepared_attention,
     create_plan_mask,
     infilling_ranks,
@@ -562,6 +563,9 @@ class LookAroundModel(LookAroundPreTrainedModel):
         rows = self._rows(batch, seq_len, inputs.device, attention_mask, group_ids, target_positions, position_ids,
                           attention_pattern, None, query_position_ids, query_group_ids)
         dtype = dtype or self.embed_tokens.weight.dtype
+        static = self._static_group_size(rows, unpadded=not rows.two_stream and attention_mask is None)
+        if static is not None:  # the same masks as forward's: built once per shape
+            return block_causal_masks(static, seq_len, self.config._attn_implementation, dtype, inputs.device)
         return build_prepared_attention(rows.plan, self.config._attn_implementation, dtype, seq_len,
                                         with_query_rows=not content_output and rows.two_stream and rows.num_query > 0)
 
@@ -1117,22 +1121,15 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         """The content stream's pattern: block-causal for dar's one-stream form, else causal."""
         return "block_causal" if self.config.default_attention == "block_causal" else "causal"
 
-    def prepare_attention(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, **kwargs):
-        """The masks of a single-stream batch, built outside a compiled step (pass the result as
-        `prepared_attention`); None where the forward needs none (SDPA's own causal kernel)."""
+    def prepare_attention(self, input_ids=None, attention_mask=None, inputs_embeds=None, position_ids=None, **unused):
+        """The masks of a single-stream batch (the content stream's pattern), built outside a compiled step: pass
+        the result as `prepared_attention`."""
         if self.predicts_with_query_stream:
             raise ValueError("prepare_attention serves the single-stream form; a two-stream checkpoint's causal view "
                              "builds its query rows inside forward")
-        inputs = input_ids if input_ids is not None else inputs_embeds
-        if inputs is None:
-            raise ValueError("prepare_attention needs input_ids (B, T) or inputs_embeds (B, T, D)")
-        batch, seq_len = inputs.shape[:2]
-        rows = self.model._rows(batch, seq_len, inputs.device, attention_mask, None, None, kwargs.get("position_ids"),
-                                self.content_pattern, None, None, None)
-        dtype = self.model.embed_tokens.weight.dtype
-        return create_plan_mask(rows.plan, self.config._attn_implementation, dtype, seq_len,
-                                plain_causal=attention_mask is None and rows.pattern == "causal",
-                                static_group_size=self.model._static_group_size(rows, attention_mask is None))
+        return self.model.prepare_attention(input_ids=input_ids, attention_mask=attention_mask,
+                                            inputs_embeds=inputs_embeds, position_ids=position_ids,
+                                            attention_pattern=self.content_pattern)
 
     def _next_token_rows(self, rows, position_ids, past_key_values, shape):
         """Query rows of the AR plan: the row after current token `r` has position `pos[r] + 1`, rank `index + 1`."""

@@ -213,3 +213,48 @@ class LeakAudit:
 @pytest.fixture(scope="session")
 def leak_audit():
     return LeakAudit
+
+
+# ------------------------------------------------------------------------------------------------------------
+# a tiny finished pretraining run (4 steps, checkpoints 2 and 4), for the resume and fault tests
+# ------------------------------------------------------------------------------------------------------------
+TINY_RUN_CONFIG = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,hidden_dropout_prob=0.1"
+
+
+@pytest.fixture(scope="session")
+def make_args(tokenizer_dir, bbc_text_dir):
+    """``make_args(output_dir, *extra, max_steps=4)``: the `pretrain` arguments of the tiny vmlm run."""
+    def make(output_dir, *extra, max_steps=4):
+        return [
+            "--train_files", str(bbc_text_dir / "train.jsonl.gz"), "--tokenizer_name", str(tokenizer_dir),
+            "--preset", "tiny", "--config_overrides", TINY_RUN_CONFIG, "--block_size", "32",
+            "--validation_split_percentage", "20", "--output_dir", str(output_dir),
+            "--per_device_train_batch_size", "4", "--learning_rate", "3e-3", "--logging_steps", "1",
+            "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true", "--objective", "vmlm",
+            "--do_train", "--max_train_samples", "16", "--max_steps", str(max_steps), "--save_steps", "2",
+            "--seed", "7", *extra,
+        ]
+    return make
+
+
+@pytest.fixture(scope="module")
+def finished_run(make_args, tmp_path_factory):
+    """The tiny run, trained once per test module (each module damages copies of it)."""
+    from hf_lookaround.cli.pretrain import parse_args
+    from hf_lookaround.training import checkpointing
+    from hf_lookaround.training.pretraining import run
+
+    out = tmp_path_factory.mktemp("finished") / "run"
+    run(*parse_args(make_args(out)))
+    assert [p.name for p in checkpointing.list_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    return out
+
+
+@pytest.fixture
+def copy(finished_run, tmp_path):
+    """A copy of the finished run for one test to damage."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    return out

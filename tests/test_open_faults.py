@@ -1,11 +1,10 @@
 """Faults that gave silent wrong results (issue 30, section 3): a resume without optimizer, scheduler or RNG state,
 damaged final weights kept by a rerun, a tokenizer overwritten, flags that trained or scored nothing.
 
-One tiny finished run (4 steps, checkpoints 2 and 4; as in test_checkpoint_trust.py) is made once; each test
-damages a copy of it."""
+One tiny finished run (conftest's `finished_run`: 4 steps, checkpoints 2 and 4) is made once; each test damages a
+copy of it (`copy`)."""
 
 import json
-import shutil
 
 import pytest
 
@@ -13,38 +12,6 @@ from hf_lookaround import cli
 from hf_lookaround.cli.pretrain import parse_args
 from hf_lookaround.training import checkpointing
 from hf_lookaround.training.pretraining import run
-
-TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,hidden_dropout_prob=0.1"
-
-
-@pytest.fixture(scope="module")
-def make_args(tokenizer_dir, bbc_text_dir):
-    def make(output_dir, *extra, max_steps=4):
-        return [
-            "--train_files", str(bbc_text_dir / "train.jsonl.gz"), "--tokenizer_name", str(tokenizer_dir),
-            "--preset", "tiny", "--config_overrides", TINY, "--block_size", "32",
-            "--validation_split_percentage", "20", "--output_dir", str(output_dir),
-            "--per_device_train_batch_size", "4", "--learning_rate", "3e-3", "--logging_steps", "1",
-            "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true", "--objective", "vmlm",
-            "--do_train", "--max_train_samples", "16", "--max_steps", str(max_steps), "--save_steps", "2",
-            "--seed", "7", *extra,
-        ]
-    return make
-
-
-@pytest.fixture(scope="module")
-def finished_run(make_args, tmp_path_factory):
-    out = tmp_path_factory.mktemp("finished") / "run"
-    run(*parse_args(make_args(out)))
-    assert [p.name for p in checkpointing.list_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
-    return out
-
-
-@pytest.fixture
-def copy(finished_run, tmp_path):
-    out = tmp_path / "run"
-    shutil.copytree(finished_run, out)
-    return out
 
 
 def error_line(capsys, argv) -> str:

@@ -31,6 +31,7 @@ from .base import (
     Objective,
     ObjectiveParams,
 )
+from .mixture import DEFAULT_MIXTURE
 
 __all__ = ["Objective", "ObjectiveParams", "OBJECTIVES", "PLAN_NAMES", "FAMILIES", "FORMS", "LOOK_AHEAD",
            "ANY_ORDER", "MASKED", "MIXTURE", "TWO_STREAM", "SINGLE_STREAM", "get", "family", "families", "names",
@@ -51,7 +52,6 @@ def _discover() -> dict[str, Objective]:
 
 OBJECTIVES: dict[str, Objective] = _discover()
 PLAN_NAMES = tuple(OBJECTIVES)
-DEFAULT_MIXTURE = importlib.import_module(f"{__name__}.mixture").DEFAULT_MIXTURE
 
 
 def get(name: str) -> Objective:

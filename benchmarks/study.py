@@ -19,7 +19,7 @@ News, State of the Union and Brown (``--data_root``). Probes and fine-tuning: ro
     # 2. the grid: per objective the sweep's best rate; every visible GPU; run again to resume
     python benchmarks/study.py --results_dir docs/results/study --run_label gpu1 --cells_per_gpu 4 --max_minutes 9
     # 3. the report
-    python benchmarks/study.py --report --results_dir docs/results/study --output docs/RESULTS.md
+    python benchmarks/study.py --report --results_dir docs/results/study18 --output docs/results/study18/RESULTS.md
     python benchmarks/study.py --smoke          # tiny, CPU, synthetic data: a sweep of 2 x 2 runs, 2 cells, report
 
 One cell or sweep run alone (a cluster job per cell; see ``study_grid.py``): ``--only_cell small__ar__seed0``.
@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="cell JSON folder (the first is written; --report reads all)")
     files.add_argument("--copy_to", default=None, help="also write every JSON here (e.g. $OUT/study on the GPU machine)")
     files.add_argument("--copy_logs", action="store_true", help="with --copy_to: also copy every cell's full log")
-    files.add_argument("--output", default="docs/RESULTS.md", help="--report: the markdown file")
+    files.add_argument("--output", default="docs/results/study18/RESULTS.md", help="--report: the markdown file")
     files.add_argument("--notes", default=None, help="--report: hand-written markdown to include")
     files.add_argument("--no_plots", action="store_true", help="--report: tables only, no PNG")
     files.add_argument("--plots_dir", default=None, help="--report: where the PNGs go (default: the first --results_dir)")

@@ -1,6 +1,6 @@
 """The report of the seeded study: tables, verdicts, power and plots from the cells' JSON only.
 
-    python benchmarks/study_report.py --results_dir docs/results/study --output docs/RESULTS.md
+    python benchmarks/study_report.py --results_dir docs/results/study18 --output docs/results/study18/RESULTS.md
     python benchmarks/study.py --report ...          # the same (study.py calls build_report / main here)
 
 Reads every ``<preset>__<objective>__seed<s>.json`` (cells), ``...__failed__<run>.json`` (failures),
@@ -1212,7 +1212,8 @@ def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plot
     ]
     for name, path in earlier:
         link = rel(path)
-        shown = link if link.startswith("..") else f"{output.parent.name}/{link}"  # as from the repository root
+        parts = Path(path).resolve().parts  # shown as from the repository root (docs/...)
+        shown = "/".join(parts[len(parts) - 1 - parts[::-1].index("docs"):]) if "docs" in parts else link
         out += [f"Earlier: {EARLIER_STUDIES[name]}: its cells are in [`{shown}/`]({link}/); its report is "
                 f"reproducible with `python benchmarks/study.py --report --results_dir {shown}` (with `--output` "
                 f"elsewhere).", ""]
@@ -1318,10 +1319,10 @@ def build_report(results_dirs, output: Path, plots_dir: Path | None = None, plot
 # command line
 # ---------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Rebuild docs/RESULTS.md and the plots of the seeded study from its JSON.")
+    p = argparse.ArgumentParser(description="Rebuild docs/results/study18/RESULTS.md and the plots of the seeded study from its JSON.")
     p.add_argument("--report", action="store_true", help="accepted for study.py's flags (this module only reports)")
     p.add_argument("--results_dir", nargs="+", default=["docs/results/study"], help="cell JSON folder(s)")
-    p.add_argument("--output", default="docs/RESULTS.md", help="the markdown file")
+    p.add_argument("--output", default="docs/results/study18/RESULTS.md", help="the markdown file")
     p.add_argument("--notes", default=None,
                    help="hand-written markdown to include (default: NOTES.md in the first --results_dir)")
     p.add_argument("--no_plots", action="store_true", help="tables only, no PNG")

@@ -3,7 +3,7 @@
 Offline and fast: the statistics on hand-computed and simulated values; the report on synthetic cells of the
 issue-18 schema (per-passage NLL, per-example probe and fine-tuning predictions, the sweep, run summaries), on the
 smoke-grid fixtures, on the committed first GPU grid (the old schema, no per-example data) and on issue 18's GPU
-grid, whose report is docs/RESULTS.md.
+grid, whose report is docs/results/study18/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from study_stats import (accuracy_metric, bootstrap_indices, holm, mean, paired_
 
 FIXTURES = ROOT / "tests" / "fixtures" / "study"
 FIRST_GRID = ROOT / "docs" / "results" / "study"  # the first GPU grid (old schema)
-GPU_RESULTS = ROOT / "docs" / "results" / "study18"  # issue 18's grid: docs/RESULTS.md is its report
+GPU_RESULTS = ROOT / "docs" / "results" / "study18"  # issue 18's grid: RESULTS.md there is its report
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,17 +456,17 @@ def test_report_of_the_first_gpu_grid_builds(tmp_path):
     assert "full fine-tuning average, dar-t2 − ar" in text  # every cell fine-tuned the four tasks
 
 
-def test_report_of_the_committed_gpu_grid_is_docs_results_md(tmp_path):
-    # the same layout as the repository (docs/RESULTS.md, docs/results/study18, the earlier docs/results/study),
+def test_report_of_the_committed_gpu_grid_is_its_results_md(tmp_path):
+    # the same layout as the repository (docs/results/study18 with its RESULTS.md, the earlier docs/results/study),
     # so the plot links and the line on the earlier study come out the same
     results = tmp_path / "docs" / "results" / "study18"
     shutil.copytree(GPU_RESULTS, results, ignore=shutil.ignore_patterns("*.png", "NOTES.md"))
     if (GPU_RESULTS / "NOTES.md").is_file():
         shutil.copy(GPU_RESULTS / "NOTES.md", results)
     (tmp_path / "docs" / "results" / "study").mkdir()
-    text = report.build_report([results], tmp_path / "docs" / "RESULTS.md")
-    assert text == (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
-    assert "[`docs/results/study/`](results/study/)" in text and "--results_dir docs/results/study`" in text
+    text = report.build_report([results], results / "RESULTS.md")
+    assert text == (GPU_RESULTS / "RESULTS.md").read_text(encoding="utf-8")
+    assert "[`docs/results/study/`](../study/)" in text and "--results_dir docs/results/study`" in text
     for label in ("sweep1", "grid1", "grid2", "grid3", "sweep2", "grid4"):  # every GPU call, its machine
         machine = "2 × NVIDIA H100 80GB HBM3" if label == "grid3" else "1 × NVIDIA H100 80GB HBM3"
         status = "running" if label == "grid3" else "complete"  # grid3 was cut at its limit

@@ -65,8 +65,9 @@ __all__ = [
     "build_output",
 ]
 
-# The look-ahead objectives and the group size their plan trains when `plan_params` has no "t". This file is remote
-# code and cannot read the package's objectives table (objectives.py); tests/test_objectives.py checks they agree.
+# The look-ahead objectives and the group size their plan trains when `plan_params` has no "t" (configs written
+# before it was recorded). Remote code cannot import the package, so this is the one copy: the package's
+# objectives read it from here (objectives/dar.py's default t).
 GROUP_DECODING_OBJECTIVES = {"ar": 1, "dar": 2}
 # The objective whose plan_params are {"mixture": {name: weight}, "components": {name: plan params}}: a checkpoint
 # trained on the look-ahead components among them decodes with their group sizes.

@@ -224,6 +224,9 @@ def infill(
     later blocks included, stays hidden from the others. ``confidence_noise=τ`` adds MaskGIT's annealed
     Gumbel noise to the log-confidence of ``order="confidence"`` (``τ · (1 - s/S) · Gumbel``), so that
     commits are not always the most confident: more diverse samples, at τ = 0 none.
+
+    (Over 80 lines with its signature and this docstring, which a user reads; the steps themselves are
+    :func:`_infill_logits`, :func:`process_and_pick` and :func:`_commit_now`.)
     """
     _check_infill_options(order, block_length, confidence_noise, num_tokens)
     check_infill_objective(model.config, allow_untrained)

@@ -397,3 +397,18 @@ def test_features_these_decoders_lack_are_refused(model, tokenizer, decoder):
                           ({"num_beams": 2}, "beam")):
         with pytest.raises(ValueError, match=match):
             model.generate(prompt, max_new_tokens=4, **kwargs, **decoder)
+
+
+@pytest.mark.parametrize("decoder", [{"group_size": 2}, {"draft_group_size": 2}], ids=str)
+def test_generate_samples_with_the_generator_it_is_given(model, tokenizer, decoder):
+    """generate(..., generator=g) reaches group and self-speculative decoding (the CLI's seeded draws go through
+    generate()): the draws are group_generate()'s with the same generator, whatever torch's global seed."""
+    from hf_lookaround.generation import group_generate
+
+    prompt = _prompt(tokenizer)
+    kwargs = dict(max_new_tokens=8, do_sample=True, top_k=0, eos_token_id=[])
+    torch.manual_seed(123)
+    got = model.generate(prompt, generator=torch.Generator().manual_seed(5), pad_token_id=tokenizer.pad_token_id,
+                         **decoder, **kwargs)
+    expected = group_generate(model, prompt, generator=torch.Generator().manual_seed(5), **decoder, **kwargs)
+    assert torch.equal(got, expected)

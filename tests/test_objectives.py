@@ -5,6 +5,7 @@ import importlib
 import inspect
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import hf_lookaround as H
 from hf_lookaround import objectives, plans
@@ -26,12 +27,16 @@ def test_every_objective_module_is_in_the_table_with_a_family():
         assert plans.make_plan(name, [30], 30, generator=None, **objective.defaults).group_ids.shape == (1, 30)
 
 
-def test_the_bundles_frozen_facts_agree_with_the_table():
-    """Remote code cannot import the package: its few objective facts must say what the table says."""
-    look_ahead = objectives.names(objectives.LOOK_AHEAD)
-    assert set(generation_lookaround.GROUP_DECODING_OBJECTIVES) == set(look_ahead)
-    for name in look_ahead:
-        assert objectives.OBJECTIVES[name].defaults.get("t", 1) == generation_lookaround.GROUP_DECODING_OBJECTIVES[name]
+def test_a_look_ahead_config_without_plan_params_decodes_with_its_plans_default_group_size():
+    """The bundle owns which objectives group-decode and the group size of a config that records none (the
+    package's dar reads its default from there): every look-ahead objective of the table must be one of them."""
+    for name in objectives.names(objectives.LOOK_AHEAD):
+        config = SimpleNamespace(objective=name, plan_params={})
+        default_t = objectives.OBJECTIVES[name].defaults.get("t", 1)
+        assert generation_lookaround.trained_group_sizes(config) == (default_t,), name
+
+
+def test_the_legacy_stream_tuples_name_objectives_of_their_family():
     # the LEGACY_* tuples describe configs written before `prediction_stream` existed: frozen history, which
     # objectives added since (span) never join; every name in them is still an objective of that family
     assert set(configuration_lookaround.LEGACY_MASKED_OBJECTIVES) <= set(objectives.names(objectives.MASKED))

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from ..decoding.infill import ORDERS, SCHEDULES, infill
-from ..generation import default_group_size, group_generate
+from ..generation import default_group_size, make_logits_processor
 from ..hub.weights import check_local_weights
 from .common import resolve_device
 
@@ -73,49 +73,22 @@ def main(argv: list[str] | None = None) -> int:
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     sampling = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     config = AutoConfig.from_pretrained(args.model)
-    # trained single-stream as a causal LM: GPT's form of ar (causal), dar's one-stream form (block-causal, t tokens
-    # a forward); both decode through LookAroundForCausalLM's content stream
-    pattern = config.default_attention if config.prediction_stream == "content" else None
-    one_stream_groups = pattern == "block_causal"
-    if pattern in ("causal", "block_causal") and args.prompt is not None and args.infill is None \
-            and args.num_tokens is None and args.draft_group_size is None \
-            and (args.group_size is None or one_stream_groups):
-        return _print(args, _single_stream_generate(args, config, tokenizer, sampling))
+    if args.infill is None and args.num_tokens is None:
+        return _print(args, _continue_prompt(args, config, tokenizer, sampling, generator))
     # every LookAround checkpoint loads into the pretraining head: the query stream and the LM head
     model = AutoModelForPreTraining.from_pretrained(args.model, config=config).to(args.device).eval()
-
-    if args.infill is not None or args.num_tokens is not None:
-        text = args.infill if args.infill is not None else (args.prompt or None)
-        inputs = [text] * args.num_samples if text is not None else None
-        if inputs is None and args.num_samples > 1:
-            inputs = [""] * args.num_samples
-        result = infill(
-            model, tokenizer, inputs, num_tokens=args.num_tokens, steps=args.steps, order=args.order,
-            schedule=args.schedule, generator=generator, allow_untrained=args.allow_untrained,
-            block_length=args.block_length, confidence_noise=args.confidence_noise, **sampling,
-        )
-        outputs, info = result.text, {"mode": "infill", "steps": result.num_steps, "order": args.order,
-                                      "schedule": args.schedule, "block_length": args.block_length}
-    else:
-        ids = _prompt_ids(args, tokenizer)
-        input_ids = torch.tensor([ids] * args.num_samples, device=args.device)
-        group_size = args.group_size
-        if group_size is None and args.draft_group_size is None:
-            group_size = default_group_size(model.config)
-        result = group_generate(
-            model, input_ids, group_size=group_size, draft_group_size=args.draft_group_size,
-            max_new_tokens=args.max_new_tokens, use_cache=not args.no_cache, generator=generator,
-            allow_untrained=args.allow_untrained, pad_token_id=tokenizer.pad_token_id, return_dict_in_generate=True,
-            **sampling,
-        )
-        outputs = [tokenizer.decode(row[len(ids):], skip_special_tokens=True) for row in result.sequences.tolist()]
-        if args.draft_group_size is not None:
-            info = {"mode": "self_speculative", "draft_group_size": args.draft_group_size,
-                    "acceptance_rate": result.acceptance_rate, "forwards": result.num_forwards}
-        else:
-            info = {"mode": "group_decoding", "group_size": group_size}
-        info["max_new_tokens"] = args.max_new_tokens
-    return _print(args, (outputs, info))
+    text = args.infill if args.infill is not None else (args.prompt or None)
+    inputs = [text] * args.num_samples if text is not None else None
+    if inputs is None and args.num_samples > 1:
+        inputs = [""] * args.num_samples
+    result = infill(
+        model, tokenizer, inputs, num_tokens=args.num_tokens, steps=args.steps, order=args.order,
+        schedule=args.schedule, generator=generator, allow_untrained=args.allow_untrained,
+        block_length=args.block_length, confidence_noise=args.confidence_noise, **sampling,
+    )
+    info = {"mode": "infill", "steps": result.num_steps, "order": args.order, "schedule": args.schedule,
+            "block_length": args.block_length}
+    return _print(args, (result.text, info))
 
 
 def _prompt_ids(args, tokenizer) -> list[int]:
@@ -125,23 +98,42 @@ def _prompt_ids(args, tokenizer) -> list[int]:
     return ([bos] if bos is not None else []) + list(ids)
 
 
-def _single_stream_generate(args, config, tokenizer, sampling):
-    """A checkpoint trained single-stream (`--ar_form single_stream`, GPT): its causal content stream decodes,
-    through `LookAroundForCausalLM.generate()` with a KV cache; the query stream was never trained."""
+def _continue_prompt(args, config, tokenizer, sampling, generator):
+    """Continue the prompt through the causal LM head's ``generate()``: group decoding (``--group_size``, by
+    default the one the checkpoint trained), self-speculative decoding (``--draft_group_size``) or, for a checkpoint
+    trained single-stream as GPT (causal content stream), transformers' own token-by-token loop."""
     from transformers import AutoModelForCausalLM
 
+    make_logits_processor(**sampling)  # sampling flags without --do_sample, or top_p > 1: one-line errors
     model = AutoModelForCausalLM.from_pretrained(args.model, config=config).to(args.device).eval()
     input_ids = torch.tensor([_prompt_ids(args, tokenizer)] * args.num_samples, device=args.device)
-    groups = {"group_size": args.group_size} if args.group_size is not None else {}  # one-stream dar: its t only
-    sequences = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=args.max_new_tokens,
-                               pad_token_id=tokenizer.pad_token_id, allow_untrained=args.allow_untrained, **groups,
-                               **{k: v for k, v in sampling.items() if v is not None})
-    outputs = [tokenizer.decode(row[input_ids.shape[1]:], skip_special_tokens=True) for row in sequences.tolist()]
-    if config.default_attention == "block_causal":
-        mode = f"one stream, {config.attention_group_size} tokens per forward (block-causal)"
+    gpt_form = config.prediction_stream == "content" and config.default_attention == "causal"
+    group_size = args.group_size
+    if group_size is None and args.draft_group_size is None and not gpt_form:
+        group_size = default_group_size(config)  # group decoding, t = 1 included (not transformers' loop)
+    decoder = {name: value for name, value in (("group_size", group_size), ("draft_group_size", args.draft_group_size))
+               if value is not None}
+    if decoder:  # group decoding draws with the seeded generator (transformers' loop: torch's seeded global one)
+        decoder["generator"] = generator
+        if args.do_sample and args.top_k is None and config.prediction_stream != "content":
+            decoder["top_k"] = 0  # the query stream samples the whole distribution without --top_k (generate(): 50)
+    result = model.generate(
+        input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=args.max_new_tokens,
+        use_cache=not args.no_cache, pad_token_id=tokenizer.pad_token_id, allow_untrained=args.allow_untrained,
+        return_dict_in_generate=True, **decoder, **{k: v for k, v in sampling.items() if v is not None},
+    )
+    outputs = [tokenizer.decode(row[input_ids.shape[1]:], skip_special_tokens=True) for row in result.sequences.tolist()]
+    if args.draft_group_size is not None:
+        info = {"mode": "self_speculative", "draft_group_size": args.draft_group_size,
+                "acceptance_rate": result.acceptance_rate, "forwards": result.num_forwards}
+    elif config.prediction_stream == "content" and config.default_attention == "block_causal":
+        info = {"mode": f"one stream, {config.attention_group_size} tokens per forward (block-causal)"}
+    elif gpt_form and args.group_size is None:
+        info = {"mode": "causal (single stream)"}
     else:
-        mode = "causal (single stream)"
-    return outputs, {"mode": mode, "max_new_tokens": args.max_new_tokens}
+        info = {"mode": "group_decoding", "group_size": group_size}
+    info["max_new_tokens"] = args.max_new_tokens
+    return outputs, info
 
 
 def _print(args, result) -> int:

@@ -18,14 +18,15 @@ from transformers.generation import (
 )
 
 from .. import objectives
-from ..models.lookaround.masking_lookaround import infilling_ranks
 from ..models.lookaround.generation_lookaround import (
     _check_length,
     _device,
-    _pick,
     _refuse_or_warn,
     make_logits_processor,
+    process_and_pick,
 )
+from ..models.lookaround.masking_lookaround import infilling_ranks
+from ..models.lookaround.modeling_lookaround import positions_of  # the model's own (B, T) bool -> (B, M) slots
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +224,63 @@ def infill(
     later blocks included, stays hidden from the others. ``confidence_noise=τ`` adds MaskGIT's annealed
     Gumbel noise to the log-confidence of ``order="confidence"`` (``τ · (1 - s/S) · Gumbel``), so that
     commits are not always the most confident: more diverse samples, at τ = 0 none.
+
+    (Over 80 lines with its signature and this docstring, which a user reads; the steps themselves are
+    :func:`_infill_logits`, :func:`process_and_pick` and :func:`_commit_now`.)
     """
+    _check_infill_options(order, block_length, confidence_noise, num_tokens)
+    check_infill_objective(model.config, allow_untrained)
+    config, device = model.config, _device(model)
+    stream = _prediction_stream(config, stream)
+    ids, remaining, valid = _encode_infill_inputs(
+        tokenizer, text_or_ids, hidden, num_tokens, attention_mask, add_bos, config, device
+    )
+    _check_length(ids.shape[1], config, "the sequence to infill")
+    if not remaining.any():
+        raise ValueError("nothing to fill: no position is hidden")
+    block_of, num_blocks, steps, schedules = _block_schedules(remaining, block_length, steps, schedule)
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    processors = make_logits_processor(do_sample, temperature, top_k, top_p)
+    processors.extend(logits_processor or [])
+    if stream == "content" and config.mask_token_id is None:
+        raise ValueError("the content-stream pathway reads [MASK] inputs, but config.mask_token_id is None")
+
+    commit_step = torch.zeros_like(ids)
+    # a row that starts with a visible BOS has its condition token, as every pretraining block had
+    bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
+    bos = config.bos_token_id if bos is None else bos
+    is_condition = torch.zeros_like(remaining)
+    if bos is not None:
+        is_condition[:, 0] = (ids[:, 0] == bos) & valid[:, 0] & ~remaining[:, 0]
+    all_logits, ran = [], 0
+    for block, step in ((b, s) for b in range(num_blocks) for s in range(1, steps + 1)):
+        in_block = remaining & (block_of == block)
+        if not in_block.any():
+            continue
+        ran += 1
+        slots = positions_of(remaining)  # (B, M), -1 pads
+        logits = _infill_logits(model, stream, ids, remaining, valid, is_condition, slots)
+        if output_logits:
+            all_logits.append(_logits_at_positions(logits, slots, ids.shape[1]))
+        context = ids.repeat_interleave(slots.shape[1], 0)  # processors see the row's current sequence
+        scores, tokens = process_and_pick(processors, logits.flatten(0, 1), context, do_sample, generator)
+        commit = _commit_now(scores, tokens.view_as(slots), slots, in_block, order, confidence_noise, step, steps,
+                             schedules[:, block, step - 1 : step], generator)
+        rows, at = rows_of(slots)[commit], slots.clamp(min=0)[commit]
+        ids[rows, at] = tokens.view_as(slots)[commit]
+        remaining[rows, at] = False
+        commit_step[rows, at] = ran
+    text = None
+    if tokenizer is not None:
+        text = [tokenizer.decode(row[v].tolist(), skip_special_tokens=True) for row, v in zip(ids, valid)]
+        if isinstance(text_or_ids, str):
+            text = text[0]  # one string in, one string out
+    return InfillOutput(sequences=ids, commit_step=commit_step, num_steps=ran, text=text,
+                        logits=tuple(all_logits) if output_logits else None)
+
+
+def _check_infill_options(order, block_length, confidence_noise, num_tokens) -> None:
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     if block_length is not None and (isinstance(block_length, bool) or int(block_length) != block_length
@@ -235,17 +292,12 @@ def infill(
         raise ValueError(f"confidence_noise perturbs order='confidence'; order={order!r} does not read confidence")
     if num_tokens is not None and num_tokens < 1:
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-    check_infill_objective(model.config, allow_untrained)
-    backbone, lm_head = model.base_model, model.lm_head
-    config, device = model.config, _device(model)
-    stream = _prediction_stream(config, stream)
-    ids, remaining, valid = _encode_infill_inputs(
-        tokenizer, text_or_ids, hidden, num_tokens, attention_mask, add_bos, config, device
-    )
-    _check_length(ids.shape[1], config, "the sequence to infill")
-    if not remaining.any():
-        raise ValueError("nothing to fill: no position is hidden")
-    # each hidden position's block: the blocks of block_length hidden positions, left to right (one block without)
+
+
+def _block_schedules(remaining, block_length, steps, schedule):
+    """``(block_of, num_blocks, steps, schedules)``: each hidden position's block (the blocks of ``block_length``
+    hidden positions, left to right; one block without), the steps per block (default: one commit per step; never
+    more than the most hidden positions of a block) and the commits of each row, block and step ``(B, blocks, S)``."""
     index = remaining.long().cumsum(-1) - 1
     block_of = torch.where(remaining, index // block_length if block_length else torch.zeros_like(index), -1)
     num_blocks = int(block_of.max()) + 1
@@ -256,83 +308,55 @@ def infill(
         raise ValueError(f"steps must be >= 1, got {steps}")
     steps = min(steps, max_hidden)  # a step commits at least one position, so more steps than positions never run
     schedules = torch.tensor(
-        [[commit_schedule(int(n), steps, schedule) for n in row] for row in counts.tolist()], device=device
-    )  # (B, blocks, S)
-    if generator is None and seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
-    processors = make_logits_processor(do_sample, temperature, top_k, top_p)
-    processors.extend(logits_processor or [])
-    mask_id = config.mask_token_id
-    if stream == "content" and mask_id is None:
-        raise ValueError("the content-stream pathway reads [MASK] inputs, but config.mask_token_id is None")
+        [[commit_schedule(int(n), steps, schedule) for n in row] for row in counts.tolist()], device=remaining.device
+    )
+    return block_of, num_blocks, steps, schedules
 
-    batch = ids.shape[0]
-    commit_step = torch.zeros_like(ids)
-    # a row that starts with a visible BOS has its condition token, as every pretraining block had
-    bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
-    bos = config.bos_token_id if bos is None else bos
-    is_condition = torch.zeros_like(remaining)
-    if bos is not None:
-        is_condition[:, 0] = (ids[:, 0] == bos) & valid[:, 0] & ~remaining[:, 0]
-    all_logits = []
-    from ..models.lookaround.modeling_lookaround import positions_of  # the model's own (B, T) bool -> (B, M) slots
 
-    ran = 0
-    for block, step in ((b, s) for b in range(num_blocks) for s in range(1, steps + 1)):
-        in_block = remaining & (block_of == block)
-        if not in_block.any():
-            continue
-        ran += 1
-        slots = positions_of(remaining)  # (B, M), -1 pads
-        is_slot = slots >= 0
-        gather_at = slots.clamp(min=0)
-        if stream == "query":
-            # the plan masked / GVP pretraining trained: BOS rank 0, visible tokens the next rank (bidirectional
-            # among themselves), hidden positions the rank after; hidden content is an invalid key, never read
-            out = backbone(
-                input_ids=ids, attention_mask=(valid & ~remaining).long(),
-                group_ids=infilling_ranks(remaining, is_condition), target_positions=slots,
-            )
-            logits = lm_head(out.query_hidden_state).float()
-        else:
-            masked = torch.where(remaining, torch.full_like(ids, mask_id), ids)
-            out = backbone(input_ids=masked, attention_mask=valid.long(), attention_pattern="bidirectional")
-            logits = lm_head(out.last_hidden_state.gather(1, gather_at[..., None].expand(-1, -1, config.hidden_size)))
-            logits = logits.float()
-        width = slots.shape[1]
-        if output_logits:
-            step_logits = logits.new_full((batch, ids.shape[1], logits.shape[-1]), float("nan"))
-            step_logits[rows_of(slots)[is_slot], gather_at[is_slot]] = logits[is_slot]
-            all_logits.append(step_logits)
-        context = ids.repeat_interleave(width, 0)  # processors see the row's current sequence
-        scores = processors(context, logits.flatten(0, 1)) if len(processors) else logits.flatten(0, 1)
-        tokens = _pick(scores, do_sample, generator).view(batch, width)
+def _infill_logits(model, stream, ids, remaining, valid, is_condition, slots):
+    """One forward: float logits ``(B, M, V)`` at the hidden positions ``slots`` (``-1`` pads)."""
+    backbone, lm_head, config = model.base_model, model.lm_head, model.config
+    if stream == "query":
+        # the plan masked / GVP pretraining trained: BOS rank 0, visible tokens the next rank (bidirectional
+        # among themselves), hidden positions the rank after; hidden content is an invalid key, never read
+        out = backbone(
+            input_ids=ids, attention_mask=(valid & ~remaining).long(),
+            group_ids=infilling_ranks(remaining, is_condition), target_positions=slots,
+        )
+        return lm_head(out.query_hidden_state).float()
+    masked = torch.where(remaining, torch.full_like(ids, config.mask_token_id), ids)
+    out = backbone(input_ids=masked, attention_mask=valid.long(), attention_pattern="bidirectional")
+    at = slots.clamp(min=0)[..., None].expand(-1, -1, config.hidden_size)
+    return lm_head(out.last_hidden_state.gather(1, at)).float()
+
+
+def _logits_at_positions(logits, slots, seq_len: int) -> torch.Tensor:
+    """``(B, M, V)`` logits at ``slots`` -> ``(B, T, V)``, NaN at positions not predicted."""
+    is_slot = slots >= 0
+    step_logits = logits.new_full((logits.shape[0], seq_len, logits.shape[-1]), float("nan"))
+    step_logits[rows_of(slots)[is_slot], slots[is_slot]] = logits[is_slot]
+    return step_logits
+
+
+def _commit_now(scores, tokens, slots, in_block, order, confidence_noise, step, steps, quota, generator):
+    """Which of the step's predicted ``slots`` commit: the ``quota`` (B, 1) first of the current block by
+    ``order``: most confident (with MaskGIT's annealed noise), at random, or leftmost."""
+    batch, width = tokens.shape
+    at = slots.clamp(min=0)
+    if order == "confidence":
         chosen_prob = torch.softmax(scores.float(), -1).gather(1, tokens.flatten()[:, None]).view(batch, width)
-
-        if order == "confidence":
-            priority = chosen_prob.clamp(min=1e-30).log()
-            if confidence_noise:  # MaskGIT's annealed noise: exploratory early, greedy at the block's last step
-                uniform = torch.rand(batch, width, device=device, generator=generator).clamp(1e-20, 1 - 1e-7)
-                priority = priority - confidence_noise * (1 - step / steps) * (-uniform.log()).log()
-        elif order == "random":
-            priority = torch.rand(batch, width, device=device, generator=generator)
-        else:
-            priority = -gather_at.float()  # leftmost first
-        eligible = is_slot & in_block.gather(1, gather_at)  # only the current block commits
-        priority = torch.where(eligible, priority, torch.full_like(priority, -math.inf))
-        rank_in_step = torch.argsort(torch.argsort(priority, dim=-1, descending=True, stable=True), dim=-1)
-        commit = eligible & (rank_in_step < schedules[:, block, step - 1 : step])
-        rows = torch.arange(batch, device=device)[:, None].expand_as(slots)
-        ids[rows[commit], gather_at[commit]] = tokens[commit]
-        remaining[rows[commit], gather_at[commit]] = False
-        commit_step[rows[commit], gather_at[commit]] = ran
-    text = None
-    if tokenizer is not None:
-        text = [tokenizer.decode(row[v].tolist(), skip_special_tokens=True) for row, v in zip(ids, valid)]
-        if isinstance(text_or_ids, str):
-            text = text[0]  # one string in, one string out
-    return InfillOutput(sequences=ids, commit_step=commit_step, num_steps=ran, text=text,
-                        logits=tuple(all_logits) if output_logits else None)
+        priority = chosen_prob.clamp(min=1e-30).log()
+        if confidence_noise:  # MaskGIT's annealed noise: exploratory early, greedy at the block's last step
+            uniform = torch.rand(batch, width, device=tokens.device, generator=generator).clamp(1e-20, 1 - 1e-7)
+            priority = priority - confidence_noise * (1 - step / steps) * (-uniform.log()).log()
+    elif order == "random":
+        priority = torch.rand(batch, width, device=tokens.device, generator=generator)
+    else:
+        priority = -at.float()  # leftmost first
+    eligible = (slots >= 0) & in_block.gather(1, at)  # only the current block commits
+    priority = torch.where(eligible, priority, torch.full_like(priority, -math.inf))
+    rank_in_step = torch.argsort(torch.argsort(priority, dim=-1, descending=True, stable=True), dim=-1)
+    return eligible & (rank_in_step < quota)
 
 
 def rows_of(slots: torch.Tensor) -> torch.Tensor:

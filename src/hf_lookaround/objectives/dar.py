@@ -22,9 +22,14 @@ import numpy as np
 import torch
 
 from ..data.collators import PlanCollator
+from ..models.lookaround.generation_lookaround import GROUP_DECODING_OBJECTIVES
 from ..models.lookaround.masking_lookaround import one_stream_start_rows as start_rows
 from ..plans import Plan, check_lengths, inside_positions
 from .base import CAUSAL_HEAD, LOOK_AHEAD, SINGLE_STREAM, TWO_STREAM, Objective, ObjectiveParams, check_form, flag
+
+# the group size a dar checkpoint decodes with when its config records none: the model bundle's fact (remote code
+# reads it from old configs), so the plan's default is that one
+DEFAULT_T = GROUP_DECODING_OBJECTIVES["dar"]
 
 
 def group_sizes(t) -> list[int]:
@@ -41,7 +46,7 @@ def ranks(position, s1, size, num_condition_tokens: int = 0):
     return np.where(position < s1, 0, 1 + (position - s1) // size) + (1 if num_condition_tokens else 0)
 
 
-def plan(lengths, seq_len: int, t=2, num_condition_tokens: int = 0, generator=None) -> Plan:
+def plan(lengths, seq_len: int, t=DEFAULT_T, num_condition_tokens: int = 0, generator=None) -> Plan:
     """Diversity-enhanced AR. ``t`` may be a list: a group size is drawn uniformly from it for each sequence
     (a mixture of t values). Targets have rank >= 1."""
     lengths = check_lengths(lengths, seq_len, num_condition_tokens)
@@ -63,7 +68,7 @@ def plan(lengths, seq_len: int, t=2, num_condition_tokens: int = 0, generator=No
     return Plan(torch.from_numpy(np.where(inside, rank, 0)), torch.from_numpy(inside & (rank >= 1)))
 
 
-def exact_plans(n: int, num_condition_tokens: int = 0, t=2) -> list:
+def exact_plans(n: int, num_condition_tokens: int = 0, t=DEFAULT_T) -> list:
     """Every plan of a sequence of ``n`` tokens with its probability: ``t`` uniform over the list, then
     ``s1 ~ U{1..t}`` (the theory module's enumeration)."""
     c, sizes = num_condition_tokens, group_sizes(t)
@@ -81,7 +86,7 @@ def exact_plans(n: int, num_condition_tokens: int = 0, t=2) -> list:
 class Params(ObjectiveParams):
     SPEC = "dar:T, dar:T1,T2"
 
-    group_size: list[int] = flag(default_factory=lambda: [2], help="dar: group size t, or several (a mixture)",
+    group_size: list[int] = flag(default_factory=lambda: [DEFAULT_T], help="dar: group size t, or several (a mixture)",
                                  aliases=["--group_sizes"])
     dar_form: str = flag(
         TWO_STREAM,
@@ -104,7 +109,7 @@ class Params(ObjectiveParams):
 
     @classmethod
     def from_spec(cls, arg: str) -> "Params":
-        return cls(group_size=[int(x) for x in (arg or "2").split(",")])
+        return cls(group_size=[int(x) for x in arg.split(",")] if arg else [DEFAULT_T])
 
     def plan_params(self) -> dict:
         sizes = group_sizes(list(self.group_size))
@@ -171,7 +176,7 @@ class SemiAutoregressiveCollator(PlanCollator):
     (the block-causal mask is the same for every batch), one group size.
     """
 
-    group_size: int | Sequence[int] = 2
+    group_size: int | Sequence[int] = DEFAULT_T
     form: str = TWO_STREAM
     objective = "dar"
 

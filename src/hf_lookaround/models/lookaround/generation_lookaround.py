@@ -9,6 +9,11 @@ of prompt + continuation form one semi-AR plan whose groups end where the prompt
 ``1..t`` tokens, as the plan draws it). Entry points: ``model.generate(..., group_size=t)`` on a head with
 :class:`GroupDecodingMixin` (also from the ``text-generation`` pipeline), or :func:`group_generate` on any
 LookAround LM head. Any-order infilling lives in the package (``hf_lookaround.decoding.infill``).
+
+The file by job: what a checkpoint was trained for (the refusals); the edges every decoder shares (process and
+pick, a stop tracker, the output); ``generate()``'s hook and :func:`group_generate`, which choose the decoder and
+check once; then one section per decoder: group decoding (two-stream and one-stream forms) and self-speculative
+decoding (draft, verify, commit, and the cache surgery it needs).
 """
 
 from __future__ import annotations
@@ -47,16 +52,22 @@ __all__ = [
     "default_group_size",
     "check_group_size",
     "check_draft_group_size",
+    "check_decoder",
     "GenerateSpeculativeOutput",
     "semi_ar_ranks",
     "GroupDecodingMixin",
     "group_decoding",
     "group_generate",
     "make_logits_processor",
+    "process_and_pick",
+    "StopTracker",
+    "DecodingOptions",
+    "build_output",
 ]
 
-# The look-ahead objectives and the group size their plan trains when `plan_params` has no "t". This file is remote
-# code and cannot read the package's objectives table (objectives.py); tests/test_objectives.py checks they agree.
+# The look-ahead objectives and the group size their plan trains when `plan_params` has no "t" (configs written
+# before it was recorded). Remote code cannot import the package, so this is the one copy: the package's
+# objectives read it from here (objectives/dar.py's default t).
 GROUP_DECODING_OBJECTIVES = {"ar": 1, "dar": 2}
 # The objective whose plan_params are {"mixture": {name: weight}, "components": {name: plan params}}: a checkpoint
 # trained on the look-ahead components among them decodes with their group sizes.
@@ -181,7 +192,7 @@ def check_draft_group_size(config, draft_group_size, allow_untrained: bool = Fal
 
 
 # ----------------------------------------------------------------------------------------------
-# Pieces shared by both decoders
+# The edges every decoder shares: process and pick, when to stop, what to return
 # ----------------------------------------------------------------------------------------------
 def _device(model) -> torch.device:
     return next(model.parameters()).device
@@ -209,12 +220,135 @@ def make_logits_processor(do_sample: bool, temperature=None, top_k=None, top_p=N
     return processors
 
 
+def reads_only_scores(processors: LogitsProcessorList) -> bool:
+    """Whether every processor reads the scores alone, never the sequence so far (sampling warpers): then the rows of
+    a group, or of drafts, are processed in one call."""
+    return all(isinstance(p, _POSITIONLESS_PROCESSORS) for p in processors)
+
+
+def process(processors: LogitsProcessorList, scores: torch.Tensor, context=None) -> torch.Tensor:
+    """``scores`` (N, V) after the logits processors and warpers, each row after its own ``context``: the ids it
+    follows, as one (N, L) tensor, or as a list of N 1-D prefixes when rows have advanced by different numbers of
+    tokens (each row is then processed alone); None when the processors read only the scores."""
+    if not len(processors):
+        return scores
+    if context is None:
+        return processors(scores.new_zeros((scores.shape[0], 1), dtype=torch.long), scores)
+    if isinstance(context, list):
+        return torch.cat([processors(prefix[None], row[None]) for prefix, row in zip(context, scores)])
+    return processors(context, scores)
+
+
+def process_and_pick(processors, logits: torch.Tensor, context, do_sample: bool, generator=None):
+    """``(scores, tokens)``: the processed ``logits`` (N, V) (see :func:`process`) and a token per row, a draw from
+    their softmax or the argmax."""
+    scores = process(processors, logits, context)
+    return scores, _pick(scores, do_sample, generator)
+
+
 def _pick(scores: torch.Tensor, do_sample: bool, generator=None) -> torch.Tensor:
     """(N, V) processed scores -> (N,) tokens: a draw from their softmax, or the argmax."""
     if not do_sample:
         return scores.argmax(-1)
     probs = torch.softmax(scores.float(), dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+class StopTracker:
+    """Which rows are still decoding, and what the streamer is shown.
+
+    EOS and the token budget are applied to a whole batch at once (a decoder stops at ``max_length`` itself); any
+    other criterion (stop strings, your own) is asked as transformers' loop asks it, after each token."""
+
+    def __init__(self, stopping_criteria: StoppingCriteriaList, max_length: int, batch: int, device, streamer=None):
+        self.criteria, self.streamer = stopping_criteria, streamer
+        eos, self.others = [], []
+        for criterion in stopping_criteria:
+            if isinstance(criterion, EosTokenCriteria):
+                eos.append(torch.as_tensor(criterion.eos_token_id).flatten())
+            elif not (isinstance(criterion, MaxLengthCriteria) and criterion.max_length >= max_length):
+                self.others.append(criterion)
+        self.eos_ids = torch.cat(eos).to(device) if eos else None
+        self.unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+
+    def until_eos(self, tokens: torch.Tensor, count: torch.Tensor):
+        """Of each row's first ``count`` candidate ``tokens`` (B, n), how many it keeps: up to and including its
+        first EOS. Returns ``(count, ended)``, ``ended`` the rows that wrote an EOS."""
+        if self.eos_ids is None:
+            return count, torch.zeros_like(self.unfinished)
+        slot = torch.arange(tokens.shape[1], device=tokens.device)
+        is_eos = torch.isin(tokens, self.eos_ids) & (slot < count[:, None])
+        ended = is_eos.any(-1)
+        return torch.where(ended, is_eos.long().argmax(-1) + 1, count), ended
+
+    def until_other_stop(self, sequences: torch.Tensor, starts: torch.Tensor, count: torch.Tensor, scores):
+        """Ask the other criteria after each of the ``count[b]`` tokens that row ``b`` of ``sequences`` holds from
+        column ``starts[b]`` (``scores[b, i]`` those of its token ``i``). Returns ``(count, stopped)``: a row that
+        stops keeps the tokens up to the one that stopped it."""
+        stopped = torch.zeros_like(self.unfinished)
+        if not self.others:
+            return count, stopped
+        count = count.clone()
+        for b in self.unfinished.nonzero().flatten().tolist():
+            for i in range(int(count[b])):
+                end = int(starts[b]) + i + 1
+                if any(bool(c(sequences[b : b + 1, :end], scores[b, i][None]).any()) for c in self.others):
+                    count[b], stopped[b] = i + 1, True
+                    break
+        return count, stopped
+
+    def after_token(self, sequences: torch.Tensor, scores: torch.Tensor) -> None:
+        """Every criterion, on the whole batch, after one more token per row (transformers' own loop)."""
+        self.stop(self.criteria(sequences, scores))
+
+    def stop(self, rows: torch.Tensor) -> None:
+        self.unfinished = self.unfinished & ~rows
+
+    @property
+    def done(self) -> bool:
+        return not bool(self.unfinished.any())
+
+    def put(self, tokens: torch.Tensor) -> None:
+        if self.streamer is not None:
+            self.streamer.put(tokens.cpu())
+
+    def end(self) -> None:
+        if self.streamer is not None:
+            self.streamer.end()
+
+
+def build_output(options, sequences, cache, scores=None, logits=None, output_class=None, **extra):
+    """What a decoder returns: the sequences, or with ``return_dict_in_generate`` transformers' decoder-only output
+    (``scores`` / ``logits``: one (B, V) tensor per new token, where asked for)."""
+    if not options.return_dict:
+        return sequences
+    return (output_class or GenerateDecoderOnlyOutput)(
+        sequences=sequences,
+        scores=tuple(scores) if options.output_scores else None,
+        logits=tuple(logits) if options.output_logits else None,
+        past_key_values=cache,
+        **extra,
+    )
+
+
+@dataclass
+class DecodingOptions:
+    """What a decoder is asked for, once ``generate()`` (:func:`group_decoding`) or :func:`group_generate` has
+    prepared it."""
+
+    max_new_tokens: int
+    logits_processor: LogitsProcessorList
+    stopping_criteria: StoppingCriteriaList
+    do_sample: bool
+    pad_token_id: int
+    use_cache: bool = True
+    return_dict: bool = False
+    output_scores: bool = False
+    output_logits: bool = False
+    streamer: object = None
+    generator: torch.Generator | None = None
+    static_cache: bool = False  # cache_implementation="static": fixed shapes, a compiled step
+    compile_config: object = None
 
 
 def _check_length(total: int, config, what: str) -> None:
@@ -296,9 +430,7 @@ def _decoding_step(model, compile_config, one_stream: bool = False):
     return prefill, held[1]
 
 
-# ----------------------------------------------------------------------------------------------
-# Group decoding
-# ----------------------------------------------------------------------------------------------
+
 def _checked_prompt(input_ids, attention_mask, max_new_tokens: int, config) -> torch.Tensor:
     """The prompt's attention mask (ones if none), after the checks both decoders need: its shape, left padding,
     max_new_tokens >= 1 and a total length within max_position_embeddings."""
@@ -327,6 +459,247 @@ def _check_left_padded(attention_mask: torch.Tensor) -> None:
         raise ValueError("every row of the prompt needs at least one token (a BOS token will do)")
 
 
+
+# ----------------------------------------------------------------------------------------------
+# Choosing the decoder: generate()'s hook and group_generate()
+# ----------------------------------------------------------------------------------------------
+def check_decoder(config, group_size, draft_group_size, allow_untrained: bool = False) -> None:
+    """Refuse a decoder the checkpoint was not trained for: self-speculative decoding with ``draft_group_size=k``
+    (:func:`check_draft_group_size`; it decodes the AR plan, so no other group size goes with it), else group
+    decoding with ``group_size`` (:func:`check_group_size`)."""
+    if draft_group_size is None:
+        check_group_size(config, group_size, allow_untrained)
+        return
+    if group_size not in (None, 1):
+        raise ValueError(f"draft_group_size={draft_group_size} decodes the AR (t=1) plan with drafts; "
+                         f"group_size={group_size} cannot be combined with it (drop one of them)")
+    check_draft_group_size(config, draft_group_size, allow_untrained)
+
+
+class GroupDecodingMixin:
+    """``generate(..., group_size=t)`` runs group decoding through the query stream (:func:`group_decoding`);
+    ``generate(..., draft_group_size=k)`` runs lossless self-speculative decoding (:class:`_Speculation`).
+
+    The usual preparation of ``generate`` (generation config, logits processors and warpers, stopping criteria
+    including ``stop_strings`` with ``tokenizer=``, EOS, ``max_new_tokens``, ``num_return_sequences``) runs, and
+    transformers hands decoding to :func:`group_decoding` through its ``custom_generate`` callable hook.
+    Without either argument the group size is :func:`default_group_size`: ``1`` goes to transformers'
+    token-by-token ``GenerationMixin.generate`` unchanged (AR decoding), a checkpoint that never trained ``t = 1``
+    decodes with its own group size. ``allow_untrained=True`` decodes with a group size the checkpoint was not
+    trained for (warns instead of refusing; see :func:`check_group_size`). ``generator=`` (a ``torch.Generator``)
+    draws the samples of group and self-speculative decoding.
+    """
+
+    def generate(self, inputs=None, generation_config=None, *args, group_size=None, draft_group_size=None,
+                 allow_untrained=False, **kwargs):
+        if group_size is None and draft_group_size is None:
+            group_size = default_group_size(self.config)
+            if group_size == 1:  # AR decoding: transformers' own loop (static cache, compile, assisted, beams...)
+                self._warn_if_prompt_ends_with_eos(inputs if inputs is not None else kwargs.get("input_ids"))
+                return super().generate(inputs, generation_config, *args, **kwargs)
+            logger.info("generate() without group_size: decoding with group_size=%d, the group size this checkpoint "
+                        "was trained for (it never trained t=1)", group_size)
+        else:
+            check_decoder(self.config, group_size, draft_group_size, allow_untrained)
+        if kwargs.get("custom_generate") is not None:
+            raise ValueError("group_size / draft_group_size select group decoding; they cannot be combined with "
+                             "custom_generate")
+        if kwargs.get("assistant_model") is not None:
+            raise ValueError("assistant_model cannot be combined with group decoding; draft_group_size=k drafts with "
+                             "the model's own query stream instead")
+        # transformers hands a custom_generate callable only the keys its signature adds to `_sample`'s, so the
+        # streamer would be dropped: it travels bound to the callable
+        decoder = functools.partial(group_decoding, streamer=kwargs.pop("streamer", None))
+        self._stop_strings_to_criteria(generation_config, kwargs)
+        return super().generate(
+            inputs, generation_config, *args, custom_generate=decoder, group_size=group_size or 1,
+            draft_group_size=draft_group_size, **kwargs,
+        )
+
+    def _stop_strings_to_criteria(self, generation_config, kwargs) -> None:
+        """Build the stop-string criterion here: with a custom_generate callable, transformers drops ``tokenizer=``
+        before it builds its stopping criteria (and then finds none)."""
+        tokenizer = kwargs.pop("tokenizer", None)
+        stop_strings = kwargs.get("stop_strings")
+        if stop_strings is None:
+            stop_strings = getattr(generation_config or self.generation_config, "stop_strings", None)
+        if not stop_strings:
+            return
+        if tokenizer is None:
+            raise ValueError("stop_strings need the model's tokenizer: pass tokenizer=... to generate() (or to the "
+                             "text-generation pipeline's call), as transformers' own decoding does")
+        criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+        criteria.append(StopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
+        kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
+
+    def _warn_if_prompt_ends_with_eos(self, input_ids) -> None:
+        _warn_if_prompt_ends_with_eos(input_ids, self.config)
+
+
+def _warn_if_prompt_ends_with_eos(input_ids, config) -> None:
+    # the package's tokenizers wrap text as <s> ... </s>; a continuation of a finished text is rarely meant
+    eos = config.eos_token_id
+    if torch.is_tensor(input_ids) and input_ids.dim() == 2 and input_ids.shape[1] and eos is not None:
+        if bool((input_ids[:, -1] == eos).any()):
+            logger.warning(_EOS_PROMPT_WARNING)
+
+
+_EOS_PROMPT_WARNING = (
+    "a prompt ends with the EOS token: the continuation starts after the end of a finished text. Encode prompts "
+    "without it (tokenizers of hf-lookaround >= issue 19 add none; for an older one pass add_special_tokens=False "
+    "and put BOS in front)"
+)
+
+# features transformers' own loop has and these decoders do not: a clear error rather than a silent None
+_UNSUPPORTED = {
+    "output_attentions": "attention weights of each step",
+    "output_hidden_states": "hidden states of each step",
+    "prompt_lookup_num_tokens": "prompt-lookup drafting (use draft_group_size)",
+}
+
+
+def _refuse_what_group_decoding_lacks(generation_config, model_kwargs) -> None:
+    if generation_config.num_beams > 1:
+        raise ValueError("group decoding takes the argmax or samples; beam search (num_beams > 1) is not supported")
+    for name, what in _UNSUPPORTED.items():
+        if getattr(generation_config, name, None):
+            raise ValueError(f"{name}: {what} is not supported with group_size / draft_group_size; drop it, or "
+                             "decode token by token (generate() without them)")
+    if getattr(generation_config, "guidance_scale", None) not in (None, 1, 1.0):
+        raise ValueError("guidance_scale (classifier-free guidance) runs the model token by token beside the decoder: "
+                         "not supported with group_size / draft_group_size")
+    if getattr(generation_config, "cache_implementation", None) not in (None, "dynamic", "static"):
+        raise ValueError(
+            f"group decoding keeps a DynamicCache, or a StaticCache with cache_implementation='static' (compiled, "
+            f"fixed shapes); cache_implementation={generation_config.cache_implementation!r} serves token-by-token "
+            "generate() only"
+        )
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError("group decoding starts from input_ids (the cache holds content of known tokens); "
+                         "pass input_ids instead of inputs_embeds")
+    past = model_kwargs.get("past_key_values")
+    if past is not None and past.get_seq_length() > 0:
+        raise ValueError("group decoding builds its cache from the prompt; pass no filled past_key_values")
+
+
+def group_decoding(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config,
+    synced_gpus: bool = False,
+    streamer=None,
+    group_size: int = 1,
+    draft_group_size: int | None = None,
+    generator: torch.Generator | None = None,
+    **model_kwargs,
+):
+    """transformers' ``custom_generate`` callable: ``GenerationMixin.generate`` has prepared everything."""
+    _refuse_what_group_decoding_lacks(generation_config, model_kwargs)
+    if streamer is not None:
+        streamer.put(input_ids.cpu())  # what transformers' own loop does first (TextStreamer skips it, skip_prompt)
+    pad = generation_config._pad_token_tensor
+    eos = generation_config._eos_token_tensor
+    pad_id = int(pad) if pad is not None else (int(eos.flatten()[0]) if eos is not None else 0)
+    use_cache = model_kwargs.get("use_cache")
+    static = getattr(generation_config, "cache_implementation", None) == "static"
+    options = DecodingOptions(
+        max_new_tokens=generation_config.max_length - input_ids.shape[1],
+        logits_processor=logits_processor,
+        stopping_criteria=stopping_criteria,
+        do_sample=generation_config.do_sample,
+        pad_token_id=pad_id,
+        use_cache=True if use_cache is None else bool(use_cache),  # unset: group decoding keeps a KV cache
+        return_dict=generation_config.return_dict_in_generate,
+        output_scores=generation_config.output_scores,
+        output_logits=generation_config.output_logits,
+        streamer=streamer,
+        generator=generator,
+        static_cache=static,
+        compile_config=_compile_config(model, generation_config) if static else None,
+    )
+    return _decode(model, input_ids, model_kwargs.get("attention_mask"), options, group_size, draft_group_size)
+
+
+@torch.no_grad()
+def group_generate(
+    model,
+    input_ids,
+    attention_mask=None,
+    *,
+    group_size: int | None = None,
+    draft_group_size: int | None = None,
+    max_new_tokens: int = 32,
+    do_sample: bool = False,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    eos_token_id=None,
+    pad_token_id=None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    allow_untrained: bool = False,
+    return_dict_in_generate: bool = False,
+    output_scores: bool = False,
+    output_logits: bool = False,
+):
+    """Group decoding on any LookAround LM head (``LookAroundForPreTraining`` included), without ``generate()``.
+
+    ``group_size`` defaults to :func:`default_group_size`; ``draft_group_size=k`` runs self-speculative decoding
+    instead. ``input_ids`` ``(B, P)`` left-padded (or a list of ids for one row); ``eos_token_id`` /
+    ``pad_token_id`` default to the config's (``eos_token_id=[]``: no EOS, always ``max_new_tokens``);
+    ``logits_processor`` runs after the sampling warpers built from ``temperature``/``top_k``/``top_p``. Returns
+    the sequences ``(B, P + n)``, or a ``GenerateDecoderOnlyOutput``.
+    """
+    config = model.config
+    if group_size is None and draft_group_size is None:
+        group_size = default_group_size(config)
+    check_decoder(config, group_size, draft_group_size, allow_untrained)
+    device = _device(model)
+    input_ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if attention_mask is not None:
+        attention_mask = torch.as_tensor(attention_mask, device=device)
+        attention_mask = attention_mask[None] if attention_mask.dim() == 1 else attention_mask
+    eos_token_id = config.eos_token_id if eos_token_id is None else eos_token_id
+    pad_token_id = config.pad_token_id if pad_token_id is None else pad_token_id
+    if pad_token_id is None:
+        pad_token_id = eos_token_id if isinstance(eos_token_id, int) else 0
+    processors = make_logits_processor(do_sample, temperature, top_k, top_p)
+    processors.extend(logits_processor or [])
+    criteria = StoppingCriteriaList([MaxLengthCriteria(input_ids.shape[1] + max_new_tokens)])
+    if eos_token_id is not None:
+        criteria.append(EosTokenCriteria(eos_token_id))
+    criteria.extend(stopping_criteria or [])
+    options = DecodingOptions(
+        max_new_tokens=max_new_tokens, logits_processor=processors, stopping_criteria=criteria, do_sample=do_sample,
+        pad_token_id=int(pad_token_id), use_cache=use_cache, return_dict=return_dict_in_generate,
+        output_scores=output_scores, output_logits=output_logits, generator=generator,
+    )
+    return _decode(model, input_ids, attention_mask, options, group_size, draft_group_size)
+
+
+def _decode(model, input_ids, attention_mask, options: DecodingOptions, group_size, draft_group_size):
+    """Run the decoder, after the checks every caller needs: the cache it keeps, the prompt's shape and length."""
+    if draft_group_size is not None and not options.use_cache:
+        raise ValueError("self-speculative decoding crops rejected drafts from the KV cache: use_cache=False "
+                         "is not supported with draft_group_size")
+    if options.static_cache and not options.use_cache:
+        raise ValueError("cache_implementation='static' needs use_cache=True")
+    attention_mask = _checked_prompt(input_ids, attention_mask, options.max_new_tokens, model.config)
+    _warn_if_prompt_ends_with_eos(input_ids, model.config)
+    if draft_group_size is not None:
+        return _Speculation(model, input_ids, attention_mask, draft_group_size, options).run()
+    return _group_decode(model, input_ids, attention_mask, group_size, options)
+
+
+# ----------------------------------------------------------------------------------------------
+# Group decoding
+# ----------------------------------------------------------------------------------------------
 def semi_ar_ranks(attention_mask: torch.Tensor, total_len: int, group_size: int, has_condition: torch.Tensor):
     """Group ranks ``(B, total_len)`` of a left-padded prompt followed by its continuation, and position ids.
 
@@ -367,387 +740,159 @@ def one_stream_prompt(input_ids, attention_mask, group_size: int, bos: int, pad:
     return ids, (from_end < row_len).long(), positions
 
 
-class GroupDecodingMixin:
-    """``generate(..., group_size=t)`` runs group decoding through the query stream (:func:`group_decoding`);
-    ``generate(..., draft_group_size=k)`` runs lossless self-speculative decoding (:func:`speculative_decode`).
 
-    The usual preparation of ``generate`` (generation config, logits processors and warpers, stopping criteria
-    including ``stop_strings`` with ``tokenizer=``, EOS, ``max_new_tokens``, ``num_return_sequences``) runs, and
-    transformers hands decoding to :func:`group_decoding` through its ``custom_generate`` callable hook.
-    Without either argument the group size is :func:`default_group_size`: ``1`` goes to transformers'
-    token-by-token ``GenerationMixin.generate`` unchanged (AR decoding), a checkpoint that never trained ``t = 1``
-    decodes with its own group size. ``allow_untrained=True`` decodes with a group size the checkpoint was not
-    trained for (warns instead of refusing; see :func:`check_group_size`).
-    """
-
-    def generate(self, inputs=None, generation_config=None, *args, group_size=None, draft_group_size=None,
-                 allow_untrained=False, **kwargs):
-        if draft_group_size is not None:
-            if group_size not in (None, 1):
-                raise ValueError(f"draft_group_size={draft_group_size} decodes the AR (t=1) plan with drafts; "
-                                 f"group_size={group_size} cannot be combined with it (drop one of them)")
-            check_draft_group_size(self.config, draft_group_size, allow_untrained)
-        elif group_size is None:
-            group_size = default_group_size(self.config)
-            if group_size == 1:  # AR decoding: transformers' own loop (static cache, compile, assisted, beams...)
-                self._warn_if_prompt_ends_with_eos(inputs if inputs is not None else kwargs.get("input_ids"))
-                return super().generate(inputs, generation_config, *args, **kwargs)
-            logger.info("generate() without group_size: decoding with group_size=%d, the group size this checkpoint "
-                        "was trained for (it never trained t=1)", group_size)
-        else:
-            check_group_size(self.config, group_size, allow_untrained)
-        if kwargs.get("custom_generate") is not None:
-            raise ValueError("group_size / draft_group_size select group decoding; they cannot be combined with "
-                             "custom_generate")
-        if kwargs.get("assistant_model") is not None:
-            raise ValueError("assistant_model cannot be combined with group decoding; draft_group_size=k drafts with "
-                             "the model's own query stream instead")
-        # transformers hands a custom_generate callable only the keys its signature adds to `_sample`'s, so the
-        # streamer would be dropped: it travels bound to the callable
-        decoder = functools.partial(group_decoding, streamer=kwargs.pop("streamer", None))
-        self._stop_strings_to_criteria(generation_config, kwargs)
-        return super().generate(
-            inputs, generation_config, *args, custom_generate=decoder, group_size=group_size or 1,
-            draft_group_size=draft_group_size, **kwargs,
-        )
-
-    def _stop_strings_to_criteria(self, generation_config, kwargs) -> None:
-        """Build the stop-string criterion here: with a custom_generate callable, transformers drops ``tokenizer=``
-        before it builds its stopping criteria (and then finds none)."""
-        tokenizer = kwargs.pop("tokenizer", None)
-        stop_strings = kwargs.get("stop_strings")
-        if stop_strings is None:
-            stop_strings = getattr(generation_config or self.generation_config, "stop_strings", None)
-        if not stop_strings:
-            return
-        if tokenizer is None:
-            raise ValueError("stop_strings need the model's tokenizer: pass tokenizer=... to generate() (or to the "
-                             "text-generation pipeline's call), as transformers' own decoding does")
-        criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
-        criteria.append(StopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
-        kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
-
-    def _warn_if_prompt_ends_with_eos(self, input_ids) -> None:
-        eos = self.config.eos_token_id
-        if torch.is_tensor(input_ids) and input_ids.dim() == 2 and input_ids.shape[1] and eos is not None:
-            if bool((input_ids[:, -1] == eos).any()):
-                logger.warning(_EOS_PROMPT_WARNING)
-
-
-_EOS_PROMPT_WARNING = (
-    "a prompt ends with the EOS token: the continuation starts after the end of a finished text. Encode prompts "
-    "without it (tokenizers of hf-lookaround >= issue 19 add none; for an older one pass add_special_tokens=False "
-    "and put BOS in front)"
-)
-
-
-def group_decoding(
-    model,
-    input_ids: torch.LongTensor,
-    logits_processor: LogitsProcessorList,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config,
-    synced_gpus: bool = False,
-    streamer=None,
-    group_size: int = 1,
-    draft_group_size: int | None = None,
-    **model_kwargs,
-):
-    """transformers' ``custom_generate`` callable: ``GenerationMixin.generate`` has prepared everything."""
-    if generation_config.num_beams > 1:
-        raise ValueError("group decoding takes the argmax or samples; beam search (num_beams > 1) is not supported")
-    # features transformers' own loop has and these decoders do not: a clear error rather than a silent None
-    unsupported = {
-        "output_attentions": "attention weights of each step",
-        "output_hidden_states": "hidden states of each step",
-        "prompt_lookup_num_tokens": "prompt-lookup drafting (use draft_group_size)",
-    }
-    for name, what in unsupported.items():
-        if getattr(generation_config, name, None):
-            raise ValueError(f"{name}: {what} is not supported with group_size / draft_group_size; drop it, or "
-                             "decode token by token (generate() without them)")
-    if getattr(generation_config, "guidance_scale", None) not in (None, 1, 1.0):
-        raise ValueError("guidance_scale (classifier-free guidance) runs the model token by token beside the decoder: "
-                         "not supported with group_size / draft_group_size")
-    cache_implementation = getattr(generation_config, "cache_implementation", None)
-    if cache_implementation not in (None, "dynamic", "static"):
-        raise ValueError(
-            f"group decoding keeps a DynamicCache, or a StaticCache with cache_implementation='static' (compiled, "
-            f"fixed shapes); cache_implementation={cache_implementation!r} serves token-by-token generate() only"
-        )
-    if model_kwargs.get("inputs_embeds") is not None:
-        raise ValueError("group decoding starts from input_ids (the cache holds content of known tokens); "
-                         "pass input_ids instead of inputs_embeds")
-    past = model_kwargs.get("past_key_values")
-    if past is not None and past.get_seq_length() > 0:
-        raise ValueError("group decoding builds its cache from the prompt; pass no filled past_key_values")
-    if streamer is not None:
-        streamer.put(input_ids.cpu())  # what transformers' own loop does first (TextStreamer skips it, skip_prompt)
-    pad = generation_config._pad_token_tensor
-    eos = generation_config._eos_token_tensor
-    pad_id = int(pad) if pad is not None else (int(eos.flatten()[0]) if eos is not None else 0)
-    common = dict(
-        max_new_tokens=generation_config.max_length - input_ids.shape[1],
-        logits_processor=logits_processor,
-        stopping_criteria=stopping_criteria,
-        do_sample=generation_config.do_sample,
-        pad_token_id=pad_id,
-        return_dict=generation_config.return_dict_in_generate,
-        output_scores=generation_config.output_scores,
-        output_logits=generation_config.output_logits,
-        streamer=streamer,
-    )
-    use_cache = model_kwargs.get("use_cache")
-    use_cache = True if use_cache is None else bool(use_cache)  # unset: group decoding keeps a KV cache
-    if cache_implementation == "static":
-        common["compile_config"] = _compile_config(model, generation_config)
-        common["static_cache"] = True
-    if draft_group_size is not None:
-        if not use_cache:
-            raise ValueError("self-speculative decoding crops rejected drafts from the KV cache: use_cache=False "
-                             "is not supported with draft_group_size")
-        return _speculative_decode(model, input_ids, model_kwargs.get("attention_mask"),
-                                   draft_group_size=draft_group_size, **common)
-    return _group_decode(model, input_ids, model_kwargs.get("attention_mask"), group_size=group_size,
-                         use_cache=use_cache, **common)
-
-
-@torch.no_grad()
-def group_generate(
-    model,
-    input_ids,
-    attention_mask=None,
-    *,
-    group_size: int | None = None,
-    draft_group_size: int | None = None,
-    max_new_tokens: int = 32,
-    do_sample: bool = False,
-    temperature=None,
-    top_k=None,
-    top_p=None,
-    logits_processor: LogitsProcessorList | None = None,
-    stopping_criteria: StoppingCriteriaList | None = None,
-    eos_token_id=None,
-    pad_token_id=None,
-    use_cache: bool = True,
-    generator: torch.Generator | None = None,
-    allow_untrained: bool = False,
-    return_dict_in_generate: bool = False,
-    output_scores: bool = False,
-    output_logits: bool = False,
-):
-    """Group decoding on any LookAround LM head (``LookAroundForPreTraining`` included), without ``generate()``.
-
-    ``group_size`` defaults to :func:`default_group_size`; ``draft_group_size=k`` runs self-speculative decoding
-    (:func:`speculative_decode`) instead. ``input_ids`` ``(B, P)`` left-padded (or a list of ids for one row);
-    ``eos_token_id`` / ``pad_token_id``
-    default to the config's (``eos_token_id=[]``: no EOS, always ``max_new_tokens``); ``logits_processor`` runs
-    after the sampling warpers built from
-    ``temperature``/``top_k``/``top_p``. Returns the sequences ``(B, P + n)``, or a ``GenerateDecoderOnlyOutput``.
-    """
-    if draft_group_size is not None:
-        if group_size not in (None, 1):
-            raise ValueError(f"draft_group_size={draft_group_size} decodes the AR (t=1) plan with drafts; "
-                             f"group_size={group_size} cannot be combined with it (drop one of them)")
-        check_draft_group_size(model.config, draft_group_size, allow_untrained)
-        if not use_cache:
-            raise ValueError("self-speculative decoding crops rejected drafts from the KV cache: use_cache=False "
-                             "is not supported with draft_group_size")
-    else:
-        group_size = default_group_size(model.config) if group_size is None else group_size
-        check_group_size(model.config, group_size, allow_untrained)
-    device = _device(model)
-    input_ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
-    if input_ids.dim() == 1:
-        input_ids = input_ids[None]
-    if attention_mask is not None:
-        attention_mask = torch.as_tensor(attention_mask, device=device)
-        attention_mask = attention_mask[None] if attention_mask.dim() == 1 else attention_mask
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    config = model.config
-    eos_token_id = config.eos_token_id if eos_token_id is None else eos_token_id
-    pad_token_id = config.pad_token_id if pad_token_id is None else pad_token_id
-    if pad_token_id is None:
-        pad_token_id = eos_token_id if isinstance(eos_token_id, int) else 0
-    processors = make_logits_processor(do_sample, temperature, top_k, top_p)
-    processors.extend(logits_processor or [])
-    criteria = StoppingCriteriaList([MaxLengthCriteria(input_ids.shape[1] + max_new_tokens)])
-    if eos_token_id is not None:
-        criteria.append(EosTokenCriteria(eos_token_id))
-    criteria.extend(stopping_criteria or [])
-    common = dict(
-        max_new_tokens=max_new_tokens, logits_processor=processors, stopping_criteria=criteria, do_sample=do_sample,
-        pad_token_id=int(pad_token_id), return_dict=return_dict_in_generate, output_scores=output_scores,
-        output_logits=output_logits, generator=generator,
-    )
-    if draft_group_size is not None:
-        return _speculative_decode(model, input_ids, attention_mask, draft_group_size=draft_group_size, **common)
-    return _group_decode(model, input_ids, attention_mask, group_size=group_size, use_cache=use_cache, **common)
-
-
-def _group_decode(
-    model,
-    input_ids,
-    attention_mask,
-    *,
-    group_size,
-    max_new_tokens,
-    logits_processor,
-    stopping_criteria,
-    do_sample,
-    pad_token_id,
-    use_cache,
-    return_dict=False,
-    output_scores=False,
-    output_logits=False,
-    streamer=None,
-    generator=None,
-    static_cache=False,
-    compile_config=None,
-):
-    backbone, lm_head = model.base_model, model.lm_head
-    config = model.config
+def _group_decode(model, input_ids, attention_mask, group_size: int, options: DecodingOptions):
+    """Group decoding: each forward predicts the next group of ``t`` tokens (the last one may be cut by
+    ``max_new_tokens``), which are picked together and written; their content joins the cache at the next forward.
+    The forward is the two-stream form's or the one-stream form's (:func:`_group_forward`)."""
     batch, prompt_len = input_ids.shape
-    if static_cache and not use_cache:
-        raise ValueError("cache_implementation='static' needs use_cache=True")
-    device = input_ids.device
-    attention_mask = _checked_prompt(input_ids, attention_mask, max_new_tokens, config)
-
-    if config.eos_token_id is not None and bool((input_ids[:, -1] == config.eos_token_id).any()):
-        # the package's tokenizers wrap text as <s> ... </s>; a continuation of a finished text is rarely meant
-        logger.warning(_EOS_PROMPT_WARNING)
-    total = prompt_len + max_new_tokens
-    first_real = input_ids.gather(1, (attention_mask == 0).sum(-1, keepdim=True)).squeeze(1)
-    bos = config.bos_token_id
-    has_condition = first_real == bos if bos is not None else torch.zeros(batch, dtype=torch.bool, device=device)
-    # the whole plan is known up front: ranks and positions of every column, prompt and continuation
-    ranks, positions = semi_ar_ranks(attention_mask, total, group_size, has_condition)
-    one_stream = is_one_stream_group_model(config)
-    if one_stream:
-        if bos is None or not bool(has_condition.all()):
-            raise ValueError("a one-stream (block-causal) checkpoint decodes prompts that start with the BOS token "
-                             "(its start rows are copies of it): put tokenizer.bos_token in front of each prompt")
-        stream_ids, stream_mask, stream_positions = one_stream_prompt(input_ids, attention_mask, group_size, bos,
-                                                                      pad_token_id)
-        stream_prefill, stream_step = _decoding_step(model, compile_config if static_cache else None, one_stream=True)
-        # the positions of the generated columns continue each row's prompt
-        generated_positions = stream_positions[:, -1:] + 1 + torch.arange(max_new_tokens, device=device)
-
+    total = prompt_len + options.max_new_tokens
+    forward = _group_forward(model, input_ids, attention_mask, group_size, options)
     # one buffer for the whole output: a step writes its columns, views give the sequence so far (no copies)
-    buffer = input_ids.new_full((batch, total), pad_token_id)
+    buffer = input_ids.new_full((batch, total), options.pad_token_id)
     buffer[:, :prompt_len] = input_ids
     mask = attention_mask.new_zeros((batch, total))  # generated columns become valid as they are written
     mask[:, :prompt_len] = attention_mask
-    # warpers that never read input_ids treat the slots of a group in one call
-    one_call = all(isinstance(p, _POSITIONLESS_PROCESSORS) for p in logits_processor)
-    # with EOS and the token budget as the only criteria, a group's tokens are written in one set of operations, not
-    # one per token: at batch 8 a small model's compiled step is short, and per-token bookkeeping was most of a group
-    eos_ids, other_criteria = _split_criteria(stopping_criteria, total)
-    whole_group = one_call and not other_criteria
-    eos_ids = None if eos_ids is None else eos_ids.to(device)
-    unfinished = torch.ones(batch, dtype=torch.bool, device=device)
-    cache = DynamicCache(config=config) if use_cache else None
-    if static_cache and one_stream:  # a slot for every key: the laid-out prompt and every new token
-        cache = _static_cache(model, batch, stream_ids.shape[1] + max_new_tokens, input_ids.dtype)
-    elif static_cache:
-        # fixed shapes, so that a compiled step is reused: every key of the plan is passed (the cache has a slot for
-        # each column), and the query rows of a last, cut group are padded to t
-        cache = _static_cache(model, batch, total, input_ids.dtype)
-        prefill, step = _decoding_step(model, compile_config)
-        query_positions = F.pad(positions, (0, group_size), value=0)
-        query_ranks = F.pad(ranks, (0, group_size), value=NO_TARGET_RANK)
-    length, past = prompt_len, 0  # columns decided / columns whose content is in the cache
+    tracker = StopTracker(options.stopping_criteria, total, batch, input_ids.device, options.streamer)
     all_scores, all_logits = [], []
-    while True:
-        width = min(group_size, total - length)  # the last group may be cut by max_new_tokens
-        if width <= 0:
-            break
-        slots = slice(length, length + width)
-        if one_stream:
-            # the rows of the group written last (the prompt's last block at first) predict the next group
-            keys = mask[:, prompt_len:] if static_cache else mask[:, prompt_len:length]
-            key_mask = torch.cat([stream_mask, keys], 1)
-            if past and cache is not None:
-                ids = buffer[:, past:length]
-                position_ids = generated_positions[:, past - prompt_len : length - prompt_len]
-            else:  # the prompt (and without a cache, everything written since)
-                ids = torch.cat([stream_ids, buffer[:, prompt_len:length]], 1)
-                position_ids = torch.cat([stream_positions, generated_positions[:, : length - prompt_len]], 1)
-            forward = stream_step if (past and static_cache) else stream_prefill
-            logits = forward(ids, key_mask, position_ids, cache)[:, :width]
-            past = length
-        elif static_cache:
-            forward = step if past else prefill  # the prompt's forward has its own width
-            logits = forward(buffer[:, past:length], mask, ranks, positions[:, past:length], cache,
-                             query_positions[:, length : length + group_size],
-                             query_ranks[:, length : length + group_size])[:, :width]
-            past = length
-        elif cache is not None:
-            # one forward: content rows of the group sampled last (the prompt at first) join the cache,
-            # query rows of the next group read every key of lower rank
-            out = backbone(
-                input_ids=buffer[:, past:length], attention_mask=mask[:, :length], group_ids=ranks[:, :length],
-                position_ids=positions[:, past:length], past_key_values=cache, use_cache=True,
-                query_position_ids=positions[:, slots], query_group_ids=ranks[:, slots],
-            )
-            past = length
-        else:
-            # recompute every content row; the next group's columns are invalid keys that only hold query rows
-            out = backbone(
-                input_ids=buffer[:, : length + width], attention_mask=mask[:, : length + width],
-                group_ids=ranks[:, : length + width], position_ids=positions[:, : length + width],
-                target_positions=torch.arange(length, length + width, device=device).expand(batch, width),
-            )
-        if not (static_cache or one_stream):
-            logits = lm_head(out.query_hidden_state[:, :width]).float()
-        if one_call:
-            group_scores = logits.flatten(0, 1)
-            if len(logits_processor):
-                group_scores = logits_processor(buffer[:, :length].repeat_interleave(width, 0), group_scores)
-            group_scores = group_scores.view(batch, width, -1)
-            group_tokens = _pick(group_scores.flatten(0, 1), do_sample, generator).view(batch, width)
-        if whole_group:
-            alive = unfinished[:, None].expand(batch, width)
-            if eos_ids is not None:  # a slot is written while no earlier slot of its group ended the row
-                ends = torch.isin(group_tokens, eos_ids)
-                alive = alive & (ends.long().cumsum(1) - ends.long() == 0)
-                unfinished = unfinished & ~ends.any(1)
-            buffer[:, slots] = torch.where(alive, group_tokens, pad_token_id)
-            mask[:, slots] = 1
-            all_scores.extend(group_scores.unbind(1) if output_scores else ())
-            all_logits.extend(logits.unbind(1) if output_logits else ())
-        else:
-            for j in range(width):
-                if one_call:
-                    scores, token = group_scores[:, j], group_tokens[:, j]
-                else:
-                    # slots of a group are predicted together; processors still see the tokens picked before them
-                    scores = logits_processor(buffer[:, : length + j], logits[:, j])
-                    token = _pick(scores, do_sample, generator)
-                buffer[:, length + j] = torch.where(unfinished, token, torch.full_like(token, pad_token_id))
-                mask[:, length + j] = 1
-                if output_scores:
-                    all_scores.append(scores)
-                if output_logits:
-                    all_logits.append(logits[:, j])
-                unfinished = unfinished & ~stopping_criteria(buffer[:, : length + j + 1], scores)
-        if streamer is not None:
-            streamer.put(buffer[:, slots].cpu())
+    length = prompt_len  # columns decided
+    while length < total and not tracker.done:
+        width = min(group_size, total - length)
+        logits = forward(buffer, mask, length, width)
+        all_scores.extend(_write_group(buffer, mask, length, logits, options, tracker))
+        all_logits.extend(logits.unbind(1) if options.output_logits else ())
+        tracker.put(buffer[:, length : length + width])
         length += width
-        if not unfinished.any():
-            break
-    sequences = buffer[:, :length]
-    if streamer is not None:
-        streamer.end()
-    if return_dict:
-        return GenerateDecoderOnlyOutput(
-            sequences=sequences,
-            scores=tuple(all_scores) if output_scores else None,
-            logits=tuple(all_logits) if output_logits else None,
-            past_key_values=cache,
-        )
-    return sequences
+    tracker.end()
+    return build_output(options, buffer[:, :length], forward.cache, all_scores, all_logits)
+
+
+def _write_group(buffer, mask, length: int, logits, options: DecodingOptions, tracker: StopTracker) -> list:
+    """Pick the group's tokens from its ``logits`` (B, width, V), write them at ``length`` (pad in rows that have
+    stopped) and return the scores of each slot. Processors that read the sequence see, for each slot, the tokens
+    picked before it; a criterion other than EOS is asked after each slot, as in transformers' loop."""
+    batch, width = logits.shape[:2]
+    processors, pad = options.logits_processor, options.pad_token_id
+    one_call = reads_only_scores(processors)  # warpers that never read input_ids treat the slots in one call
+    if one_call:
+        scores, tokens = process_and_pick(processors, logits.flatten(0, 1), None, options.do_sample, options.generator)
+        scores, tokens = scores.view(batch, width, -1), tokens.view(batch, width)
+        if not tracker.others:
+            # EOS and the token budget only: the group is written in one set of operations, not one per token (at
+            # batch 8 a small model's compiled step is short, and per-token bookkeeping was most of a group)
+            count, ended = tracker.until_eos(tokens, torch.where(tracker.unfinished, width, 0))
+            keep = torch.arange(width, device=tokens.device) < count[:, None]
+            buffer[:, length : length + width] = torch.where(keep, tokens, pad)
+            mask[:, length : length + width] = 1
+            tracker.stop(ended)
+            return list(scores.unbind(1)) if options.output_scores else []
+    per_slot = []
+    for j in range(width):
+        if one_call:
+            slot_scores, token = scores[:, j], tokens[:, j]
+        else:
+            slot_scores, token = process_and_pick(processors, logits[:, j], buffer[:, : length + j], options.do_sample,
+                                                  options.generator)
+        buffer[:, length + j] = torch.where(tracker.unfinished, token, torch.full_like(token, pad))
+        mask[:, length + j] = 1
+        per_slot.append(slot_scores)
+        tracker.after_token(buffer[:, : length + j + 1], slot_scores)
+    return per_slot if options.output_scores else []
+
+
+def _group_forward(model, input_ids, attention_mask, group_size: int, options: DecodingOptions):
+    """The forward of a group-decoding step for this checkpoint's form, called as ``forward(buffer, mask, length,
+    width)`` -> float logits ``(B, width, V)`` of the group at columns ``length .. length + width``; ``forward.cache``
+    is the cache it keeps (None without one)."""
+    bos = model.config.bos_token_id
+    first_real = input_ids.gather(1, (attention_mask == 0).sum(-1, keepdim=True)).squeeze(1)
+    has_condition = first_real == bos if bos is not None else torch.zeros_like(first_real, dtype=torch.bool)
+    form = _OneStreamGroups if is_one_stream_group_model(model.config) else _TwoStreamGroups
+    return form(model, input_ids, attention_mask, has_condition, group_size, options)
+
+
+class _TwoStreamGroups:
+    """Group decoding in the two-stream form. The whole plan is known up front (:func:`semi_ar_ranks`: ranks and
+    positions of every column, prompt and continuation). A step's content rows, those of the group written last
+    (the prompt at first), join the cache; the query rows of the next group read every key of lower rank.
+    Without a cache every content row is recomputed, and the next group's columns are invalid keys that only hold
+    query rows. With a static cache every key of the plan is passed (the cache has a slot for each column) and the
+    query rows of a last, cut group are padded to ``t``: fixed shapes, so that a compiled step is reused."""
+
+    def __init__(self, model, input_ids, attention_mask, has_condition, group_size: int, options: DecodingOptions):
+        self.backbone, self.lm_head, self.group_size = model.base_model, model.lm_head, group_size
+        total = input_ids.shape[1] + options.max_new_tokens
+        self.ranks, self.positions = semi_ar_ranks(attention_mask, total, group_size, has_condition)
+        self.static, self.past = options.static_cache, 0  # past: columns whose content is in the cache
+        self.cache = DynamicCache(config=model.config) if options.use_cache else None
+        if self.static:
+            self.cache = _static_cache(model, input_ids.shape[0], total, input_ids.dtype)
+            self.prefill, self.step = _decoding_step(model, options.compile_config)
+            self.query_positions = F.pad(self.positions, (0, group_size), value=0)
+            self.query_ranks = F.pad(self.ranks, (0, group_size), value=NO_TARGET_RANK)
+
+    def __call__(self, buffer, mask, length: int, width: int) -> torch.Tensor:
+        past, ranks, positions, end = self.past, self.ranks, self.positions, length + width
+        if self.static:
+            self.past = length
+            forward = self.step if past else self.prefill  # the prompt's forward has its own width
+            queries = slice(length, length + self.group_size)
+            return forward(buffer[:, past:length], mask, ranks, positions[:, past:length], self.cache,
+                           self.query_positions[:, queries], self.query_ranks[:, queries])[:, :width]
+        if self.cache is not None:
+            self.past = length
+            out = self.backbone(
+                input_ids=buffer[:, past:length], attention_mask=mask[:, :length], group_ids=ranks[:, :length],
+                position_ids=positions[:, past:length], past_key_values=self.cache, use_cache=True,
+                query_position_ids=positions[:, length:end], query_group_ids=ranks[:, length:end],
+            )
+        else:
+            out = self.backbone(
+                input_ids=buffer[:, :end], attention_mask=mask[:, :end], group_ids=ranks[:, :end],
+                position_ids=positions[:, :end],
+                target_positions=torch.arange(length, end, device=buffer.device).expand(buffer.shape[0], width),
+            )
+        return self.lm_head(out.query_hidden_state[:, :width]).float()
+
+
+class _OneStreamGroups:
+    """Group decoding in dar's one-stream form (block-causal content rows; the row ``t`` places before a token
+    predicts it). The prompt is laid out once (:func:`one_stream_prompt`); a step's content rows, those of the
+    group written last, join the cache, and the last ``t`` rows predict the next group. Without a cache the laid-out
+    prompt and every token written since run again."""
+
+    def __init__(self, model, input_ids, attention_mask, has_condition, group_size: int, options: DecodingOptions):
+        bos = model.config.bos_token_id
+        if bos is None or not bool(has_condition.all()):
+            raise ValueError("a one-stream (block-causal) checkpoint decodes prompts that start with the BOS token "
+                             "(its start rows are copies of it): put tokenizer.bos_token in front of each prompt")
+        self.prompt_len = input_ids.shape[1]
+        self.ids, self.mask, self.positions = one_stream_prompt(input_ids, attention_mask, group_size, bos,
+                                                                options.pad_token_id)
+        self.static, self.past = options.static_cache, 0
+        self.prefill, self.step = _decoding_step(model, options.compile_config if self.static else None,
+                                                 one_stream=True)
+        # the positions of the generated columns continue each row's prompt
+        self.generated_positions = self.positions[:, -1:] + 1 + torch.arange(options.max_new_tokens,
+                                                                             device=input_ids.device)
+        self.cache = DynamicCache(config=model.config) if options.use_cache else None
+        if self.static:  # a slot for every key: the laid-out prompt and every new token
+            self.cache = _static_cache(model, input_ids.shape[0], self.ids.shape[1] + options.max_new_tokens,
+                                       input_ids.dtype)
+
+    def __call__(self, buffer, mask, length: int, width: int) -> torch.Tensor:
+        past, prompt_len = self.past, self.prompt_len
+        keys = mask[:, prompt_len:] if self.static else mask[:, prompt_len:length]
+        key_mask = torch.cat([self.mask, keys], 1)
+        if past and self.cache is not None:
+            ids = buffer[:, past:length]
+            position_ids = self.generated_positions[:, past - prompt_len : length - prompt_len]
+        else:  # the prompt (and without a cache, everything written since)
+            ids = torch.cat([self.ids, buffer[:, prompt_len:length]], 1)
+            position_ids = torch.cat([self.positions, self.generated_positions[:, : length - prompt_len]], 1)
+        forward = self.step if (past and self.static) else self.prefill
+        self.past = length
+        return forward(ids, key_mask, position_ids, self.cache)[:, :width]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -774,27 +919,6 @@ class GenerateSpeculativeOutput(GenerateDecoderOnlyOutput):
         drafted = int(self.num_drafted.sum()) if self.num_drafted is not None else 0
         return int(self.num_accepted.sum()) / drafted if drafted else float("nan")
 
-
-def _apply(processors: LogitsProcessorList, positionless: bool, prefixes, scores: torch.Tensor) -> torch.Tensor:
-    """Processed ``scores`` (N, V). Processors that read the sequence so far see each row's own ``prefixes``
-    (1-D ids; rows of a batch advance by different numbers of tokens); the others take all rows in one call."""
-    if not len(processors):
-        return scores
-    if positionless:
-        return processors(scores.new_zeros((scores.shape[0], 1), dtype=torch.long), scores)
-    return torch.cat([processors(prefix[None], row[None]) for prefix, row in zip(prefixes, scores)])
-
-
-def _split_criteria(criteria: StoppingCriteriaList, max_length: int):
-    """(EOS ids, other criteria): EOS and the token budget are applied to a whole batch at once; any other criterion
-    (stop strings, your own) is asked row by row, token by token, as transformers' loop asks it."""
-    eos, others = [], []
-    for criterion in criteria:
-        if isinstance(criterion, EosTokenCriteria):
-            eos.append(torch.as_tensor(criterion.eos_token_id).flatten())
-        elif not (isinstance(criterion, MaxLengthCriteria) and criterion.max_length >= max_length):
-            others.append(criterion)
-    return (torch.cat(eos) if eos else None), others
 
 
 def _crop_cache(cache, columns: int) -> None:
@@ -829,25 +953,8 @@ def _compact_cache(cache, key_valid: torch.Tensor, key_pos: torch.Tensor, column
     return keep
 
 
-def _speculative_decode(
-    model,
-    input_ids,
-    attention_mask,
-    *,
-    draft_group_size,
-    max_new_tokens,
-    logits_processor,
-    stopping_criteria,
-    do_sample,
-    pad_token_id,
-    return_dict=False,
-    output_scores=False,
-    output_logits=False,
-    streamer=None,
-    generator=None,
-    static_cache=False,
-    compile_config=None,
-):
+
+class _Speculation:
     """Lossless self-speculative decoding: the tokens of AR (``t = 1``) decoding, up to ``k`` of them per forward.
 
     Ranks follow the AR plan (a token's rank is its position), so the content in the cache is that of AR decoding.
@@ -860,206 +967,224 @@ def _speculative_decode(
     ``a`` accepted drafts, the group at ``a`` also holds the next drafts (its other ``k - 1`` rows, the ``dar``
     plan's look-ahead), so drafting costs no extra forward. Rejected drafts leave the cache; rows of a batch keep
     different numbers of them (the cache is compacted to a left-padded layout).
-    """
-    config = model.config
-    k = draft_group_size
-    batch, prompt_len = input_ids.shape
-    device = input_ids.device
-    attention_mask = _checked_prompt(input_ids, attention_mask, max_new_tokens, config)
-    if streamer is not None and batch > 1:
-        raise ValueError("a streamer takes one row: stream with batch size 1 (and num_return_sequences=1)")
-    if config.eos_token_id is not None and bool((input_ids[:, -1] == config.eos_token_id).any()):
-        logger.warning(_EOS_PROMPT_WARNING)
-    limit = config.max_position_embeddings
-    eos_ids, other_criteria = _split_criteria(stopping_criteria, prompt_len + max_new_tokens)
-    eos_ids = eos_ids.to(device) if eos_ids is not None else None
-    positionless = all(isinstance(p, _POSITIONLESS_PROCESSORS) for p in logits_processor)
-    rows = torch.arange(batch, device=device)
 
-    real = attention_mask.sum(-1)  # prompt tokens of each row; its new token i sits at position real + i
-    last_position = real + max_new_tokens - 1  # the last position a row may fill
-    # the output: left-padded prompt, then each row's new tokens; a spare last column takes writes past a row's end
-    out = input_ids.new_full((batch, prompt_len + max_new_tokens + 1), pad_token_id)
-    out[:, :prompt_len] = input_ids
-    spare = out.shape[1] - 1
-    num_new = torch.zeros(batch, dtype=torch.long, device=device)
-    unfinished = torch.ones(batch, dtype=torch.bool, device=device)
-    drafted, accepted = torch.zeros_like(num_new), torch.zeros_like(num_new)
-    # ranks are positions (the AR plan); the cache's columns: which hold a kept token, and its position. At most
-    # prompt + new tokens - 1 columns are kept, and a step appends k before its rejected drafts leave
-    max_columns = prompt_len + max_new_tokens + k
-    key_valid = attention_mask.new_zeros((batch, max_columns), dtype=torch.bool)
-    key_pos = attention_mask.new_zeros((batch, max_columns))
-    columns = 0  # columns in the cache
-    if static_cache:
-        # fixed shapes for a compiled step: full-width ranks and mask, always k content rows and k groups of k
-        cache = _static_cache(model, batch, max_columns, input_ids.dtype)
-        prefill, step = _decoding_step(model, compile_config)
-    else:
-        cache = DynamicCache(config=config)
-        prefill, step = _decoding_step(model, None)
-    # the first forward: the prompt's content, one group of k query rows after it
-    step_ids, step_pos, step_valid = input_ids, (attention_mask.cumsum(-1) - 1).clamp(min=0), attention_mask != 0
-    drafts = draft_probs = None
-    records, forwards = [], 0
-    while True:
-        groups = step_ids.shape[1] if drafts is not None else 1  # last token + (groups - 1) drafts to verify
-        nxt = real + num_new  # the position after each row's last committed token
+    A step, in :meth:`run`: :meth:`_forward`, :meth:`_verify`, :meth:`_commit`, then :meth:`_drop_rejected`,
+    :meth:`_draft` and :meth:`_next_content` for the next one.
+    """
+
+    def __init__(self, model, input_ids, attention_mask, draft_group_size: int, options: DecodingOptions):
+        batch, prompt_len = input_ids.shape
+        if options.streamer is not None and batch > 1:
+            raise ValueError("a streamer takes one row: stream with batch size 1 (and num_return_sequences=1)")
+        self.k, self.options, self.batch, self.prompt_len = draft_group_size, options, batch, prompt_len
+        self.device, self.limit = input_ids.device, model.config.max_position_embeddings
+        max_new_tokens = options.max_new_tokens
+        self.tracker = StopTracker(options.stopping_criteria, prompt_len + max_new_tokens, batch, self.device,
+                                   options.streamer)
+        self.positionless = reads_only_scores(options.logits_processor)
+        self.rows = torch.arange(batch, device=self.device)
+        self.real = attention_mask.sum(-1)  # prompt tokens of each row; its new token i sits at position real + i
+        self.last_position = self.real + max_new_tokens - 1  # the last position a row may fill
+        # the output: left-padded prompt, then each row's new tokens; a spare last column takes writes past a row's end
+        self.out = input_ids.new_full((batch, prompt_len + max_new_tokens + 1), options.pad_token_id)
+        self.out[:, :prompt_len] = input_ids
+        self.spare = self.out.shape[1] - 1
+        self.num_new = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.drafted, self.accepted = torch.zeros_like(self.num_new), torch.zeros_like(self.num_new)
+        # the cache's columns: which hold a kept token, and its position. At most prompt + new tokens - 1 columns are
+        # kept, and a step appends k before its rejected drafts leave
+        self.max_columns = prompt_len + max_new_tokens + self.k
+        self.key_valid = attention_mask.new_zeros((batch, self.max_columns), dtype=torch.bool)
+        self.key_pos = attention_mask.new_zeros((batch, self.max_columns))
+        self.columns = 0  # columns in the cache
+        if options.static_cache:
+            # fixed shapes for a compiled step: full-width ranks and mask, always k content rows and k groups of k
+            self.cache = _static_cache(model, batch, self.max_columns, input_ids.dtype)
+            self.prefill, self.step = _decoding_step(model, options.compile_config)
+        else:
+            self.cache = DynamicCache(config=model.config)
+            self.prefill, self.step = _decoding_step(model, None)
+        self.drafts = self.draft_probs = None
+        self.records, self.forwards = [], 0
+        # the first forward: the prompt's content, one group of k query rows after it
+        self.first_content = (input_ids, (attention_mask.cumsum(-1) - 1).clamp(min=0), attention_mask != 0)
+
+    def run(self):
+        step_ids, step_pos, step_valid = self.first_content
+        while True:
+            logits, first_new = self._forward(step_ids, step_pos, step_valid)
+            ar_logits, ar_scores, num_ok, token = self._verify(logits)
+            self._commit(ar_logits, ar_scores, num_ok, token)
+            if self.tracker.done:
+                break
+            self._drop_rejected(num_ok, first_new)
+            self._draft(logits, num_ok)
+            step_ids, step_pos, step_valid = self._next_content()
+        return self._output(logits.shape[-1])
+
+    def _forward(self, step_ids, step_pos, step_valid):
+        """One forward: the content rows join the cache; the query rows are one group of ``k`` rows per content
+        row (one after the prompt). Returns the query rows' logits ``(B, groups, k, V)`` and the first cache column
+        of this step's tokens and drafts (after the prompt: its last token), which rejections crop."""
+        k, device, options = self.k, self.device, self.options
+        groups = step_ids.shape[1] if self.drafts is not None else 1  # last token + (groups - 1) drafts to verify
+        nxt = self.real + self.num_new  # the position after each row's last committed token
         group_rank = nxt[:, None] + torch.arange(groups, device=device)  # (B, groups)
         query_pos = (group_rank[:, :, None] + torch.arange(k, device=device)).flatten(1)  # (B, groups * k)
         query_rank = group_rank[:, :, None].expand(-1, -1, k).flatten(1)
-        is_slot = (query_pos <= last_position[:, None]) & unfinished[:, None]
+        is_slot = (query_pos <= self.last_position[:, None]) & self.tracker.unfinished[:, None]
         query_pos, query_rank = torch.where(is_slot, query_pos, 0), torch.where(is_slot, query_rank, NO_TARGET_RANK)
-        if static_cache and drafts is not None and groups < k:  # pad to k content rows and k groups
-            step_ids = F.pad(step_ids, (0, k - groups), value=pad_token_id)
+        if options.static_cache and self.drafts is not None and groups < k:  # pad to k content rows and k groups
+            step_ids = F.pad(step_ids, (0, k - groups), value=options.pad_token_id)
             step_pos = F.pad(step_pos, (0, k - groups), value=0)
             step_valid = F.pad(step_valid, (0, k - groups), value=False)
             query_pos = F.pad(query_pos, (0, (k - groups) * k), value=0)
             query_rank = F.pad(query_rank, (0, (k - groups) * k), value=NO_TARGET_RANK)
-        width = step_ids.shape[1]
-        key_valid[:, columns : columns + width], key_pos[:, columns : columns + width] = step_valid, step_pos
-        keys = slice(None) if static_cache else slice(0, columns + width)
-        forward = step if drafts is not None else prefill  # the prompt's forward has its own width
-        logits = forward(step_ids, key_valid[:, keys].long(), key_pos[:, keys], step_pos, cache, query_pos, query_rank)
-        forwards += 1
-        columns += width
-        # the columns of the last token and the drafts (after the prompt: its last token), which rejections crop
-        first_new = columns - 1 if drafts is None else columns - width
-        logits = logits[:, : groups * k].view(batch, groups, k, -1)
+        width, start = step_ids.shape[1], self.columns
+        self.key_valid[:, start : start + width], self.key_pos[:, start : start + width] = step_valid, step_pos
+        keys = slice(None) if options.static_cache else slice(0, start + width)
+        forward = self.step if self.drafts is not None else self.prefill  # the prompt's forward has its own width
+        logits = forward(step_ids, self.key_valid[:, keys].long(), self.key_pos[:, keys], step_pos, self.cache,
+                         query_pos, query_rank)
+        self.forwards += 1
+        self.columns += width
+        first_new = self.columns - 1 if self.drafts is None else start
+        return logits[:, : groups * k].view(self.batch, groups, k, -1), first_new
 
-        # verify: the first row of group a is the AR pathway at position nxt + a, after the first a drafts
+    def _verify(self, logits):
+        """The AR pathway's verdict: the first row of group ``a`` predicts position ``nxt + a``, after the first
+        ``a`` drafts. Returns its logits and scores ``(B, groups, V)``, the drafts accepted before the first
+        rejection ``(B,)`` and the token after them: AR's own pick, or a draw from ``max(0, p - q)`` where a draft
+        was rejected."""
+        options, groups = self.options, logits.shape[1]
         ar_logits = logits[:, :, 0]
-        committed = [out[b, : prompt_len + int(num_new[b])] for b in range(batch)] if not positionless else None
-        prefixes = None if positionless else [
-            torch.cat([committed[b], drafts[b, :a]]) if a else committed[b] for b in range(batch) for a in range(groups)
-        ]
-        ar_scores = _apply(logits_processor, positionless, prefixes, ar_logits.flatten(0, 1)).view_as(ar_logits)
-        ar_probs = torch.softmax(ar_scores, -1) if do_sample else None
+        context = None
+        if not self.positionless:  # each row after its own committed tokens and the drafts before the row
+            committed = [self.out[b, : self.prompt_len + int(self.num_new[b])] for b in range(self.batch)]
+            context = [torch.cat([committed[b], self.drafts[b, :a]]) if a else committed[b]
+                       for b in range(self.batch) for a in range(groups)]
+        ar_scores = process(options.logits_processor, ar_logits.flatten(0, 1), context).view_as(ar_logits)
+        ar_probs = torch.softmax(ar_scores, -1) if options.do_sample else None
+        num_ok = torch.zeros_like(self.num_new)
         if groups > 1:
-            to_verify = drafts[:, : groups - 1]
-            if do_sample:
+            to_verify = self.drafts[:, : groups - 1]
+            if options.do_sample:
                 p = ar_probs[:, : groups - 1].gather(-1, to_verify[..., None]).squeeze(-1)
-                q = draft_probs[:, : groups - 1].gather(-1, to_verify[..., None]).squeeze(-1)
-                u = torch.rand(p.shape, device=device, generator=generator)
+                q = self.draft_probs[:, : groups - 1].gather(-1, to_verify[..., None]).squeeze(-1)
+                u = torch.rand(p.shape, device=self.device, generator=options.generator)
                 ok = u * q < p  # accepted with probability min(1, p / q)
             else:
                 ok = to_verify == ar_scores[:, : groups - 1].argmax(-1)
-            num_ok = ok.long().cumprod(-1).sum(-1)  # drafts accepted before the first rejection
-        else:
-            num_ok = torch.zeros_like(num_new)
-        # the token after the accepted drafts: AR's own pick, or a draw from max(0, p - q) where a draft was rejected
-        if do_sample:
-            dist = ar_probs[rows, num_ok]
-            if groups > 1:
-                residual = (dist - draft_probs[rows, num_ok.clamp(max=groups - 2)]).clamp(min=0)
-                use = (num_ok < groups - 1) & (residual.sum(-1) > 0)
-                dist = torch.where(use[:, None], residual, dist)
-            token = torch.multinomial(dist, 1, generator=generator).squeeze(-1)
-        else:
-            token = ar_scores[rows, num_ok].argmax(-1)
+            num_ok = ok.long().cumprod(-1).sum(-1)
+        if not options.do_sample:
+            return ar_logits, ar_scores, num_ok, ar_scores[self.rows, num_ok].argmax(-1)
+        dist = ar_probs[self.rows, num_ok]
+        if groups > 1:
+            residual = (dist - self.draft_probs[self.rows, num_ok.clamp(max=groups - 2)]).clamp(min=0)
+            use = (num_ok < groups - 1) & (residual.sum(-1) > 0)
+            dist = torch.where(use[:, None], residual, dist)
+        return ar_logits, ar_scores, num_ok, torch.multinomial(dist, 1, generator=options.generator).squeeze(-1)
 
-        # commit the accepted drafts and the token, within each row's budget, up to EOS
-        budget = max_new_tokens - num_new
-        candidates = torch.cat([drafts[:, : groups - 1], token[:, None]], 1) if groups > 1 else token[:, None]
+    def _commit(self, ar_logits, ar_scores, num_ok, token) -> None:
+        """Write the accepted drafts and the token, within each row's budget, up to EOS or another stop; count
+        drafts, record scores, stream."""
+        options, tracker, groups = self.options, self.tracker, ar_scores.shape[1]
+        budget = options.max_new_tokens - self.num_new
+        candidates = torch.cat([self.drafts[:, : groups - 1], token[:, None]], 1) if groups > 1 else token[:, None]
         candidates = candidates.scatter(1, num_ok[:, None], token[:, None])
-        slot = torch.arange(groups, device=device)
-        count = torch.where(unfinished, torch.minimum(num_ok + 1, budget), 0)
-        stopped = torch.zeros_like(unfinished)
-        if eos_ids is not None:
-            is_eos = torch.isin(candidates, eos_ids) & (slot < count[:, None])
-            has_eos = is_eos.any(-1)
-            count = torch.where(has_eos, is_eos.long().argmax(-1) + 1, count)
-            stopped |= has_eos
+        unfinished = tracker.unfinished
+        count, ended = tracker.until_eos(candidates, torch.where(unfinished, torch.minimum(num_ok + 1, budget), 0))
+        slot = torch.arange(groups, device=self.device)
         keep = slot < count[:, None]
-        out_columns = torch.where(keep, prompt_len + num_new[:, None] + slot, spare)
-        out.scatter_(1, out_columns, torch.where(keep, candidates, pad_token_id))
-        if other_criteria:  # asked as transformers' loop asks: each row, after each token
-            for b in unfinished.nonzero().flatten().tolist():
-                for i in range(int(count[b])):
-                    end = prompt_len + int(num_new[b]) + i + 1
-                    if any(bool(c(out[b : b + 1, :end], ar_scores[b, i][None]).any()) for c in other_criteria):
-                        out[b, end:spare] = pad_token_id
-                        count[b], stopped[b] = i + 1, True
-                        break
+        starts = self.prompt_len + self.num_new
+        self.out.scatter_(1, torch.where(keep, starts[:, None] + slot, self.spare),
+                          torch.where(keep, candidates, options.pad_token_id))
+        count, stopped = tracker.until_other_stop(self.out, starts, count, ar_scores)
+        columns = torch.arange(self.out.shape[1], device=self.device)
+        self.out.masked_fill_(stopped[:, None] & (columns >= (starts + count)[:, None]) & (columns < self.spare),
+                              options.pad_token_id)
         verifiable = torch.minimum(torch.full_like(budget, groups - 1), budget - 1).clamp(min=0)
-        drafted += torch.where(unfinished, verifiable, 0)
-        accepted += torch.where(unfinished, torch.minimum(num_ok, verifiable), 0)
-        if output_scores or output_logits:
-            records.append((num_new.clone(), count.clone(), ar_scores if output_scores else None,
-                            ar_logits if output_logits else None))
-        if streamer is not None and int(count[0]):
-            streamer.put(out[0, prompt_len + int(num_new[0]) : prompt_len + int(num_new[0] + count[0])].cpu())
-        num_new = num_new + count
-        unfinished = unfinished & ~stopped & (num_new < max_new_tokens)
-        if not bool(unfinished.any()):
-            break
+        self.drafted += torch.where(unfinished, verifiable, 0)
+        self.accepted += torch.where(unfinished, torch.minimum(num_ok, verifiable), 0)
+        if options.output_scores or options.output_logits:
+            self.records.append((self.num_new.clone(), count.clone(), ar_scores if options.output_scores else None,
+                                 ar_logits if options.output_logits else None))
+        if tracker.streamer is not None and int(count[0]):
+            tracker.put(self.out[0, int(starts[0]) : int(starts[0] + count[0])])
+        self.num_new = self.num_new + count
+        tracker.stop(ended | stopped | (self.num_new >= options.max_new_tokens))
 
-        # rejected drafts leave the cache: a row keeps its last token and the drafts it accepted
+    def _drop_rejected(self, num_ok, first_new: int) -> None:
+        """Rejected drafts leave the cache: a row keeps its last token and the drafts it accepted (a row that
+        finished keeps none: its content is never read again)."""
+        unfinished, key_valid = self.tracker.unfinished, self.key_valid
         kept = num_ok + 1
         most = int(kept[unfinished].max())
         kept = torch.where(unfinished, kept, most)  # finished rows are never read again
-        # (a row that finished keeps none: its content is never read again)
-        key_valid[:, first_new:columns] &= (torch.arange(columns - first_new, device=device) < kept[:, None]) \
-            & unfinished[:, None]
+        key_valid[:, first_new : self.columns] &= \
+            (torch.arange(self.columns - first_new, device=self.device) < kept[:, None]) & unfinished[:, None]
         if bool((kept == most).all()):  # every row keeps as many: crop (always so at batch 1)
-            if first_new + most < columns:
-                columns = first_new + most
-                _crop_cache(cache, columns)
-                key_valid[:, columns:] = False
-        if not bool((kept == most).all()) or columns + k > min(max_columns, limit):
+            if first_new + most < self.columns:
+                self.columns = first_new + most
+                _crop_cache(self.cache, self.columns)
+                key_valid[:, self.columns :] = False
+        if not bool((kept == most).all()) or self.columns + self.k > min(self.max_columns, self.limit):
             # holes: compact (also when rows that finished or lag behind leave too little room for the next step)
-            columns = _compact_cache(cache, key_valid, key_pos, columns)
+            self.columns = _compact_cache(self.cache, key_valid, self.key_pos, self.columns)
 
-        # the next drafts: the other rows of the group after the accepted ones (it never saw `token`, sampled now)
-        draft_logits = logits[rows, num_ok, 1:]  # (B, k - 1, V)
-        new_drafts = token.new_zeros((batch, k - 1))
-        if positionless:
-            draft_scores = _apply(logits_processor, True, None, draft_logits.flatten(0, 1)).view_as(draft_logits)
-            new_drafts = _pick(draft_scores.flatten(0, 1), do_sample, generator).view(batch, k - 1)
+    def _draft(self, logits, num_ok) -> None:
+        """The next drafts: the other rows of the group after the accepted ones (it never saw the token picked
+        now). Processors that read the sequence see, slot by slot, the drafts before the slot."""
+        options, k = self.options, self.k
+        draft_logits = logits[self.rows, num_ok, 1:]  # (B, k - 1, V)
+        if self.positionless:
+            scores, drafts = process_and_pick(options.logits_processor, draft_logits.flatten(0, 1), None,
+                                              options.do_sample, options.generator)
+            draft_scores, drafts = scores.view_as(draft_logits), drafts.view(self.batch, k - 1)
         else:
+            drafts = num_ok.new_zeros((self.batch, k - 1))
             draft_scores = torch.empty_like(draft_logits)
-            for s in range(k - 1):  # slot by slot: processors see the drafts before the slot
-                prefixes = [torch.cat([out[b, : prompt_len + int(num_new[b])], new_drafts[b, :s]]) for b in range(batch)]
-                draft_scores[:, s] = _apply(logits_processor, False, prefixes, draft_logits[:, s])
-                new_drafts[:, s] = _pick(draft_scores[:, s], do_sample, generator)
-        draft_probs = torch.softmax(draft_scores, -1) if do_sample else None
-        drafts = new_drafts
+            for s in range(k - 1):
+                context = [torch.cat([self.out[b, : self.prompt_len + int(self.num_new[b])], drafts[b, :s]])
+                           for b in range(self.batch)]
+                draft_scores[:, s], drafts[:, s] = process_and_pick(options.logits_processor, draft_logits[:, s],
+                                                                    context, options.do_sample, options.generator)
+        self.draft_probs = torch.softmax(draft_scores, -1) if options.do_sample else None
+        self.drafts = drafts
 
-        # the next forward: content of the token and of the drafts, causal among themselves, at positions after it
-        last = out.gather(1, (prompt_len + num_new - 1)[:, None]).squeeze(1)
-        # fewer drafts near the end: none past the largest budget left, no more keys than positions
-        width = min(k, int((max_new_tokens - num_new)[unfinished].max()), limit - columns)
-        step_ids = torch.cat([last[:, None], drafts], 1)[:, :width]
-        step_pos = (nxt + count - 1)[:, None] + torch.arange(width, device=device)
+    def _next_content(self):
+        """The next forward's content rows: the token and the drafts, causal among themselves, at the positions
+        after the row's last committed token; fewer drafts near the end (none past the largest budget left, no
+        more keys than positions)."""
+        unfinished, limit = self.tracker.unfinished, self.limit
+        last = self.out.gather(1, (self.prompt_len + self.num_new - 1)[:, None]).squeeze(1)
+        width = min(self.k, int((self.options.max_new_tokens - self.num_new)[unfinished].max()), limit - self.columns)
+        step_ids = torch.cat([last[:, None], self.drafts], 1)[:, :width]
+        step_pos = (self.real + self.num_new - 1)[:, None] + torch.arange(width, device=self.device)
         # a finished row's content is never read: left invalid, it never widens the cache
-        step_valid = (step_pos <= last_position[:, None]) & unfinished[:, None]
-        step_pos = step_pos.clamp(max=limit - 1)
+        step_valid = (step_pos <= self.last_position[:, None]) & unfinished[:, None]
+        return step_ids, step_pos.clamp(max=limit - 1), step_valid
 
-    length = prompt_len + int(num_new.max())
-    sequences = out[:, :length]
-    if streamer is not None:
-        streamer.end()
-    if drafted.sum() > 0:
-        logger.info("self-speculative decoding (k=%d): %d of %d drafts accepted (%.1f%%), %d forwards for %d tokens",
-                    k, int(accepted.sum()), int(drafted.sum()), 100.0 * int(accepted.sum()) / int(drafted.sum()),
-                    forwards, int(num_new.sum()))
-    if not return_dict:
-        return sequences
-    scores = logits_out = None
-    if records:
-        total = int(num_new.max())
-        vocab = logits.shape[-1]
-        stacked = {name: torch.zeros(total, batch, vocab, device=device) for name in ("scores", "logits")}
-        for start, count, step_scores, step_logits in records:
-            slot = torch.arange(step_scores.shape[1] if step_scores is not None else step_logits.shape[1], device=device)
-            mask = slot[None] < count[:, None]
-            b_idx, i_idx = mask.nonzero(as_tuple=True)
+    def _output(self, vocab: int):
+        self.tracker.end()
+        drafted, accepted = int(self.drafted.sum()), int(self.accepted.sum())
+        if drafted > 0:
+            logger.info("self-speculative decoding (k=%d): %d of %d drafts accepted (%.1f%%), %d forwards for %d "
+                        "tokens", self.k, accepted, drafted, 100.0 * accepted / drafted, self.forwards,
+                        int(self.num_new.sum()))
+        scores, logits = self._per_token(vocab) if self.records else (None, None)
+        sequences = self.out[:, : self.prompt_len + int(self.num_new.max())]
+        return build_output(self.options, sequences, self.cache, scores, logits, GenerateSpeculativeOutput,
+                            num_drafted=self.drafted, num_accepted=self.accepted, num_forwards=self.forwards)
+
+    def _per_token(self, vocab: int):
+        """The recorded AR scores / logits as one ``(B, V)`` tensor per new token (rows took different steps)."""
+        stacked = {name: torch.zeros(int(self.num_new.max()), self.batch, vocab, device=self.device)
+                   for name in ("scores", "logits")}
+        for start, count, step_scores, step_logits in self.records:
+            slot = torch.arange((step_scores if step_scores is not None else step_logits).shape[1], device=self.device)
+            b_idx, i_idx = (slot[None] < count[:, None]).nonzero(as_tuple=True)
             for name, values in (("scores", step_scores), ("logits", step_logits)):
                 if values is not None:
                     stacked[name][start[b_idx] + i_idx, b_idx] = values[b_idx, i_idx]
-        scores = tuple(stacked["scores"]) if output_scores else None
-        logits_out = tuple(stacked["logits"]) if output_logits else None
-    return GenerateSpeculativeOutput(
-        sequences=sequences, scores=scores, logits=logits_out, past_key_values=cache,
-        num_drafted=drafted, num_accepted=accepted, num_forwards=forwards,
-    )
+        return stacked["scores"], stacked["logits"]

@@ -10,8 +10,11 @@ import torch
 
 from ..decoding.infill import ORDERS, SCHEDULES, infill
 from ..generation import default_group_size, group_generate
-from ..hub.weights import check_local_weights
+from ..hub.load import load_checkpoint
+from ..hub.weights import check_local_checkpoint
 from .common import resolve_device
+
+COMMAND = "hf-lookaround generate"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.infill is None and args.num_tokens is None and args.prompt is None:
         raise SystemExit("give --prompt (group decoding), --infill TEXT or --num_tokens N")
-    check_local_weights(args.model)
+    check_local_checkpoint(args.model, COMMAND)  # before the config is read: a vision or foreign one is refused
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     torch.manual_seed(args.seed)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             and (args.group_size is None or one_stream_groups):
         return _print(args, _single_stream_generate(args, config, tokenizer, sampling))
     # every LookAround checkpoint loads into the pretraining head: the query stream and the LM head
-    model = AutoModelForPreTraining.from_pretrained(args.model, config=config).to(args.device).eval()
+    model = load_checkpoint(AutoModelForPreTraining, args.model, COMMAND, config=config).to(args.device).eval()
 
     if args.infill is not None or args.num_tokens is not None:
         text = args.infill if args.infill is not None else (args.prompt or None)
@@ -130,7 +133,7 @@ def _single_stream_generate(args, config, tokenizer, sampling):
     through `LookAroundForCausalLM.generate()` with a KV cache; the query stream was never trained."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, config=config).to(args.device).eval()
+    model = load_checkpoint(AutoModelForCausalLM, args.model, COMMAND, config=config).to(args.device).eval()
     input_ids = torch.tensor([_prompt_ids(args, tokenizer)] * args.num_samples, device=args.device)
     groups = {"group_size": args.group_size} if args.group_size is not None else {}  # one-stream dar: its t only
     sequences = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=args.max_new_tokens,

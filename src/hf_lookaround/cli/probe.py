@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..evaluation import probing
-from ..hub.weights import check_local_weights
+from ..hub.load import load_checkpoint
 from .common import resolve_device
 from ..evaluation.probing import (
     POOLINGS,
@@ -99,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     device = resolve_device(args.device)
-    check_local_weights(args.model_name_or_path)
-    model = AutoModel.from_pretrained(args.model_name_or_path)
+    model = load_checkpoint(AutoModel, args.model_name_or_path, "hf-lookaround probe", kinds=("text", "other"))
     model.to(device)
     pattern = None if args.attention_pattern == "pretrained" else args.attention_pattern
     max_length = max_length_for(model, tokenizer, args.max_length)

@@ -539,6 +539,9 @@ def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments,
     from ..models.lookaround.configuration_lookaround import LookAroundConfig
 
     if model_args.model_name_or_path:
+        from ..hub.weights import check_local_checkpoint
+
+        check_local_checkpoint(model_args.model_name_or_path, "hf-lookaround pretrain")  # a LookAround text model
         config = AutoConfig.from_pretrained(model_args.model_name_or_path)
     elif model_args.config_name:
         path = Path(model_args.config_name)
@@ -590,10 +593,9 @@ def build_model(config, model_args: ModelArguments, objective_args: ObjectiveArg
             objective_args.single_stream_head]
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path:
-        from ..hub.weights import check_local_weights
+        from ..hub.load import load_checkpoint
 
-        check_local_weights(model_args.model_name_or_path)
-        return cls.from_pretrained(model_args.model_name_or_path, config=config, **kwargs)
+        return load_checkpoint(cls, model_args.model_name_or_path, "hf-lookaround pretrain", config=config, **kwargs)
     return cls._from_config(config, **kwargs)
 
 
@@ -976,6 +978,10 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
             if training_args.should_save:  # the future this run replaces (and damaged checkpoints) go aside
                 checkpointing.set_aside_later_checkpoints(training_args.output_dir, checkpoint)
         if checkpoint is not None:
+            from ..hub.weights import check_local_checkpoint
+
+            # Trainer loads a checkpoint's weights non-strictly: missing, unexpected or NaN tensors are refused here
+            check_local_checkpoint(checkpoint, "hf-lookaround pretrain --resume_from_checkpoint", finite=True)
             checkpointing.check_resume_compatible(checkpoint, model.config, training_args.world_size,
                                                   run=trainer.run_settings)
     done = checkpoint is not None and finished_training(checkpoint, training_args)

@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     key1, key2 = detect_sentence_columns(raw["train"], label_column=args.label_column)
     logger.info("sentence column(s): %s; %s", (key1, key2), "regression" if labels.is_regression else f"{labels.num_labels} classes")
 
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     device = resolve_device(args.device)
     model = load_checkpoint(AutoModel, args.model_name_or_path, "hf-lookaround probe", kinds=("text", "other"))
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     model.to(device)
     pattern = None if args.attention_pattern == "pretrained" else args.attention_pattern
     max_length = max_length_for(model, tokenizer, args.max_length)

@@ -160,3 +160,41 @@ def test_jsonl_records_without_text_are_refused(make_args, bbc_text_dir, tmp_pat
     line = error_line(capsys, ["pretrain", *argv])
     assert str(data) in line and "7 record(s)" in line and "lines 3, 6, 7, 10, 12, ..." in line
     assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. a file-size limit during a save (torch: "unexpected pos", safetensors: "File too large")
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("save", ["checkpoint-4", "final save"])
+def test_a_file_size_limit_during_a_save_is_one_line_and_leaves_nothing_that_looks_complete(make_args, tmp_path, save):
+    import resource
+
+    from transformers import TrainerCallback
+
+    # model.safetensors is ~136 kB and optimizer.pt ~286 kB. After checkpoint-2, a 200 kB limit stops checkpoint-4 at
+    # optimizer.pt (torch's RuntimeError "unexpected pos"); after checkpoint-4, a 100 kB limit stops the final
+    # model.safetensors (safetensors' "File too large")
+    out = tmp_path / "run"
+    after_step, limit, folder = (2, 200_000, out / "checkpoint-4") if save == "checkpoint-4" else (4, 100_000, out)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+
+    class FileSizeLimit(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step == after_step:  # Python ignores SIGXFSZ: a write past the limit fails (EFBIG)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+
+    try:
+        with pytest.raises(OSError) as err:
+            run(*parse_args(make_args(out)), callbacks=[FileSizeLimit()])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert str(err.value) == (  # the CLI prints it as one line
+        f"saving into {folder} failed: a file could not be written whole (file too large: a file-size limit such as "
+        "`ulimit -f`, or the largest file of this file system); raise the limit or give an --output_dir on another "
+        "file system, then rerun with --resume_from_checkpoint last (with --overwrite_output_dir instead if no "
+        "checkpoint was complete yet)")
+    assert not (out / checkpointing.FINAL_MARKER).exists()
+    assert (out / "checkpoint-4" / checkpointing.COMPLETE_MARKER).exists() == (save == "final save")
+    # the limit lifted, the command the message gives finishes the run
+    assert cli.main(["pretrain", *make_args(out, "--resume_from_checkpoint", "last")]) == 0
+    assert checkpointing.final_model_problems(out) == []

@@ -70,7 +70,7 @@ __all__ = [
     "final_model_problems",
     "OutputDirLock",
     "LOCK_FILE",
-    "disk_full_is_one_line",
+    "save_failure_is_one_line",
 ]
 
 COMPLETE_MARKER = "checkpoint_complete.json"
@@ -468,29 +468,39 @@ def allow_indexed_cpu_map_location() -> None:
     _CPU_INDEX_REGISTERED = True
 
 
-def _disk_full(err: BaseException, folder) -> bool:
-    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-        return True
+def _save_failure(err: BaseException, folder) -> str | None:
+    """Why a save failed, when it is the storage's fault (a full disk, a file-size limit), else None."""
     text = str(err)
-    if "No space left on device" in text or "StorageFull" in text:  # safetensors' SafetensorError, torch.save
-        return True
-    try:  # torch.save says only "file write failed": look at the disk itself
-        return "write" in text and shutil.disk_usage(Path(folder).parent).free < (1 << 20)
+    if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or "No space left on device" in text \
+            or "StorageFull" in text:  # the last two: safetensors' SafetensorError, torch.save
+        return "the disk is full (no space left on device); free some space or give an --output_dir on another disk"
+    try:  # torch.save says only "file write failed" or "unexpected pos": look at the disk itself
+        full = shutil.disk_usage(Path(folder).parent).free < (1 << 20)
     except OSError:
-        return False
+        full = False
+    if full and ("write" in text or "unexpected pos" in text):
+        return "the disk is full (no space left on device); free some space or give an --output_dir on another disk"
+    if (isinstance(err, OSError) and err.errno == errno.EFBIG) or "File too large" in text \
+            or "unexpected pos" in text or "file write failed" in text:
+        return ("a file could not be written whole (file too large: a file-size limit such as `ulimit -f`, or the "
+                "largest file of this file system); raise the limit or give an --output_dir on another file system")
+    return None
 
 
 @contextmanager
-def disk_full_is_one_line(folder):
-    """A save that fails because the disk is full raises ``OSError`` naming the folder (the CLI prints it as one
-    line), instead of safetensors' or torch's own error deep in a traceback. Other errors pass unchanged."""
+def save_failure_is_one_line(folder):
+    """A save that fails because of the storage (a full disk, a file-size limit) raises ``OSError`` naming the folder
+    and what to do (the CLI prints it as one line), instead of safetensors' or torch's own error ("unexpected pos")
+    deep in a traceback. Other errors pass unchanged. The folder's marker is written only after a save succeeds,
+    so the half-written folder never counts as a checkpoint (nor a half-written final model as finished)."""
     try:
         yield
     except Exception as err:
-        if not _disk_full(err, folder):
+        reason = _save_failure(err, folder)
+        if reason is None:
             raise
-        raise OSError(f"saving into {folder} failed: the disk is full (no space left on device); free some space "
-                      "or give an --output_dir on another disk, then resume with --resume_from_checkpoint last") from err
+        raise OSError(f"saving into {folder} failed: {reason}, then rerun with --resume_from_checkpoint last "
+                      "(with --overwrite_output_dir instead if no checkpoint was complete yet)") from err
 
 
 # ---------------------------------------------------------------------------------------------

@@ -413,7 +413,7 @@ class LookAroundTrainer(Trainer):
         self.accelerator.wait_for_everyone()  # no process writes into the folder before it is moved aside
         self.args.save_total_limit = None
         try:
-            with checkpointing.disk_full_is_one_line(folder):
+            with checkpointing.save_failure_is_one_line(folder):
                 super()._save_checkpoint(model, trial)
         finally:
             self.args.save_total_limit = limit
@@ -425,7 +425,7 @@ class LookAroundTrainer(Trainer):
             checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
 
     def save_model(self, output_dir=None, _internal_call=False):
-        with checkpointing.disk_full_is_one_line(output_dir or self.args.output_dir):
+        with checkpointing.save_failure_is_one_line(output_dir or self.args.output_dir):
             return super().save_model(output_dir, _internal_call)
 
     def _build_accelerator_args(self, **kwargs):

@@ -198,3 +198,33 @@ def test_a_file_size_limit_during_a_save_is_one_line_and_leaves_nothing_that_loo
     # the limit lifted, the command the message gives finishes the run
     assert cli.main(["pretrain", *make_args(out, "--resume_from_checkpoint", "last")]) == 0
     assert checkpointing.final_model_problems(out) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. a state file that would run code when loaded (a malicious pickle) is refused in one line
+# ---------------------------------------------------------------------------------------------
+class RunsCode:
+    """A pickle that calls ``os.system`` when loaded without ``weights_only``."""
+
+    def __init__(self, witness):
+        self.witness = witness
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.witness}",)
+
+
+@pytest.mark.parametrize("name", ["rng_state.pth", "optimizer.pt", "scheduler.pt"])
+def test_a_malicious_pickle_in_a_checkpoint_is_refused_in_one_line(copy, make_args, tmp_path, capsys, name):
+    import torch
+
+    # before: torch's UnpicklingError traceback (refused safely, but suggesting weights_only=False)
+    witness = tmp_path / "code_ran"
+    checkpoint = copy / "checkpoint-4"
+    torch.save(RunsCode(witness), checkpoint / name)
+    checkpointing.mark_complete(checkpoint, 4, 1, {"block_size": 32})  # the marker agrees: it looks intact
+    line = error_line(capsys, ["pretrain", *make_args(copy, "--resume_from_checkpoint", "last", max_steps=6)])
+    assert line.startswith("hf-lookaround pretrain: error: ") and str(checkpoint) in line
+    assert "would run code, so it was refused" in line and "posix.system" in line and "another checkpoint" in line
+    assert not witness.exists() and not (copy / "checkpoint-6").exists()

@@ -71,6 +71,7 @@ __all__ = [
     "OutputDirLock",
     "LOCK_FILE",
     "save_failure_is_one_line",
+    "unsafe_pickle_is_one_line",
 ]
 
 COMPLETE_MARKER = "checkpoint_complete.json"
@@ -501,6 +502,23 @@ def save_failure_is_one_line(folder):
             raise
         raise OSError(f"saving into {folder} failed: {reason}, then rerun with --resume_from_checkpoint last "
                       "(with --overwrite_output_dir instead if no checkpoint was complete yet)") from err
+
+
+@contextmanager
+def unsafe_pickle_is_one_line(checkpoint, files: str):
+    """torch refuses (``weights_only=True``) a state file that would import or run code when loaded: a file no
+    training run wrote. Say so in one line, instead of torch's traceback, which suggests ``weights_only=False``."""
+    import pickle
+
+    try:
+        yield
+    except pickle.UnpicklingError as err:
+        found = re.findall(r"GLOBAL ([\w.]+)", str(err))  # what it would import, e.g. posix.system
+        raise ValueError(
+            f"{files} in {checkpoint} is not a state saved by training: loading it would run code, so it was refused "
+            f"({'it imports ' + found[0] if found else 'not a plain tensor file'}); do not load it with weights_only=False unless you "
+            "made it: resume from another checkpoint"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------

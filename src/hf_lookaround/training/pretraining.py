@@ -424,6 +424,14 @@ class LookAroundTrainer(Trainer):
                 shutil.rmtree(replaced, ignore_errors=True)  # the new checkpoint is complete: the old one goes
             checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
 
+    def _load_rng_state(self, checkpoint):
+        with checkpointing.unsafe_pickle_is_one_line(checkpoint, "rng_state*.pth"):
+            return super()._load_rng_state(checkpoint)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        with checkpointing.unsafe_pickle_is_one_line(checkpoint, "optimizer.pt or scheduler.pt"):
+            return super()._load_optimizer_and_scheduler(checkpoint)
+
     def save_model(self, output_dir=None, _internal_call=False):
         with checkpointing.save_failure_is_one_line(output_dir or self.args.output_dir):
             return super().save_model(output_dir, _internal_call)

@@ -228,3 +228,53 @@ def test_a_malicious_pickle_in_a_checkpoint_is_refused_in_one_line(copy, make_ar
     assert line.startswith("hf-lookaround pretrain: error: ") and str(checkpoint) in line
     assert "would run code, so it was refused" in line and "posix.system" in line and "another checkpoint" in line
     assert not witness.exists() and not (copy / "checkpoint-6").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. messages: a non-UTF-8 file, a tokenizer folder without tokenizer.json, an empty or garbled lock file
+# ---------------------------------------------------------------------------------------------
+def test_a_non_utf8_jsonl_is_named_with_its_line_by_probe_and_perplexity(finished_run, tmp_path, capsys):
+    # before: "'utf-8' codec can't decode byte 0xe9 in position 3: invalid continuation byte", no file
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = b'{"sentence": "fine", "label": 0, "text": "fine"}\n{"sentence": "caf\xe9", "label": 1, "text": "caf\xe9"}\n'
+    for split in ("train", "validation", "test"):
+        (data / f"{split}.jsonl").write_bytes(rows)
+    line = error_line(capsys, ["probe", "--model_name_or_path", str(finished_run), "--dataset", str(data),
+                               "--device", "cpu", "--output_dir", str(tmp_path / "probe")])
+    assert f"{data / 'train.jsonl'}:2: not UTF-8 text" in line and "iconv" in line
+    line = error_line(capsys, ["perplexity", "--model_name_or_path", str(finished_run), "--dataset",
+                               str(data / "test.jsonl"), "--device", "cpu", "--output_dir", str(tmp_path / "ppl")])
+    assert f"{data / 'test.jsonl'}:2: not UTF-8 text" in line
+
+
+def test_a_tokenizer_folder_without_tokenizer_json_says_so(finished_run, tmp_path, capsys):
+    # before: "Couldn't instantiate the backend tokenizer ... You need to have sentencepiece or tiktoken installed"
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer_config.json").write_text((finished_run / "tokenizer_config.json").read_text())
+    line = error_line(capsys, ["generate", str(finished_run), "--tokenizer", str(folder), "--num_tokens", "3",
+                               "--device", "cpu"])
+    assert f"{folder} holds no tokenizer: tokenizer.json is missing (found tokenizer_config.json)" in line
+    assert "sentencepiece" not in line
+
+
+@pytest.mark.parametrize("content", ["", "garbled{"])
+def test_an_empty_or_garbled_lock_is_taken_over_when_old_and_explained_when_new(tmp_path, caplog, content):
+    import os
+    import time
+
+    lock = checkpointing.OutputDirLock(tmp_path)
+    lock.path.write_text(content)
+    # new: a run may be writing its record this moment; before: "pid None on host None"
+    with pytest.raises(ValueError, match="is empty or not a lock record") as err:
+        lock.acquire()
+    assert "None" not in str(err.value) and f"delete {lock.path}" in str(err.value)
+    old = time.time() - checkpointing.STALE_UNREADABLE_LOCK_S - 1
+    os.utime(lock.path, (old, old))
+    with caplog.at_level("WARNING", logger="hf_lookaround.training.checkpointing"):
+        lock.acquire()
+    assert lock.held and json.loads(lock.path.read_text())["pid"] == os.getpid()
+    assert any("empty or not a lock record" in r.getMessage() for r in caplog.records)
+    lock.release()
+    assert not lock.path.exists()

@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from ..data.tokenization import auto_tokenizer
 from ..decoding.infill import ORDERS, SCHEDULES, infill
 from ..generation import default_group_size, group_generate
 from ..hub.load import load_checkpoint
@@ -66,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--num_samples {args.num_samples}: must be at least 1")
     args.device = resolve_device(args.device)
 
-    from transformers import AutoConfig, AutoModelForPreTraining, AutoTokenizer  # our classes are registered
+    from transformers import AutoConfig, AutoModelForPreTraining  # our classes are registered
 
     if args.infill is None and args.num_tokens is None and args.prompt is None:
         raise SystemExit("give --prompt (group decoding), --infill TEXT or --num_tokens N")
     check_local_checkpoint(args.model, COMMAND)  # before the config is read: a vision or foreign one is refused
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    tokenizer = auto_tokenizer(args.tokenizer or args.model)
     torch.manual_seed(args.seed)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     sampling = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)

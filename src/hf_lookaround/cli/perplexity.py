@@ -82,14 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < 1:
             raise ValueError(f"--{flag} {value}: must be a positive number of tokens (leave it out for the default)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from transformers import AutoTokenizer
-
+    from hf_lookaround.data.tokenization import auto_tokenizer
     from hf_lookaround.evaluation.tasks import load_texts
 
     device = resolve_device(args.device)
     model = _load_model(args)
     model.to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+    tokenizer = auto_tokenizer(args.tokenizer_name or args.model_name_or_path)
 
     texts = load_texts(args.dataset, args.split, args.text_column, args.dataset_config_name)
     if args.max_documents is not None:

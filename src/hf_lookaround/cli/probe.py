@@ -69,7 +69,9 @@ def _split_xy(ds, key1, key2, label_column, labels):
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
+
+    from hf_lookaround.data.tokenization import auto_tokenizer
 
     import hf_lookaround  # noqa: F401  (registers the Auto classes)
     from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info, load_labeled_splits
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = resolve_device(args.device)
     model = load_checkpoint(AutoModel, args.model_name_or_path, "hf-lookaround probe", kinds=("text", "other"))
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+    tokenizer = auto_tokenizer(args.tokenizer_name or args.model_name_or_path)
     model.to(device)
     pattern = None if args.attention_pattern == "pretrained" else args.attention_pattern
     max_length = max_length_for(model, tokenizer, args.max_length)

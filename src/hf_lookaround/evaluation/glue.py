@@ -185,14 +185,13 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
     from transformers import (
         AutoConfig,
         AutoModelForSequenceClassification,
-        AutoTokenizer,
         DataCollatorWithPadding,
         Trainer,
         set_seed,
     )
 
     import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes)
-    from hf_lookaround.data.tokenization import encode_sentences
+    from hf_lookaround.data.tokenization import auto_tokenizer, encode_sentences
     from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info, load_labeled_splits
     from hf_lookaround.hub.load import load_checkpoint
     from hf_lookaround.hub.weights import check_local_checkpoint
@@ -233,7 +232,7 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
     if model_args.classifier_pooling:
         config_kwargs["classifier_pooling"] = model_args.classifier_pooling
     config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path, **config_kwargs, **common)
-    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path, **common)
+    tokenizer = auto_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, **common)
     model = load_checkpoint(
         AutoModelForSequenceClassification, model_args.model_name_or_path, "hf-lookaround glue", ("text", "other"),
         config=config, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes, **common

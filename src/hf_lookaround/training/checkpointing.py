@@ -76,6 +76,8 @@ __all__ = [
 
 COMPLETE_MARKER = "checkpoint_complete.json"
 LOCK_FILE = ".hf_lookaround.lock"
+# an empty or unreadable lock older than this is no run's (a run writes its record right after creating the file)
+STALE_UNREADABLE_LOCK_S = 10.0
 _SAMPLE = 1 << 16  # bytes read at the start, middle and end of a file for its sample digest
 _CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
@@ -586,7 +588,13 @@ class OutputDirLock:
                 except FileNotFoundError:
                     continue  # released meanwhile
                 except (OSError, ValueError):
-                    owner = {}
+                    owner = None
+                if not isinstance(owner, dict):
+                    if self._unreadable_lock_is_stale():
+                        continue
+                    raise ValueError(
+                        f"--output_dir {self.path.parent}: the lock {self.path} is empty or not a lock record (a run "
+                        f"starting this very moment writes it); if no run writes there, delete {self.path}")
                 pid, host = owner.get("pid"), owner.get("host")
                 if host == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
                     logger.warning("taking over the stale lock %s of process %d on %s, which is dead",
@@ -603,6 +611,21 @@ class OutputDirLock:
             self.held = True
             return self
         raise ValueError(f"could not take the lock {self.path}: other runs keep taking it")
+
+    def _unreadable_lock_is_stale(self) -> bool:
+        """A lock file that is empty or not JSON: a writer killed between creating the file and writing its record
+        (the only moment it is empty), or a file damaged by hand. Older than ``STALE_UNREADABLE_LOCK_S`` it is no
+        run's: taken over with a warning. Younger, another run may be writing its record now: refused."""
+        try:
+            age = time.time() - self.path.stat().st_mtime
+        except FileNotFoundError:
+            return True  # released meanwhile: try again
+        if age < STALE_UNREADABLE_LOCK_S:
+            return False
+        logger.warning("taking over the lock %s: it is empty or not a lock record, %.0f s old (a run killed as it "
+                       "took the lock)", self.path, age)
+        self.path.unlink(missing_ok=True)
+        return True
 
     def release(self) -> None:
         if not self.held:

@@ -507,7 +507,9 @@ def load_tokenizer(model_args: ModelArguments, train_texts=None, save_dir=None, 
     name = model_args.tokenizer_name or model_args.model_name_or_path
     if name is None:
         raise ValueError("give a tokenizer (--tokenizer_name DIR_OR_HUB_NAME) or pass --train_tokenizer to train one")
-    tokenizer = AutoTokenizer.from_pretrained(name)
+    from ..data.tokenization import auto_tokenizer
+
+    tokenizer = auto_tokenizer(name)
     if tokenizer.pad_token is None:
         # blocks all have the same length, so padding never reaches the loss; collators still need an id
         tokenizer.pad_token = tokenizer.eos_token

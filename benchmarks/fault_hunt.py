@@ -9,7 +9,9 @@ folder and SIGKILLs the ``pretrain`` process, either
   fraction of a second after training step ``s`` was logged (inside the next step, or a save), or
 - ``file k``: inside the save of a random ``checkpoint-N`` (the final save included), as soon as its folder
   holds ``k`` files (the parent polls the folder, so the process may have written a little more by the time
-  the signal lands: the table shows the files that were there),
+  the signal lands: the table shows the files that were there), or
+- ``write name``: as soon as one named file of a save appears (it may be half written): a checkpoint's
+  ``rng_state.pth`` or ``scheduler.pt``, or the final top-level ``model.safetensors``,
 
 then resumes it as a user would (``--resume_from_checkpoint last`` when a complete checkpoint exists, else
 ``--overwrite_output_dir``), possibly killing it again (``--kills``), until a run finishes. Reported per trial:
@@ -89,7 +91,8 @@ def files_in(folder: Path) -> int:
 def run_and_kill(args: list[str], log: Path, out: Path, kill: tuple) -> str:
     """Start the run, SIGKILL it at ``kill``: ``("time", seconds)`` after its start, ``("step", s, delay)``
     (``delay`` seconds after the ``s``-th training loss of this process is logged), or ``("file", k, step)``
-    (``k`` files in ``checkpoint-step``; step 0: the final save into ``out``); say where it died."""
+    (``k`` files in ``checkpoint-step``; step 0: the final save into ``out``), or ``("write", name, step)`` (the
+    file ``name`` appears in ``checkpoint-step``; step 0: in ``out``); say where it died."""
     offset = log.stat().st_size if log.exists() else 0
     with open(log, "a") as f:
         proc = subprocess.Popen(command(args), env=env(), stdout=f, stderr=subprocess.STDOUT)
@@ -116,11 +119,15 @@ def run_and_kill(args: list[str], log: Path, out: Path, kill: tuple) -> str:
                     n = sum((out / name).exists() for name in FINAL_FILES)
                     if n >= min(kill[1], len(FINAL_FILES)):
                         where = f"final save, {n} file(s)"
+            elif kill[0] == "write":
+                folder = out / f"checkpoint-{kill[2]}" if kill[2] else out
+                if (folder / kill[1]).exists():
+                    where = f"{'checkpoint-' + str(kill[2]) if kill[2] else 'final save'}, writing {kill[1]}"
             if where:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
                 return where
-            time.sleep(0.0005 if kill[0] == "file" else 0.005)
+            time.sleep(0.0005 if kill[0] in ("file", "write") else 0.005)
     return f"finished first (rc {proc.returncode})"
 
 
@@ -208,7 +215,11 @@ def main(argv=None) -> None:
                 kill = ("time", rng.uniform(0.5, 5.0)) if step == 0 else ("step", step, rng.uniform(0.0, 0.4))
             else:  # at a file boundary of a save this run makes (a checkpoint holds about a dozen files), 0: final
                 saves = [*range(done_step + args.save_steps, args.steps + 1, args.save_steps), 0]
-                kill = ("file", rng.randint(1, 12), rng.choice(saves))
+                save = rng.choice(saves)
+                if rng.random() < 0.5:  # or as one named file of it appears: the RNG state, the schedule, final weights
+                    kill = ("write", rng.choice(["rng_state.pth", "scheduler.pt"]) if save else "model.safetensors", save)
+                else:
+                    kill = ("file", rng.randint(1, 12), save)
             resume = base if first else base + resume_flags(out)
             kills.append(run_and_kill(resume, log, out, kill))
             first = False

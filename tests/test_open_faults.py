@@ -160,3 +160,121 @@ def test_jsonl_records_without_text_are_refused(make_args, bbc_text_dir, tmp_pat
     line = error_line(capsys, ["pretrain", *argv])
     assert str(data) in line and "7 record(s)" in line and "lines 3, 6, 7, 10, 12, ..." in line
     assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. a file-size limit during a save (torch: "unexpected pos", safetensors: "File too large")
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("save", ["checkpoint-4", "final save"])
+def test_a_file_size_limit_during_a_save_is_one_line_and_leaves_nothing_that_looks_complete(make_args, tmp_path, save):
+    import resource
+
+    from transformers import TrainerCallback
+
+    # model.safetensors is ~136 kB and optimizer.pt ~286 kB. After checkpoint-2, a 200 kB limit stops checkpoint-4 at
+    # optimizer.pt (torch's RuntimeError "unexpected pos"); after checkpoint-4, a 100 kB limit stops the final
+    # model.safetensors (safetensors' "File too large")
+    out = tmp_path / "run"
+    after_step, limit, folder = (2, 200_000, out / "checkpoint-4") if save == "checkpoint-4" else (4, 100_000, out)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+
+    class FileSizeLimit(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step == after_step:  # Python ignores SIGXFSZ: a write past the limit fails (EFBIG)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+
+    try:
+        with pytest.raises(OSError) as err:
+            run(*parse_args(make_args(out)), callbacks=[FileSizeLimit()])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert str(err.value) == (  # the CLI prints it as one line
+        f"saving into {folder} failed: a file could not be written whole (file too large: a file-size limit such as "
+        "`ulimit -f`, or the largest file of this file system); raise the limit or give an --output_dir on another "
+        "file system, then rerun with --resume_from_checkpoint last (with --overwrite_output_dir instead if no "
+        "checkpoint was complete yet)")
+    assert not (out / checkpointing.FINAL_MARKER).exists()
+    assert (out / "checkpoint-4" / checkpointing.COMPLETE_MARKER).exists() == (save == "final save")
+    # the limit lifted, the command the message gives finishes the run
+    assert cli.main(["pretrain", *make_args(out, "--resume_from_checkpoint", "last")]) == 0
+    assert checkpointing.final_model_problems(out) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. a state file that would run code when loaded (a malicious pickle) is refused in one line
+# ---------------------------------------------------------------------------------------------
+class RunsCode:
+    """A pickle that calls ``os.system`` when loaded without ``weights_only``."""
+
+    def __init__(self, witness):
+        self.witness = witness
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.witness}",)
+
+
+@pytest.mark.parametrize("name", ["rng_state.pth", "optimizer.pt", "scheduler.pt"])
+def test_a_malicious_pickle_in_a_checkpoint_is_refused_in_one_line(copy, make_args, tmp_path, capsys, name):
+    import torch
+
+    # before: torch's UnpicklingError traceback (refused safely, but suggesting weights_only=False)
+    witness = tmp_path / "code_ran"
+    checkpoint = copy / "checkpoint-4"
+    torch.save(RunsCode(witness), checkpoint / name)
+    checkpointing.mark_complete(checkpoint, 4, 1, {"block_size": 32})  # the marker agrees: it looks intact
+    line = error_line(capsys, ["pretrain", *make_args(copy, "--resume_from_checkpoint", "last", max_steps=6)])
+    assert line.startswith("hf-lookaround pretrain: error: ") and str(checkpoint) in line
+    assert "would run code, so it was refused" in line and "posix.system" in line and "another checkpoint" in line
+    assert not witness.exists() and not (copy / "checkpoint-6").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. messages: a non-UTF-8 file, a tokenizer folder without tokenizer.json, an empty or garbled lock file
+# ---------------------------------------------------------------------------------------------
+def test_a_non_utf8_jsonl_is_named_with_its_line_by_probe_and_perplexity(finished_run, tmp_path, capsys):
+    # before: "'utf-8' codec can't decode byte 0xe9 in position 3: invalid continuation byte", no file
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = b'{"sentence": "fine", "label": 0, "text": "fine"}\n{"sentence": "caf\xe9", "label": 1, "text": "caf\xe9"}\n'
+    for split in ("train", "validation", "test"):
+        (data / f"{split}.jsonl").write_bytes(rows)
+    line = error_line(capsys, ["probe", "--model_name_or_path", str(finished_run), "--dataset", str(data),
+                               "--device", "cpu", "--output_dir", str(tmp_path / "probe")])
+    assert f"{data / 'train.jsonl'}:2: not UTF-8 text" in line and "iconv" in line
+    line = error_line(capsys, ["perplexity", "--model_name_or_path", str(finished_run), "--dataset",
+                               str(data / "test.jsonl"), "--device", "cpu", "--output_dir", str(tmp_path / "ppl")])
+    assert f"{data / 'test.jsonl'}:2: not UTF-8 text" in line
+
+
+def test_a_tokenizer_folder_without_tokenizer_json_says_so(finished_run, tmp_path, capsys):
+    # before: "Couldn't instantiate the backend tokenizer ... You need to have sentencepiece or tiktoken installed"
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer_config.json").write_text((finished_run / "tokenizer_config.json").read_text())
+    line = error_line(capsys, ["generate", str(finished_run), "--tokenizer", str(folder), "--num_tokens", "3",
+                               "--device", "cpu"])
+    assert f"{folder} holds no tokenizer: tokenizer.json is missing (found tokenizer_config.json)" in line
+    assert "sentencepiece" not in line
+
+
+@pytest.mark.parametrize("content", ["", "garbled{"])
+def test_an_empty_or_garbled_lock_is_taken_over_when_old_and_explained_when_new(tmp_path, caplog, content):
+    import os
+    import time
+
+    lock = checkpointing.OutputDirLock(tmp_path)
+    lock.path.write_text(content)
+    # new: a run may be writing its record this moment; before: "pid None on host None"
+    with pytest.raises(ValueError, match="is empty or not a lock record") as err:
+        lock.acquire()
+    assert "None" not in str(err.value) and f"delete {lock.path}" in str(err.value)
+    old = time.time() - checkpointing.STALE_UNREADABLE_LOCK_S - 1
+    os.utime(lock.path, (old, old))
+    with caplog.at_level("WARNING", logger="hf_lookaround.training.checkpointing"):
+        lock.acquire()
+    assert lock.held and json.loads(lock.path.read_text())["pid"] == os.getpid()
+    assert any("empty or not a lock record" in r.getMessage() for r in caplog.records)
+    lock.release()
+    assert not lock.path.exists()

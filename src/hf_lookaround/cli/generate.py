@@ -8,10 +8,14 @@ import sys
 
 import torch
 
+from ..data.tokenization import auto_tokenizer
 from ..decoding.infill import ORDERS, SCHEDULES, infill
 from ..generation import default_group_size, make_logits_processor
-from ..hub.weights import check_local_weights
+from ..hub.load import load_checkpoint
+from ..hub.weights import check_local_checkpoint
 from .common import resolve_device
+
+COMMAND = "hf-lookaround generate"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--num_samples {args.num_samples}: must be at least 1")
     args.device = resolve_device(args.device)
 
-    from transformers import AutoConfig, AutoModelForPreTraining, AutoTokenizer  # our classes are registered
+    from transformers import AutoConfig, AutoModelForPreTraining  # our classes are registered
 
     if args.infill is None and args.num_tokens is None and args.prompt is None:
         raise SystemExit("give --prompt (group decoding), --infill TEXT or --num_tokens N")
-    check_local_weights(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    check_local_checkpoint(args.model, COMMAND)  # before the config is read: a vision or foreign one is refused
+    tokenizer = auto_tokenizer(args.tokenizer or args.model)
     torch.manual_seed(args.seed)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     sampling = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.infill is None and args.num_tokens is None:
         return _print(args, _continue_prompt(args, config, tokenizer, sampling, generator))
     # every LookAround checkpoint loads into the pretraining head: the query stream and the LM head
-    model = AutoModelForPreTraining.from_pretrained(args.model, config=config).to(args.device).eval()
+    model = load_checkpoint(AutoModelForPreTraining, args.model, COMMAND, config=config).to(args.device).eval()
     text = args.infill if args.infill is not None else (args.prompt or None)
     inputs = [text] * args.num_samples if text is not None else None
     if inputs is None and args.num_samples > 1:
@@ -105,7 +109,7 @@ def _continue_prompt(args, config, tokenizer, sampling, generator):
     from transformers import AutoModelForCausalLM
 
     make_logits_processor(**sampling)  # sampling flags without --do_sample, or top_p > 1: one-line errors
-    model = AutoModelForCausalLM.from_pretrained(args.model, config=config).to(args.device).eval()
+    model = load_checkpoint(AutoModelForCausalLM, args.model, COMMAND, config=config).to(args.device).eval()
     input_ids = torch.tensor([_prompt_ids(args, tokenizer)] * args.num_samples, device=args.device)
     gpt_form = config.prediction_stream == "content" and config.default_attention == "causal"
     group_size = args.group_size

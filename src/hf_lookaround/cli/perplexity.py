@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from ..evaluation import perplexity
-from ..hub.weights import check_local_weights
+from ..hub.load import load_checkpoint
+from ..hub.weights import check_local_checkpoint
 from .common import resolve_device
 from ..evaluation.perplexity import (
     MASKED_MODES,
@@ -58,7 +59,8 @@ def _load_model(args):
 
     import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes)
 
-    check_local_weights(args.model_name_or_path)
+    # a LookAround text checkpoint or a model of another type (a vision checkpoint is refused before its config)
+    check_local_checkpoint(args.model_name_or_path, "hf-lookaround perplexity", kinds=("text", "other"))
     config = transformers.AutoConfig.from_pretrained(args.model_name_or_path)
     # a LookAround checkpoint pretrained with a plan (two streams) is evaluated through its query stream
     two_stream = "LookAroundForPreTraining" in (config.architectures or [])
@@ -70,7 +72,7 @@ def _load_model(args):
         if args.masked_mode != "auto":
             two_stream = args.masked_mode.startswith("two_stream")
         cls = transformers.AutoModelForPreTraining if two_stream else transformers.AutoModelForMaskedLM
-    return cls.from_pretrained(args.model_name_or_path)
+    return load_checkpoint(cls, args.model_name_or_path, "hf-lookaround perplexity", kinds=("text", "other"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,14 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < 1:
             raise ValueError(f"--{flag} {value}: must be a positive number of tokens (leave it out for the default)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from transformers import AutoTokenizer
-
+    from hf_lookaround.data.tokenization import auto_tokenizer
     from hf_lookaround.evaluation.tasks import load_texts
 
     device = resolve_device(args.device)
     model = _load_model(args)
     model.to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+    tokenizer = auto_tokenizer(args.tokenizer_name or args.model_name_or_path)
 
     texts = load_texts(args.dataset, args.split, args.text_column, args.dataset_config_name)
     if args.max_documents is not None:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..evaluation import probing
-from ..hub.weights import check_local_weights
+from ..hub.load import load_checkpoint
 from .common import resolve_device
 from ..evaluation.probing import (
     POOLINGS,
@@ -69,7 +69,9 @@ def _split_xy(ds, key1, key2, label_column, labels):
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
+
+    from hf_lookaround.data.tokenization import auto_tokenizer
 
     import hf_lookaround  # noqa: F401  (registers the Auto classes)
     from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info, load_labeled_splits
@@ -97,10 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     key1, key2 = detect_sentence_columns(raw["train"], label_column=args.label_column)
     logger.info("sentence column(s): %s; %s", (key1, key2), "regression" if labels.is_regression else f"{labels.num_labels} classes")
 
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     device = resolve_device(args.device)
-    check_local_weights(args.model_name_or_path)
-    model = AutoModel.from_pretrained(args.model_name_or_path)
+    model = load_checkpoint(AutoModel, args.model_name_or_path, "hf-lookaround probe", kinds=("text", "other"))
+    tokenizer = auto_tokenizer(args.tokenizer_name or args.model_name_or_path)
     model.to(device)
     pattern = None if args.attention_pattern == "pretrained" else args.attention_pattern
     max_length = max_length_for(model, tokenizer, args.max_length)

@@ -14,6 +14,7 @@ import torch
 from ..objectives.gvp import SEGMENTATIONS
 from ..data.image_collator import IMAGE_OBJECTIVES
 from ..data.images import TARGET_MODES
+from ..hub.load import load_checkpoint
 from ..decoding.images import sample_images, save_image_grid, to_display_pixels
 from ..evaluation.image_probing import PROBE_BACKENDS
 from ..models.lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining
@@ -130,7 +131,7 @@ def sample_main(argv=None) -> int:
     """``hf-lookaround vision sample``: load a checkpoint, generate ``--num_images`` and write a PNG grid (pixels
     un-normalised with the checkpoint's image processor, if it has one)."""
     args = _sample_parser().parse_args(argv)
-    model = LookAroundViTForPreTraining.from_pretrained(args.model).eval()
+    model = load_checkpoint(LookAroundViTForPreTraining, args.model, "hf-lookaround vision sample", kinds=("vision",)).eval()
     class_labels = args.class_label
     if class_labels is None and model.config.num_condition_classes:
         class_labels = torch.arange(args.num_images) % model.config.num_condition_classes

@@ -273,8 +273,31 @@ def _damaged(path: Path, err: Exception) -> str:
 
 
 def _not_utf8(path: Path, err: UnicodeDecodeError) -> str:
-    return (f"{path}: not UTF-8 text ({err.reason}, byte {err.object[err.start:err.start + 1]!r}): convert the "
-            "file to UTF-8, e.g. `iconv -f latin1 -t utf-8`")
+    """The message for a file that is not UTF-8, with the first such line (a decoder's error knows only a byte)."""
+    line = ""
+    try:
+        with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    line = f":{number}"
+                    break
+    except (OSError, EOFError):
+        pass
+    return (f"{path}{line}: not UTF-8 text ({err.reason}, byte {err.object[err.start:err.start + 1]!r}): convert "
+            "the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`")
+
+
+def check_utf8(path) -> None:
+    """Raise ValueError naming ``path`` and its first line that is not UTF-8 (``datasets`` and ``json`` name neither)."""
+    path = Path(path)
+    try:
+        with _open(path) as f:
+            for _ in f:
+                pass
+    except UnicodeDecodeError as err:
+        raise ValueError(_not_utf8(path, err)) from None
 
 
 def _first_line(path: Path) -> str | None:

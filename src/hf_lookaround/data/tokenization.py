@@ -39,6 +39,24 @@ def tokenizer_files(folder) -> list[str]:
     return [name for name in TOKENIZER_FILES if (folder / name).is_file()] if folder.is_dir() else []
 
 
+# the files that hold a vocabulary: without one of them AutoTokenizer fails talking of sentencepiece and tiktoken
+VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model",
+                    "sentencepiece.bpe.model")
+
+
+def auto_tokenizer(name_or_path, **kwargs):
+    """``AutoTokenizer.from_pretrained``; a local folder that holds no vocabulary (no tokenizer.json) is refused
+    with one line that says which file is missing."""
+    from transformers import AutoTokenizer
+
+    folder = Path(name_or_path)
+    if folder.is_dir() and not any((folder / name).is_file() for name in VOCABULARY_FILES):
+        found = ", ".join(tokenizer_files(folder)) or "no tokenizer file"
+        raise ValueError(f"{folder} holds no tokenizer: tokenizer.json is missing (found {found}); give the folder "
+                         "that hf-lookaround train-tokenizer or pretrain wrote, or copy its tokenizer.json here")
+    return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+
+
 def train_tokenizer(
     texts: Iterable[str],
     vocab_size: int = 8192,

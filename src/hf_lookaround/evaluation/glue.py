@@ -185,15 +185,16 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
     from transformers import (
         AutoConfig,
         AutoModelForSequenceClassification,
-        AutoTokenizer,
         DataCollatorWithPadding,
         Trainer,
         set_seed,
     )
 
     import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes)
-    from hf_lookaround.data.tokenization import encode_sentences
+    from hf_lookaround.data.tokenization import auto_tokenizer, encode_sentences
     from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info, load_labeled_splits
+    from hf_lookaround.hub.load import load_checkpoint
+    from hf_lookaround.hub.weights import check_local_checkpoint
 
     set_seed(training_args.seed)
     raw = load_labeled_splits(
@@ -214,6 +215,7 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
     # --- model -------------------------------------------------------------------------------
     common = {"cache_dir": model_args.cache_dir, "revision": model_args.model_revision,
               "trust_remote_code": model_args.trust_remote_code}
+    check_local_checkpoint(model_args.model_name_or_path, "hf-lookaround glue", kinds=("text", "other"))
     checkpoint_config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path, **common)
     check_head_size(checkpoint_config, labels.num_labels, model_args.ignore_mismatched_sizes)
     config_kwargs = {"finetuning_task": data_args.task_name or "text-classification"}
@@ -230,9 +232,10 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
     if model_args.classifier_pooling:
         config_kwargs["classifier_pooling"] = model_args.classifier_pooling
     config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path, **config_kwargs, **common)
-    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path, **common)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        model_args.model_name_or_path, config=config, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes, **common
+    tokenizer = auto_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, **common)
+    model = load_checkpoint(
+        AutoModelForSequenceClassification, model_args.model_name_or_path, "hf-lookaround glue", ("text", "other"),
+        config=config, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes, **common
     )
     if tokenizer.pad_token is None:  # GPT-style tokenizers: pad with EOS, as run_glue users do
         tokenizer.pad_token = tokenizer.eos_token

@@ -13,6 +13,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.text import check_utf8
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -69,6 +71,7 @@ def _split_file(directory: Path, split: str) -> Path | None:
 
 
 def _read_text_file(path: Path, text_column: str) -> list[str]:
+    check_utf8(path)
     opener = gzip.open if path.suffix == ".gz" else open
     stem = path.name[:-3] if path.suffix == ".gz" else path.name
     with opener(path, "rt", encoding="utf-8") as handle:
@@ -147,6 +150,8 @@ def load_labeled_splits(
         for split, file in files.items():
             if not Path(file).is_file():
                 raise ValueError(f"--{split}_file {file} does not exist")
+        for file in files.values():
+            check_utf8(file)
         builders = {_builder_for(f) for f in files.values()}
         if len(builders) != 1:
             raise ValueError(f"all data files must have the same format, got {files}")

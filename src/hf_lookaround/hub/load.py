@@ -1,5 +1,8 @@
-""":func:`load_pretrained` checks the weights files (present, valid safetensors) before handing over to
-``AutoModel*.from_pretrained``, so a broken repo fails with a message that names the file.
+""":func:`load_checkpoint`, the one way the package's commands load a model: the checkpoint is checked first
+(``weights.check_local_checkpoint``: its kind, its weights files, its tensors against config.json), then loaded,
+then its weights are checked for NaN and infinity, so that a broken checkpoint fails with one line that names
+what is wrong instead of generating from re-initialised or NaN weights. :func:`load_pretrained` does the same
+for a head by name, for a local folder or a Hub repo.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from pathlib import Path
 
 from .files import read_json
 from .remote_code import HEADS
-from .weights import WEIGHTS_INDEX_NAME, WEIGHTS_NAME, check_weights
+from .weights import WEIGHTS_INDEX_NAME, WEIGHTS_NAME, check_finite, check_local_checkpoint, check_weights
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +44,16 @@ def _fetch_weights(repo_id: str, hub_kwargs: dict) -> Path:
     return index.parent
 
 
+def load_checkpoint(auto_class, model_name_or_path, command: str, kinds=("text",), **kwargs):
+    """``auto_class.from_pretrained(model_name_or_path, **kwargs)``, checked before (a local folder: see
+    ``check_local_checkpoint``; ``command`` (say ``"hf-lookaround generate"``) reads the checkpoint ``kinds``) and after
+    (no NaN or infinity in the loaded weights). Raises ValueError with one line otherwise."""
+    check_local_checkpoint(model_name_or_path, command, kinds)
+    model = auto_class.from_pretrained(model_name_or_path, **kwargs)
+    check_finite(model.named_parameters(), str(model_name_or_path))
+    return model
+
+
 def load_pretrained(repo_or_dir, head: str = "base", **kwargs):
     """Load a LookAround checkpoint (local folder or Hub repo id) into ``head`` with the package's classes.
 
@@ -55,12 +68,9 @@ def load_pretrained(repo_or_dir, head: str = "base", **kwargs):
 
     if head not in HEADS:
         raise ValueError(f"unknown head {head!r}; choose one of {sorted(HEADS)}")
-    path = Path(repo_or_dir)
-    if path.is_dir():
-        check_weights(path)
-    else:
+    if not Path(repo_or_dir).is_dir():
         hub_kwargs = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in kwargs}
         snapshot = _fetch_weights(str(repo_or_dir), hub_kwargs)
         check_weights(snapshot, where=f"the Hub repo {repo_or_dir} (cached in {snapshot})")
     auto_class = getattr(transformers, HEADS[head][0])
-    return auto_class.from_pretrained(repo_or_dir, **kwargs)
+    return load_checkpoint(auto_class, repo_or_dir, "load_pretrained()", kinds=("text", "vision"), **kwargs)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .cards import CARD_ARGS_KEY, write_model_card
 from .remote_code import ensure_remote_code
-from .weights import check_weights
+from .weights import check_local_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def _check_checkpoint(folder: Path, repo_id: str) -> None:
         raise ValueError(f"{folder} is not a checkpoint: it has no config.json (save the model with save_pretrained)")
     if repo_id.count("/") > 1 or not all(repo_id.split("/")):
         raise ValueError(f"repo_id must be 'name' or 'namespace/name', got {repo_id!r}")
-    check_weights(folder)
+    check_local_checkpoint(folder, "hf-lookaround push", kinds=("text", "vision"), finite=True)
     _files_to_push(folder)  # refuses links out of the folder
 
 

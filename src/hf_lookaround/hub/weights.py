@@ -1,5 +1,8 @@
-"""Check a checkpoint's weights files before anything loads or pushes them: present, listed in the index,
-valid safetensors (:func:`check_weights`).
+"""Check a checkpoint before anything loads or pushes it: its weights files are present, listed in the index and
+valid safetensors (:func:`check_weights`); it is a checkpoint of the kind the command reads (text or vision,
+:func:`checkpoint_kind`); its tensors are the ones its config.json describes, with the same shapes
+(:func:`check_tensors`); and they hold no NaN or infinity (:func:`check_finite`). :func:`check_local_checkpoint`
+runs them all; ``load.load_checkpoint`` is the one loader the commands use.
 """
 
 from __future__ import annotations
@@ -57,8 +60,141 @@ def check_weights(folder, where: str | None = None) -> list[Path]:
     return files
 
 
-def check_local_weights(model_name_or_path) -> None:
-    """For a local checkpoint folder, :func:`check_weights` before ``from_pretrained``, which names no file when
-    ``model.safetensors`` is cut short; a Hub name is left to ``from_pretrained`` (see ``load.load_pretrained``)."""
-    if Path(model_name_or_path).is_dir():
-        check_weights(model_name_or_path)
+# config.json's model_type -> what a LookAround checkpoint holds
+LOOKAROUND_KINDS = {"lookaround": "text", "lookaround_vit": "vision"}
+# what reads each kind, for the message that refuses a checkpoint of another kind
+READ_BY = {"text": "hf-lookaround generate, perplexity, probe or glue",
+           "vision": "hf-lookaround vision sample --model DIR"}
+
+
+def _listed(names, limit: int = 4) -> str:
+    names = list(names)
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def checkpoint_kind(folder) -> str:
+    """``"text"`` or ``"vision"`` for a LookAround checkpoint, ``"other"`` for a model of another type. A
+    config.json that names LookAround classes under another model_type (an edited config) is refused: neither
+    the package nor transformers would read it as saved."""
+    folder = Path(folder)
+    config = read_json(folder / "config.json")
+    if not isinstance(config, dict):
+        raise ValueError(f"{folder} is not a model checkpoint: it holds no readable config.json "
+                         "(save the model with save_pretrained)")
+    model_type = config.get("model_type")
+    if model_type in LOOKAROUND_KINDS:
+        return LOOKAROUND_KINDS[model_type]
+    ours = [a for a in config.get("architectures") or [] if str(a).startswith("LookAround")]
+    if ours or "plan_params" in config:
+        raise ValueError(f"{folder} is not an hf_lookaround checkpoint as saved: its config.json has model_type "
+                         f"{model_type!r} but LookAround fields ({_listed(ours) or 'plan_params'}); restore the "
+                         "config.json saved with the weights (model_type 'lookaround' or 'lookaround_vit')")
+    return "other"
+
+
+def check_kind(folder, command: str, kinds=("text",)) -> str:
+    """:func:`checkpoint_kind`, refused with one line unless it is one of ``kinds`` (which command reads it)."""
+    kind = checkpoint_kind(folder)
+    if kind in kinds:
+        return kind
+    if kind == "other":
+        model_type = (read_json(Path(folder) / "config.json") or {}).get("model_type")
+        raise ValueError(f"{folder} is not an hf_lookaround checkpoint (config.json's model_type is {model_type!r}, "
+                         f"not 'lookaround'): {command} reads checkpoints saved by hf-lookaround "
+                         "pretrain or vision")
+    raise ValueError(f"{folder} is a {kind} checkpoint, which {command} does not read: use "
+                     f"{READ_BY[kind].replace('DIR', str(folder))}")
+
+
+def _stored_shapes(files) -> dict[str, tuple]:
+    from safetensors import safe_open
+
+    shapes = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                shapes[key] = tuple(f.get_slice(key).get_shape())
+    return shapes
+
+
+def check_tensors(folder, files) -> None:
+    """The tensors in ``files`` must be those of the model that ``folder``'s config.json describes (its
+    ``architectures`` class, built on the meta device: no memory), with the same shapes. ``from_pretrained``
+    would re-initialise missing tensors and drop unexpected ones with a warning, and stop on a changed shape
+    with a traceback that suggests ``ignore_mismatched_sizes`` (which re-initialises them too)."""
+    import torch
+    import transformers
+
+    import hf_lookaround
+
+    folder = Path(folder)
+    config = transformers.AutoConfig.from_pretrained(folder)
+    name = (config.architectures or [""])[0]
+    cls = getattr(hf_lookaround, name, None) if name.startswith("LookAround") else None
+    if cls is None:  # no LookAround class recorded: nothing to compare with
+        return
+    with torch.device("meta"):
+        model = cls(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    tied = getattr(model, "all_tied_weights_keys", None) or {}  # lm_head.weight -> embed_tokens.weight: saved once
+    stored = _stored_shapes(files)
+    # a tied pair is saved once, under either name
+    saved_as = {**tied, **{source: target for target, source in tied.items()}}
+    missing = [k for k in expected if k not in stored and saved_as.get(k) not in stored and k not in tied]
+    unexpected = [k for k in stored if k not in expected]
+    changed = [f"{k} {list(stored[k])} (config.json: {list(expected[k])})"
+               for k in stored if k in expected and stored[k] != expected[k]]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) missing ({_listed(missing)})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected tensor(s) ({_listed(unexpected)})")
+    if changed:
+        problems.append(f"{len(changed)} tensor(s) of another shape: {_listed(changed, 2)}")
+    if not problems:
+        return
+    hint = "The weights file is incomplete or of another model: save the model again, or use an intact checkpoint"
+    if changed:
+        saved = read_json(folder / "config.json") or {}
+        absent = [k for k in type(config)().to_diff_dict() if k not in saved and k != "transformers_version"]
+        removed = f" (config.json lacks {_listed(absent)}: removed fields take their defaults)" if absent else ""
+        hint = f"Its config.json and the weights do not belong together{removed}; restore the config.json saved with them"
+    raise ValueError(f"the weights in {folder} do not match its config.json ({cls.__name__}): "
+                     f"{'; '.join(problems)}. {hint}")
+
+
+def check_finite(named_tensors, where: str) -> None:
+    """Refuse weights that hold NaN or infinity (a diverged run, a damaged file): every floating tensor once."""
+    import torch
+
+    bad = [name for name, t in named_tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"the weights of {where} hold NaN or infinite values in {len(bad)} tensor(s) "
+                         f"({_listed(bad)}): the training diverged or the file is damaged; use an earlier "
+                         "checkpoint (checkpoint-N) or train again (a lower --learning_rate)")
+
+
+def stored_tensors(files):
+    """``(name, tensor)`` for every tensor of the safetensors ``files``, one at a time."""
+    from safetensors import safe_open
+
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                yield key, f.get_tensor(key)
+
+
+def check_local_checkpoint(model_name_or_path, command: str, kinds=("text",), finite: bool = False) -> None:
+    """Every check of this module on a local checkpoint folder, before anything loads it: its kind (one of
+    ``kinds``; ``"other"``: a model of another type, whose tensors are left to ``from_pretrained``), its weights
+    files, its tensors against config.json and, with ``finite``, their values (a loader checks the loaded model's
+    instead: :func:`load.load_checkpoint`). A Hub name is left to ``from_pretrained``."""
+    folder = Path(model_name_or_path)
+    if not folder.is_dir():
+        return
+    kind = check_kind(folder, command, kinds)
+    files = check_weights(folder)
+    if kind != "other":
+        check_tensors(folder, files)
+    if finite:
+        check_finite(stored_tensors(files), str(folder))

@@ -29,6 +29,7 @@ def mean_pooled_features(
     from transformers import AutoModel, AutoTokenizer
 
     from ..data.tokenization import encode_sentences
+    from ..hub.load import load_checkpoint
 
     if not texts:
         raise ValueError("no texts to embed")
@@ -40,7 +41,7 @@ def mean_pooled_features(
         tokenizer.pad_token = fallback
     tokenizer.padding_side = "right"
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModel.from_pretrained(model_path).to(device).eval()
+    model = load_checkpoint(AutoModel, model_path, "hf-lookaround theory", kinds=("text", "other")).to(device).eval()
     features = []
     for start in range(0, len(texts), batch_size):
         batch = encode_sentences(

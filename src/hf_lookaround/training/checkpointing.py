@@ -70,11 +70,14 @@ __all__ = [
     "final_model_problems",
     "OutputDirLock",
     "LOCK_FILE",
-    "disk_full_is_one_line",
+    "save_failure_is_one_line",
+    "unsafe_pickle_is_one_line",
 ]
 
 COMPLETE_MARKER = "checkpoint_complete.json"
 LOCK_FILE = ".hf_lookaround.lock"
+# an empty or unreadable lock older than this is no run's (a run writes its record right after creating the file)
+STALE_UNREADABLE_LOCK_S = 10.0
 _SAMPLE = 1 << 16  # bytes read at the start, middle and end of a file for its sample digest
 _CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
@@ -468,29 +471,56 @@ def allow_indexed_cpu_map_location() -> None:
     _CPU_INDEX_REGISTERED = True
 
 
-def _disk_full(err: BaseException, folder) -> bool:
-    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-        return True
+def _save_failure(err: BaseException, folder) -> str | None:
+    """Why a save failed, when it is the storage's fault (a full disk, a file-size limit), else None."""
     text = str(err)
-    if "No space left on device" in text or "StorageFull" in text:  # safetensors' SafetensorError, torch.save
-        return True
-    try:  # torch.save says only "file write failed": look at the disk itself
-        return "write" in text and shutil.disk_usage(Path(folder).parent).free < (1 << 20)
+    if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or "No space left on device" in text \
+            or "StorageFull" in text:  # the last two: safetensors' SafetensorError, torch.save
+        return "the disk is full (no space left on device); free some space or give an --output_dir on another disk"
+    try:  # torch.save says only "file write failed" or "unexpected pos": look at the disk itself
+        full = shutil.disk_usage(Path(folder).parent).free < (1 << 20)
     except OSError:
-        return False
+        full = False
+    if full and ("write" in text or "unexpected pos" in text):
+        return "the disk is full (no space left on device); free some space or give an --output_dir on another disk"
+    if (isinstance(err, OSError) and err.errno == errno.EFBIG) or "File too large" in text \
+            or "unexpected pos" in text or "file write failed" in text:
+        return ("a file could not be written whole (file too large: a file-size limit such as `ulimit -f`, or the "
+                "largest file of this file system); raise the limit or give an --output_dir on another file system")
+    return None
 
 
 @contextmanager
-def disk_full_is_one_line(folder):
-    """A save that fails because the disk is full raises ``OSError`` naming the folder (the CLI prints it as one
-    line), instead of safetensors' or torch's own error deep in a traceback. Other errors pass unchanged."""
+def save_failure_is_one_line(folder):
+    """A save that fails because of the storage (a full disk, a file-size limit) raises ``OSError`` naming the folder
+    and what to do (the CLI prints it as one line), instead of safetensors' or torch's own error ("unexpected pos")
+    deep in a traceback. Other errors pass unchanged. The folder's marker is written only after a save succeeds,
+    so the half-written folder never counts as a checkpoint (nor a half-written final model as finished)."""
     try:
         yield
     except Exception as err:
-        if not _disk_full(err, folder):
+        reason = _save_failure(err, folder)
+        if reason is None:
             raise
-        raise OSError(f"saving into {folder} failed: the disk is full (no space left on device); free some space "
-                      "or give an --output_dir on another disk, then resume with --resume_from_checkpoint last") from err
+        raise OSError(f"saving into {folder} failed: {reason}, then rerun with --resume_from_checkpoint last "
+                      "(with --overwrite_output_dir instead if no checkpoint was complete yet)") from err
+
+
+@contextmanager
+def unsafe_pickle_is_one_line(checkpoint, files: str):
+    """torch refuses (``weights_only=True``) a state file that would import or run code when loaded: a file no
+    training run wrote. Say so in one line, instead of torch's traceback, which suggests ``weights_only=False``."""
+    import pickle
+
+    try:
+        yield
+    except pickle.UnpicklingError as err:
+        found = re.findall(r"GLOBAL ([\w.]+)", str(err))  # what it would import, e.g. posix.system
+        raise ValueError(
+            f"{files} in {checkpoint} is not a state saved by training: loading it would run code, so it was refused "
+            f"({'it imports ' + found[0] if found else 'not a plain tensor file'}); do not load it with weights_only=False unless you "
+            "made it: resume from another checkpoint"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,7 +588,13 @@ class OutputDirLock:
                 except FileNotFoundError:
                     continue  # released meanwhile
                 except (OSError, ValueError):
-                    owner = {}
+                    owner = None
+                if not isinstance(owner, dict):
+                    if self._unreadable_lock_is_stale():
+                        continue
+                    raise ValueError(
+                        f"--output_dir {self.path.parent}: the lock {self.path} is empty or not a lock record (a run "
+                        f"starting this very moment writes it); if no run writes there, delete {self.path}")
                 pid, host = owner.get("pid"), owner.get("host")
                 if host == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
                     logger.warning("taking over the stale lock %s of process %d on %s, which is dead",
@@ -575,6 +611,21 @@ class OutputDirLock:
             self.held = True
             return self
         raise ValueError(f"could not take the lock {self.path}: other runs keep taking it")
+
+    def _unreadable_lock_is_stale(self) -> bool:
+        """A lock file that is empty or not JSON: a writer killed between creating the file and writing its record
+        (the only moment it is empty), or a file damaged by hand. Older than ``STALE_UNREADABLE_LOCK_S`` it is no
+        run's: taken over with a warning. Younger, another run may be writing its record now: refused."""
+        try:
+            age = time.time() - self.path.stat().st_mtime
+        except FileNotFoundError:
+            return True  # released meanwhile: try again
+        if age < STALE_UNREADABLE_LOCK_S:
+            return False
+        logger.warning("taking over the lock %s: it is empty or not a lock record, %.0f s old (a run killed as it "
+                       "took the lock)", self.path, age)
+        self.path.unlink(missing_ok=True)
+        return True
 
     def release(self) -> None:
         if not self.held:

@@ -413,7 +413,7 @@ class LookAroundTrainer(Trainer):
         self.accelerator.wait_for_everyone()  # no process writes into the folder before it is moved aside
         self.args.save_total_limit = None
         try:
-            with checkpointing.disk_full_is_one_line(folder):
+            with checkpointing.save_failure_is_one_line(folder):
                 super()._save_checkpoint(model, trial)
         finally:
             self.args.save_total_limit = limit
@@ -424,8 +424,16 @@ class LookAroundTrainer(Trainer):
                 shutil.rmtree(replaced, ignore_errors=True)  # the new checkpoint is complete: the old one goes
             checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
 
+    def _load_rng_state(self, checkpoint):
+        with checkpointing.unsafe_pickle_is_one_line(checkpoint, "rng_state*.pth"):
+            return super()._load_rng_state(checkpoint)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        with checkpointing.unsafe_pickle_is_one_line(checkpoint, "optimizer.pt or scheduler.pt"):
+            return super()._load_optimizer_and_scheduler(checkpoint)
+
     def save_model(self, output_dir=None, _internal_call=False):
-        with checkpointing.disk_full_is_one_line(output_dir or self.args.output_dir):
+        with checkpointing.save_failure_is_one_line(output_dir or self.args.output_dir):
             return super().save_model(output_dir, _internal_call)
 
     def _build_accelerator_args(self, **kwargs):
@@ -499,7 +507,9 @@ def load_tokenizer(model_args: ModelArguments, train_texts=None, save_dir=None, 
     name = model_args.tokenizer_name or model_args.model_name_or_path
     if name is None:
         raise ValueError("give a tokenizer (--tokenizer_name DIR_OR_HUB_NAME) or pass --train_tokenizer to train one")
-    tokenizer = AutoTokenizer.from_pretrained(name)
+    from ..data.tokenization import auto_tokenizer
+
+    tokenizer = auto_tokenizer(name)
     if tokenizer.pad_token is None:
         # blocks all have the same length, so padding never reaches the loss; collators still need an id
         tokenizer.pad_token = tokenizer.eos_token
@@ -539,6 +549,9 @@ def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments,
     from ..models.lookaround.configuration_lookaround import LookAroundConfig
 
     if model_args.model_name_or_path:
+        from ..hub.weights import check_local_checkpoint
+
+        check_local_checkpoint(model_args.model_name_or_path, "hf-lookaround pretrain")  # a LookAround text model
         config = AutoConfig.from_pretrained(model_args.model_name_or_path)
     elif model_args.config_name:
         path = Path(model_args.config_name)
@@ -590,10 +603,9 @@ def build_model(config, model_args: ModelArguments, objective_args: ObjectiveArg
             objective_args.single_stream_head]
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path:
-        from ..hub.weights import check_local_weights
+        from ..hub.load import load_checkpoint
 
-        check_local_weights(model_args.model_name_or_path)
-        return cls.from_pretrained(model_args.model_name_or_path, config=config, **kwargs)
+        return load_checkpoint(cls, model_args.model_name_or_path, "hf-lookaround pretrain", config=config, **kwargs)
     return cls._from_config(config, **kwargs)
 
 
@@ -976,6 +988,10 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
             if training_args.should_save:  # the future this run replaces (and damaged checkpoints) go aside
                 checkpointing.set_aside_later_checkpoints(training_args.output_dir, checkpoint)
         if checkpoint is not None:
+            from ..hub.weights import check_local_checkpoint
+
+            # Trainer loads a checkpoint's weights non-strictly: missing, unexpected or NaN tensors are refused here
+            check_local_checkpoint(checkpoint, "hf-lookaround pretrain --resume_from_checkpoint", finite=True)
             checkpointing.check_resume_compatible(checkpoint, model.config, training_args.world_size,
                                                   run=trainer.run_settings)
     done = checkpoint is not None and finished_training(checkpoint, training_args)

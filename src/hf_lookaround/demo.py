@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from . import objectives
+from .data.subsets import seeded_sample
 
 __all__ = ["DEMO_OBJECTIVES", "read_bbc_news", "split_articles", "run"]
 
@@ -466,7 +467,8 @@ def _run(args) -> list[Row]:
                                 output_dir=output_dir / "tokenizer")
     train_blocks = chunk_into_blocks(pretrain_texts, tokenizer, args.block_size)
     eval_blocks = chunk_into_blocks([a[2] for a in splits["validation"]], tokenizer, args.block_size)
-    eval_blocks = eval_blocks.select(range(min(64, len(eval_blocks))))
+    eval_blocks = seeded_sample(eval_blocks, 64, seeds[0], what="validation blocks", flag="the demo's 64",
+                                keep_order=True)
     steps = max(1, math.ceil(args.tokens_per_objective / (args.batch_size * args.block_size)))
     print(f"[demo] tokenizer ({len(tokenizer)} tokens) and {len(train_blocks)} blocks of {args.block_size} in "
           f"{time.perf_counter() - t0:.0f} s; {steps} steps of {args.batch_size} blocks per objective "

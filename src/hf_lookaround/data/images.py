@@ -94,9 +94,14 @@ class ImageSource:
     def shuffled(self, seed: int) -> "ImageSource":
         """The same images in a seeded random order: a first-N slice of a class-sorted folder then holds every
         class (an imagefolder is read class by class)."""
-        order = np.random.default_rng(seed).permutation(len(self))
-        labels = None if self.labels is None else self.labels[order]
-        images = self.images[order] if isinstance(self.images, np.ndarray) else [self.images[i] for i in order]
+        from .subsets import sample_indices
+
+        return self.subset(sample_indices(len(self), len(self), seed))
+
+    def subset(self, indices) -> "ImageSource":
+        """The images at ``indices``, in that order (data.subsets.seeded_sample cuts a split with it)."""
+        labels = None if self.labels is None else self.labels[indices]
+        images = self.images[indices] if isinstance(self.images, np.ndarray) else [self.images[i] for i in indices]
         return ImageSource(images, labels, self.label_names, self.name, self.split, list(self.notes))
 
     def select(self, start: int, stop: int) -> "ImageSource":

@@ -101,6 +101,7 @@ def run(args) -> dict:
     Returns the results, also written to ``OUTPUT_DIR/vision_results.json`` after every stage."""
     from transformers import Trainer, set_seed
 
+    from ..data.subsets import seeded_sample
     from .pretraining import CollatorEpochCallback
 
     started = time.perf_counter()
@@ -123,7 +124,7 @@ def run(args) -> dict:
     # shuffled (seeded) before slicing: the pretraining, probe and test images of a class-sorted folder would
     # otherwise be a few classes each (a probe then scores 0)
     train_source = train_source.shuffled(args.seed).select(0, n_pre + n_probe)
-    test_source = test_source.shuffled(args.seed).select(0, args.num_test or len(test_source))
+    test_source = seeded_sample(test_source, args.num_test, args.seed, what="test images", flag="--num_test")
     processor, train_pixels = fit_image_processor(train_source, image_size)
     test_images = pixel_values_of(test_source, processor)
     train_labels = torch.from_numpy(train_source.labels)

@@ -78,3 +78,81 @@ def test_a_cut_that_leaves_a_class_out_is_warned(caplog):
     assert "test examples: the 3 of 100 kept by --max_eval_samples hold no example of the class(es) [1]" in caplog.text
     # the sample glue took before (shuffle(seed).select(range(n))): the same rows, so recorded numbers stand
     assert seeded_sample(rows, 10, 5, what="x", flag="f")["label"] == rows.shuffle(seed=5).select(range(10))["label"]
+
+
+# ---------------------------------------------------------------------------------------------
+# item 3: the end-of-run masked perplexity costs about what the training did
+# ---------------------------------------------------------------------------------------------
+def _pretrain_argv(tok, texts, tmp_path, *extra):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tok.save_pretrained(tmp_path / "tok")
+    return ["pretrain", "--train_files", str(data), "--tokenizer_name", str(tmp_path / "tok"), "--preset", "tiny",
+            "--config_overrides", "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64",
+            "--block_size", "32", "--objective", "mlm", "--do_train", "--max_steps", "1",
+            "--per_device_train_batch_size", "2", "--validation_split_percentage", "20",
+            "--perplexity_positions_per_window", "4", "--report_to", "none", "--use_cpu", "true",
+            "--output_dir", str(tmp_path / "out"), *extra]
+
+
+def test_end_of_run_perplexity_is_bounded_by_the_training_cost(tok, texts, tmp_path, caplog):
+    # 1 step of 2 blocks: 6 forward rows; a window of 4 prefix lengths costs 4, so 1 window (16 tokens) is scored
+    # of the 6 held-out documents of 80 words, where it scored all 6 (~120 windows, 20x the training) before
+    argv = _pretrain_argv(tok, texts, tmp_path, "--do_eval")
+    with caplog.at_level("INFO", logger="hf_lookaround.training.pretraining"):
+        assert cli.main(argv) == 0
+    assert ("end-of-run perplexity: 1 of 6 validation document(s), at most 16 tokens (about the cost of the 1 "
+            "training steps; --perplexity_max_tokens sets it)") in caplog.text
+    caplog.clear()
+    # --max_eval_samples bounds it as well, and --perplexity_max_tokens overrides both
+    argv = _pretrain_argv(tok, texts, tmp_path, "--do_eval", "--perplexity_max_tokens", "200",
+                          "--overwrite_output_dir", "true")
+    with caplog.at_level("INFO", logger="hf_lookaround.training.pretraining"):
+        assert cli.main(argv) == 0
+    assert "at most 200 tokens (--perplexity_max_tokens" in caplog.text
+
+
+def test_the_option_is_in_help(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["pretrain", "--help"])
+    out = capsys.readouterr().out
+    assert "--perplexity_max_tokens" in out and "about what the training cost" in " ".join(out.split())
+
+
+# ---------------------------------------------------------------------------------------------
+# item 2: the final model is written as a unit, marker last, before the end-of-run scoring
+# ---------------------------------------------------------------------------------------------
+def test_final_model_is_complete_before_the_end_of_run_scoring(tok, texts, tmp_path, monkeypatch):
+    from hf_lookaround.hub.remote_code import HEADS
+    from hf_lookaround.training import checkpointing, pretraining
+
+    out = tmp_path / "out"
+    seen = {}
+    real = pretraining.final_perplexity
+
+    def look(*args, **kwargs):  # the folder as a user loading it during the scoring finds it
+        config = json.loads((out / "config.json").read_text())
+        seen.update(auto_map=set(config.get("auto_map", {})), card=(out / "README.md").is_file(),
+                    marker=(out / checkpointing.FINAL_MARKER).is_file(), problem=checkpointing.unfinished_run(out))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pretraining, "final_perplexity", look)
+    assert cli.main(_pretrain_argv(tok, texts, tmp_path, "--do_eval", "--perplexity_max_tokens", "16")) == 0
+    assert seen["card"] and seen["marker"] and seen["problem"] is None
+    assert {HEADS[h][0] for h in ("masked-lm", "causal-lm")} <= seen["auto_map"]
+
+
+def test_loaders_refuse_a_run_folder_whose_final_model_is_unfinished(tok, texts, tmp_path):
+    from hf_lookaround.hub.load import load_pretrained
+    from hf_lookaround.hub.weights import check_local_weights
+    from hf_lookaround.training import checkpointing
+
+    out = tmp_path / "out"
+    assert cli.main(_pretrain_argv(tok, texts, tmp_path)) == 0
+    check_local_weights(out)  # finished: loads
+    # as during the final save: the run's lock is there, the marker (written last) is not
+    (out / checkpointing.FINAL_MARKER).unlink()
+    (out / checkpointing.LOCK_FILE).write_text(json.dumps({"pid": 1, "host": "elsewhere"}))
+    for load in (check_local_weights, load_pretrained):
+        with pytest.raises(ValueError, match="pretrain run that has not finished .* load one of its complete"):
+            load(out)

@@ -905,6 +905,28 @@ def write_card(output_dir, objective_args: ObjectiveArguments, dataset, eval_dat
     write_model_card(output_dir, **card_kwargs(objective_args, dataset, eval_dataset))
 
 
+def save_final_model(trainer, objective_args: ObjectiveArguments, data_args: DataArguments) -> None:
+    """The final model at the top of ``output_dir``, written as a unit as a checkpoint is, before any scoring:
+    the old marker goes first (from here the folder is unfinished, and the package's loaders refuse it), then
+    weights, config, trainer state, card and every head's ``auto_map``, and the marker last."""
+    output_dir = trainer.args.output_dir
+    if trainer.is_world_process_zero():
+        (Path(output_dir) / checkpointing.FINAL_MARKER).unlink(missing_ok=True)
+    trainer.save_model()
+    trainer.save_state()
+    if not trainer.is_world_process_zero():
+        return
+    dataset = data_args.dataset_name or [str(f) for f in data_args.train_files]
+    write_card(output_dir, objective_args, dataset, eval_data_name(data_args))
+    from ..hub.remote_code import ensure_remote_code
+
+    # save_model maps only the trained head in auto_map: map every head, so that the output loads as a
+    # causal or masked LM with trust_remote_code too
+    ensure_remote_code(output_dir)
+    # last, once config.json has its auto_map: a rerun checks the final model against this record
+    checkpointing.mark_final_model(output_dir, trainer.state.global_step)
+
+
 # ---------------------------------------------------------------------------------------------
 # The job
 # ---------------------------------------------------------------------------------------------
@@ -1079,15 +1101,13 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         logger.info("%s is the end of this training: saving %s as the final model, training nothing", checkpoint,
                     "it" if source == checkpoint else f"the best checkpoint {source}")
         trainer._load_from_checkpoint(source)
-        trainer.save_model()
-        trainer.save_state()
+        save_final_model(trainer, objective_args, data_args)
     elif training_args.do_train:
         result = trainer.train(resume_from_checkpoint=checkpoint)
-        trainer.save_model()
         metrics.update(result.metrics)
         trainer.log_metrics("train", result.metrics)
         trainer.save_metrics("train", result.metrics)
-        trainer.save_state()
+        save_final_model(trainer, objective_args, data_args)
     if training_args.do_eval:
         eval_metrics = trainer.evaluate()
         steps = trainer.state.global_step or max(training_args.max_steps, 0)
@@ -1101,15 +1121,6 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
     dataset = data_args.dataset_name or [str(f) for f in data_args.train_files]
-    if training_args.do_train and not saved and trainer.is_world_process_zero():
-        write_card(training_args.output_dir, objective_args, dataset, eval_data_name(data_args))
-        from ..hub.remote_code import ensure_remote_code
-
-        # save_model maps only the trained head in auto_map: map every head, so that the output loads as a
-        # causal or masked LM with trust_remote_code too
-        ensure_remote_code(training_args.output_dir)
-        # last, once config.json has its auto_map: a rerun checks the final model against this record
-        checkpointing.mark_final_model(training_args.output_dir, trainer.state.global_step)
     if training_args.push_to_hub:
         from ..hub.push import push_trainer_output
 

@@ -156,3 +156,26 @@ def test_loaders_refuse_a_run_folder_whose_final_model_is_unfinished(tok, texts,
     for load in (check_local_weights, load_pretrained):
         with pytest.raises(ValueError, match="pretrain run that has not finished .* load one of its complete"):
             load(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# item 4: the demo says what it does from the start, and its bar names the objective and the seed
+# ---------------------------------------------------------------------------------------------
+def test_demo_says_what_it_does_and_names_its_bars(tmp_path, capsys):
+    from hf_lookaround.cli.demo import main as demo_main
+
+    rng = random.Random(0)
+    for label in ("sport", "music"):
+        (tmp_path / "corpus" / label).mkdir(parents=True)
+        for i in range(12):
+            words = WORDS[:8] if label == "sport" else WORDS[7:]
+            (tmp_path / "corpus" / label / f"{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(60)))
+    assert demo_main(["--corpus-dir", str(tmp_path / "corpus"), "--objectives", "ar", "--tokens-per-objective", "512",
+                      "--batch-size", "4", "--block-size", "32", "--vocab-size", "300", "--perplexity-documents", "2",
+                      "--output-dir", str(tmp_path / "demo"), "--seeds", "3", "--no-baseline"]) == 0
+    captured = capsys.readouterr()
+    lines = [line for line in captured.out.splitlines() if line.startswith("[demo]")]
+    assert lines[1].startswith("[demo] training a 300-token tokenizer on the 14 pretraining articles")
+    assert "[demo] seed 3, ar: pretraining 4 steps" in lines
+    assert any(line.startswith("[demo] seed 3, ar: held-out perplexity on 2 test articles") for line in lines)
+    assert "seed 3, ar:" in captured.err  # Trainer's tqdm bar, with its name

@@ -41,6 +41,7 @@ from pathlib import Path
 from transformers import (
     AutoConfig,
     AutoTokenizer,
+    ProgressCallback,
     Trainer,
     TrainerCallback,
     TrainerState,
@@ -253,6 +254,19 @@ ObjectiveArguments.__module__ = __name__
 # ---------------------------------------------------------------------------------------------
 # Trainer pieces
 # ---------------------------------------------------------------------------------------------
+class NamedProgressCallback(ProgressCallback):
+    """Trainer's progress bar with a name before it ("seed 0, mlm"): the demo trains several in a row."""
+
+    def __init__(self, label: str):
+        super().__init__()
+        self.label = label
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        if self.training_bar is not None:
+            self.training_bar.set_description(self.label)
+
+
 class CollatorEpochCallback(TrainerCallback):
     """Tell the collator the epoch, so that a batch seen again in a later epoch gets a new plan.
 

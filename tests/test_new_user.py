@@ -179,3 +179,23 @@ def test_demo_says_what_it_does_and_names_its_bars(tmp_path, capsys):
     assert "[demo] seed 3, ar: pretraining 4 steps" in lines
     assert any(line.startswith("[demo] seed 3, ar: held-out perplexity on 2 test articles") for line in lines)
     assert "seed 3, ar:" in captured.err  # Trainer's tqdm bar, with its name
+
+
+# ---------------------------------------------------------------------------------------------
+# item 5: a card names its data sets, never a path of the user's machine, and has no YAML anchors
+# ---------------------------------------------------------------------------------------------
+def test_push_dry_run_card_has_no_local_paths_and_no_yaml_anchors(tok, texts, tmp_path):
+    import yaml
+
+    assert cli.main(_pretrain_argv(tok, texts, tmp_path, "--do_eval", "--perplexity_max_tokens", "16")) == 0
+    preview = tmp_path / "preview"
+    assert cli.main(["push", str(tmp_path / "out"), "me/tiny", "--dry-run", str(preview), "--language", "en", "fr",
+                     "--dataset", str(tmp_path / "train.jsonl")]) == 0
+    card = (preview / "README.md").read_text()
+    front = card.split("---")[1]
+    assert str(tmp_path) not in card and "&id" not in front and "*id" not in front
+    meta = yaml.safe_load(front)
+    assert meta["language"] == ["en", "fr"] and "datasets" not in meta  # a local file is no Hub data set
+    data = meta["model-index"][0]["results"][0]["dataset"]
+    assert data["name"] == data["type"] == (f"the last 20 % of the documents of {tmp_path.name}/train.jsonl (local) "
+                                            "(held out from training)")

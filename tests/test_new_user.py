@@ -199,3 +199,19 @@ def test_push_dry_run_card_has_no_local_paths_and_no_yaml_anchors(tok, texts, tm
     data = meta["model-index"][0]["results"][0]["dataset"]
     assert data["name"] == data["type"] == (f"the last 20 % of the documents of {tmp_path.name}/train.jsonl (local) "
                                             "(held out from training)")
+
+
+# ---------------------------------------------------------------------------------------------
+# item 6: no test has a wall-clock limit that a slow or loaded machine reaches
+# ---------------------------------------------------------------------------------------------
+def test_no_test_sets_a_tight_wall_clock_limit():
+    import re
+    from pathlib import Path
+
+    from conftest import HUNG_CHILD_SECONDS
+
+    assert HUNG_CHILD_SECONDS >= 3600
+    tight = [f"{path.name}:{n}: {line.strip()}" for path in sorted(Path(__file__).parent.glob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"timeout\s*=\s*\d", line)]  # a number: every limit goes through HUNG_CHILD_SECONDS
+    assert not tight, tight

@@ -7,12 +7,16 @@ import sys
 
 import numpy as np
 
+from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
+
 CODE = """
 import hf_lookaround
 from transformers import AutoImageProcessor, AutoModelForImageClassification, pipeline
 from hf_lookaround import LookAroundViTConfig
 from PIL import Image
 import numpy as np
+
+from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
 config = LookAroundViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=1,
                              num_attention_heads=2, intermediate_size=64, num_labels=3)
 AutoModelForImageClassification.from_config(config).save_pretrained(DIR)
@@ -29,7 +33,7 @@ def test_image_classification_pipeline_asks_nothing(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", f"DIR = {str(folder)!r}\n" + CODE], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        out, _ = proc.communicate(timeout=120)  # stdin stays open and silent, as a terminal nobody answers
+        out, _ = proc.communicate(timeout=HUNG_CHILD_SECONDS)  # stdin stays open and silent, as a terminal nobody answers
     finally:
         proc.kill()
     assert "auto_map" in (folder / "preprocessor_config.json").read_text()  # remote code is still written

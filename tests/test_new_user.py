@@ -215,3 +215,39 @@ def test_no_test_sets_a_tight_wall_clock_limit():
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if re.search(r"timeout\s*=\s*\d", line)]  # a number: every limit goes through HUNG_CHILD_SECONDS
     assert not tight, tight
+
+
+# ---------------------------------------------------------------------------------------------
+# item 7: generate prints the prompt with its continuation, says when it picks t = 2, fills without double spaces
+# ---------------------------------------------------------------------------------------------
+def _checkpoint(tok, folder, **overrides):
+    from hf_lookaround import LookAroundForPreTraining
+
+    torch.manual_seed(0)
+    config = LookAroundConfig.from_preset(
+        "tiny", vocab_size=len(tok), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, mask_token_id=tok.mask_token_id, **overrides)
+    LookAroundForPreTraining(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_generate_prints_the_prompt_and_says_it_picks_t_2(tok, tmp_path, capsys, caplog):
+    model = _checkpoint(tok, tmp_path / "dar", objective="dar", plan_params={"t": 2}, prediction_stream="query")
+    with caplog.at_level("INFO", logger="hf_lookaround.cli.generate"):
+        assert cli.main(["generate", str(model), "--prompt", "river stone", "--max_new_tokens", "4",
+                         "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith("river stone")
+    assert "no --group_size: decoding t = 2 tokens per forward" in caplog.text
+    assert cli.main(["generate", str(model), "--prompt", "river stone", "--max_new_tokens", "4", "--device", "cpu",
+                     "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["prompt"] == "river stone" and printed["group_size"] == 2
+
+
+def test_infilling_leaves_no_double_spaces(tok, tmp_path, capsys):
+    model = _checkpoint(tok, tmp_path / "mlm", objective="mlm", plan_params={"mask_ratio": 0.15})
+    assert cli.main(["generate", str(model), "--infill", "river [MASK] [MASK] light window", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("river") and out.endswith(" light window") and "  " not in out, repr(out)

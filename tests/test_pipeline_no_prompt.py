@@ -15,8 +15,6 @@ from transformers import AutoImageProcessor, AutoModelForImageClassification, pi
 from hf_lookaround import LookAroundViTConfig
 from PIL import Image
 import numpy as np
-
-from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
 config = LookAroundViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=1,
                              num_attention_heads=2, intermediate_size=64, num_labels=3)
 AutoModelForImageClassification.from_config(config).save_pretrained(DIR)

@@ -251,3 +251,52 @@ def test_infilling_leaves_no_double_spaces(tok, tmp_path, capsys):
     assert cli.main(["generate", str(model), "--infill", "river [MASK] [MASK] light window", "--device", "cpu"]) == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith("river") and out.endswith(" light window") and "  " not in out, repr(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# item 8: .npz image arrays, train-tokenizer's output, no pin_memory warning on the CPU, transformers' range
+# ---------------------------------------------------------------------------------------------
+def test_vision_reads_npz_arrays(tmp_path):
+    import numpy as np
+
+    from hf_lookaround.data.images import load_image_splits
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "mnist.npz"
+    np.savez(path, x_train=rng.integers(0, 256, (40, 8, 8), dtype=np.uint8), y_train=np.arange(40) % 4,
+             x_test=rng.random((10, 8, 8, 1)), y_test=np.arange(10) % 4)  # floats 0..1 for the test images
+    train, test = load_image_splits(str(path))
+    assert (len(train), len(test), train.num_channels, train.image_size) == (40, 10, 1, 8)
+    assert test.images.dtype == np.uint8 and train.label_names == ("0", "1", "2", "3")
+    np.savez(tmp_path / "only_train.npz", x_train=rng.integers(0, 256, (20, 8, 8, 3), dtype=np.uint8),
+             y_train=np.arange(20) % 2)
+    train, test = load_image_splits(str(tmp_path / "only_train.npz"), test_fraction=0.25)
+    assert (len(train), len(test), train.num_channels) == (15, 5, 3)
+    np.savez(tmp_path / "bad.npz", images=np.zeros((3, 8, 8)))
+    with pytest.raises(ValueError, match="expected x_train and y_train"):
+        load_image_splits(str(tmp_path / "bad.npz"))
+
+
+def test_train_tokenizer_prints_no_blank_lines(tmp_path, texts, capfd):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    assert cli.main(["train-tokenizer", str(data), "-o", str(tmp_path / "tok"), "--vocab_size", "300"]) == 0
+    out = capfd.readouterr().out  # the file descriptor: tokenizers' Rust code writes there directly
+    assert out.splitlines()[-1].startswith("saved a byte-level BPE tokenizer") and "" not in out.splitlines()
+
+
+def test_no_pin_memory_warning_on_a_cpu_run(tok, texts, tmp_path):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(_pretrain_argv(tok, texts, tmp_path)) == 0
+    assert not [w for w in caught if "pin_memory" in str(w.message)]
+
+
+def test_setup_pins_transformers_to_the_verified_minor():
+    import re
+    from pathlib import Path
+
+    setup = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    assert re.search(r'"transformers>=5\.17,<5\.18"', setup)

@@ -130,6 +130,7 @@ def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tup
         ObjectiveArguments,
         build_config,
         build_model,
+        pin_memory_useful,
         write_card,
     )
 
@@ -161,6 +162,7 @@ def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tup
         report_to=["tensorboard"],
         prediction_loss_only=True,
         use_cpu=args.device == "cpu",
+        dataloader_pin_memory=pin_memory_useful(args.device == "cpu"),
         bf16=args.device == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
         seed=args.seed,
         disable_tqdm=args.quiet,

@@ -345,6 +345,7 @@ class LookAroundTrainingArguments(TrainingArguments):
         if self.dataloader_num_workers is None:
             self.dataloader_workers_by_default = True
             self.dataloader_num_workers = default_dataloader_workers(self.use_cpu)
+        self.dataloader_pin_memory = self.dataloader_pin_memory and pin_memory_useful(self.use_cpu)
         super().__post_init__()
 
 
@@ -362,6 +363,15 @@ def launched_on_cpu_only() -> bool:
     accelerator = getattr(torch, "accelerator", None)
     has_accelerator = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
     return not has_accelerator
+
+
+def pin_memory_useful(use_cpu: bool) -> bool:
+    """Pinned host memory speeds copies to an accelerator; on a CPU run torch's data loader only warns that there
+    is none (once per run), so the data loaders pin only when an accelerator is there and used."""
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    return not use_cpu and (accelerator.is_available() if accelerator is not None else torch.cuda.is_available())
 
 
 def default_dataloader_workers(use_cpu: bool) -> int:

@@ -42,12 +42,15 @@ def _plan_params(args) -> dict:
 def _training_args(output_dir, args, steps):
     from transformers import TrainingArguments
 
+    from .pretraining import pin_memory_useful
+
     return TrainingArguments(
         output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.learning_rate, weight_decay=args.weight_decay, lr_scheduler_type="cosine",
         warmup_steps=max(1, steps // 20), logging_steps=max(1, steps // 10), save_strategy="no",
         report_to="none", seed=args.seed, dataloader_num_workers=args.dataloader_num_workers,
         remove_unused_columns=False, disable_tqdm=True, bf16=args.bf16,
+        dataloader_pin_memory=pin_memory_useful(False),
     )
 
 

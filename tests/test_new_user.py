@@ -247,10 +247,18 @@ def test_generate_prints_the_prompt_and_says_it_picks_t_2(tok, tmp_path, capsys,
 
 
 def test_infilling_leaves_no_double_spaces(tok, tmp_path, capsys):
+    from hf_lookaround.decoding.infill import _encode_infill_inputs
+
     model = _checkpoint(tok, tmp_path / "mlm", objective="mlm", plan_params={"mask_ratio": 0.15})
     assert cli.main(["generate", str(model), "--infill", "river [MASK] [MASK] light window", "--device", "cpu"]) == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith("river") and out.endswith(" light window") and "  " not in out, repr(out)
+    # a filled word brings its own space ("Ġstone"): the text around a mask token must not add another
+    config = LookAroundConfig.from_pretrained(model)
+    ids, hidden, _ = _encode_infill_inputs(tok, "river [MASK] [MASK] light", None, None, None, False, config, "cpu")
+    word = min(t for t in tok.get_vocab() if t.startswith("Ġ") and len(t) > 2)  # "Ġ" + a word piece
+    filled = torch.where(hidden, torch.full_like(ids, tok.convert_tokens_to_ids(word)), ids)
+    assert tok.decode(filled[0]) == f"river {word[1:]} {word[1:]} light"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,12 +293,16 @@ def test_train_tokenizer_prints_no_blank_lines(tmp_path, texts, capfd):
     assert out.splitlines()[-1].startswith("saved a byte-level BPE tokenizer") and "" not in out.splitlines()
 
 
-def test_no_pin_memory_warning_on_a_cpu_run(tok, texts, tmp_path):
+def test_no_pin_memory_warning_on_a_cpu_run(tok, texts, tmp_path, monkeypatch):
     import warnings
 
+    # a machine without an accelerator, and no --use_cpu (which makes transformers pin nothing): as a user runs it
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    argv = _pretrain_argv(tok, texts, tmp_path)
+    del argv[argv.index("--use_cpu"):argv.index("--use_cpu") + 2]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert cli.main(_pretrain_argv(tok, texts, tmp_path)) == 0
+        assert cli.main(argv) == 0
     assert not [w for w in caught if "pin_memory" in str(w.message)]
 
 

@@ -15,7 +15,9 @@ setup(
     install_requires=[
         # keep the torch range bounded: a bare `torch` pulls a multi-GB CUDA build
         "torch>=2.6,<2.14",
-        "transformers>=5.17,<5.24",
+        # verified: 5.17.x (the tests pass there). 5.24 renames past_key_values and needs peft >= 0.22, which does
+        # not exist yet; 5.18-5.23 are untested, and a plain `pip install` resolved 5.23 (issue 30, section 4)
+        "transformers>=5.17,<5.18",
         "accelerate>=1.15",
         "huggingface_hub>=1.33,<2",
         "peft>=0.21.2",

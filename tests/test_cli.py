@@ -6,12 +6,13 @@ import sys
 import pytest
 
 from hf_lookaround import cli
+from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
 
 ENV_CODE = "import os; os.environ.setdefault('HF_HUB_OFFLINE', '1')\n"
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", ENV_CODE + code], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", ENV_CODE + code], capture_output=True, text=True, timeout=HUNG_CHILD_SECONDS)
 
 
 def test_import_and_help_load_neither_torch_nor_transformers():
@@ -90,7 +91,7 @@ def test_console_script_answers_a_user_error_without_traceback(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     result = subprocess.run([sys.executable, "-m", "hf_lookaround.cli", "train-tokenizer", str(empty),
-                             "--output_dir", str(tmp_path / "tok")], capture_output=True, text=True, timeout=300)
+                             "--output_dir", str(tmp_path / "tok")], capture_output=True, text=True, timeout=HUNG_CHILD_SECONDS)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("hf-lookaround train-tokenizer: error:")
     assert "Traceback" not in result.stderr
@@ -109,7 +110,7 @@ def test_a_skip_for_missing_data_fails_the_run(tmp_path):
         "def test_skips_for_another_reason():\n    pytest.skip('covered by a smaller case')\n"
     )
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                            capture_output=True, text=True, timeout=HUNG_CHILD_SECONDS, cwd=tmp_path)
     # a skipif mark skips during setup, so the report is an error there: either way the run fails
     assert result.returncode == 1 and "1 skipped" in result.stdout, result.stdout[-2000:]
     assert "skipped for missing data (Skipped: shared data not found)" in result.stdout

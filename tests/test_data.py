@@ -21,6 +21,7 @@ from hf_lookaround.data.text import build_blocks, chunk_into_blocks, load_text_d
 from hf_lookaround.cli.pretrain import parse_args
 from hf_lookaround.training.pretraining import run
 from hf_lookaround.data.tokenization import train_tokenizer
+from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
 
 WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
 
@@ -277,7 +278,7 @@ def test_two_processes_streaming_with_a_tokenizer_trained_once(tmp_path):
     env = dict(os.environ, RECORD_DIR=str(record), OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
                HF_DATASETS_CACHE=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(tmp_path / "worker.py"), *argv], env=env, capture_output=True, text=True, timeout=300)
+                           str(tmp_path / "worker.py"), *argv], env=env, capture_output=True, text=True, timeout=HUNG_CHILD_SECONDS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in record.glob("tokenizer_trained_by_*")) == ["tokenizer_trained_by_0"]
     from transformers import AutoTokenizer

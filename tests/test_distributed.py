@@ -21,6 +21,7 @@ from hf_lookaround.training import checkpointing
 from hf_lookaround.data.collators import make_collator
 from hf_lookaround.training.pretraining import gradient_accumulation_for, run
 from hf_lookaround.cli.pretrain import parse_args
+from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
 
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
 TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,hidden_dropout_prob=0.1"
@@ -28,7 +29,7 @@ STEPS, SAVE_EVERY = 10, 3  # 24 blocks, 2 per rank and step: 6 steps per epoch, 
 CHECKPOINTS = [3, 6, 9, 10]  # every SAVE_EVERY steps, and at the end
 
 
-def torchrun(*args, env=None, check=True, timeout=240):
+def torchrun(*args, env=None, check=True, timeout=HUNG_CHILD_SECONDS):
     environ = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "HF_DATASETS_OFFLINE": "1", **(env or {})}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER), *args]

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from hf_lookaround.training import checkpointing
+from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
 
 
 def test_torchrun_on_a_cpu_machine_makes_one_world_of_two(tmp_path, tokenizer_dir):
@@ -26,7 +27,7 @@ def test_torchrun_on_a_cpu_machine_makes_one_world_of_two(tmp_path, tokenizer_di
            "--block_size", "16", "--do_train", "--max_steps", "2", "--save_steps", "2",
            "--per_device_train_batch_size", "2", "--validation_split_percentage", "0", "--report_to", "none",
            "--disable_tqdm", "true", "--output_dir", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HUNG_CHILD_SECONDS)
     assert proc.returncode == 0, proc.stderr[-4000:]
     marker = json.loads((out / "checkpoint-2" / checkpointing.COMPLETE_MARKER).read_text())
     assert marker["world_size"] == 2, marker

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import torch
+from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
 
 WORKER = textwrap.dedent(
     """
@@ -50,7 +51,7 @@ def test_fsdp2_full_state_dict_saves_our_remote_code_and_reloads(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000),
            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, str(script), str(out)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(script), str(out)], env=env, capture_output=True, text=True, timeout=HUNG_CHILD_SECONDS)
     assert done.returncode == 0, done.stderr[-3000:]
 
     worker = json.loads((out / "worker.json").read_text())

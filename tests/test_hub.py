@@ -28,6 +28,7 @@ from hf_lookaround.models.lookaround.configuration_lookaround import LookAroundC
 from hf_lookaround.models.lookaround.modeling_lookaround import LookAroundForPreTraining
 from hf_lookaround.plans import make_plan
 from hf_lookaround.data.tokenization import train_tokenizer
+from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 REPO = "lab/tiny-lookaround"
@@ -97,7 +98,7 @@ def run_child(hub_url: str, workdir: Path, hf_home: Path, offline: bool, with_pa
                HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_TELEMETRY="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, REPO, str(workdir), "1" if with_package else "0", str(SRC)],
-        env=env, cwd=workdir, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        env=env, cwd=workdir, capture_output=True, text=True, timeout=HUNG_CHILD_SECONDS, stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Do you wish to run the custom code" not in proc.stdout + proc.stderr
@@ -328,7 +329,7 @@ def test_vision_checkpoint_push_and_remote_load(server, online, tmp_path):
     env.update(HF_ENDPOINT=server.url, HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="0",
                HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_TELEMETRY="1")
     proc = subprocess.run([sys.executable, "-c", VISION_CHILD, "lab/tiny-vit", str(tmp_path)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=HUNG_CHILD_SECONDS, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = torch.load(tmp_path / "vision_out.pt")
     assert torch.equal(got["AutoModelForPreTraining"], want["AutoModelForPreTraining"])

@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 
+from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
+
 CODE = """
 import hf_lookaround
 from transformers import AutoImageProcessor, AutoModelForImageClassification, pipeline
@@ -29,7 +31,7 @@ def test_image_classification_pipeline_asks_nothing(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", f"DIR = {str(folder)!r}\n" + CODE], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        out, _ = proc.communicate(timeout=120)  # stdin stays open and silent, as a terminal nobody answers
+        out, _ = proc.communicate(timeout=HUNG_CHILD_SECONDS)  # stdin stays open and silent, as a terminal nobody answers
     finally:
         proc.kill()
     assert "auto_map" in (folder / "preprocessor_config.json").read_text()  # remote code is still written

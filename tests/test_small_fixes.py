@@ -8,6 +8,7 @@ import random
 import pytest
 
 from hf_lookaround import cli
+from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
 
 
 def test_trainer_commands_keep_debug_with_a_value(monkeypatch, tmp_path):
@@ -48,7 +49,7 @@ def test_end_of_run_perplexity_with_a_trained_tokenizer_warns_nothing(tmp_path):
             "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true", "--output_dir", str(tmp_path / "o")]
     # a process of its own: transformers' warnings go to the stderr its logging was set up with
     proc = subprocess.run([sys.executable, "-m", "hf_lookaround.cli", *argv], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                          timeout=HUNG_CHILD_SECONDS, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "eval_ar_perplexity" in proc.stdout + proc.stderr
     assert "Token indices sequence length is longer" not in proc.stderr + proc.stdout

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from . import objectives
+from .data.subsets import seeded_sample
 
 __all__ = ["DEMO_OBJECTIVES", "read_bbc_news", "split_articles", "run"]
 
@@ -119,15 +120,17 @@ class Row:
 
 
 def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tuple[torch.nn.Module, Row]:
-    from transformers import TrainingArguments
+    from transformers import ProgressCallback, TrainingArguments
 
     from .training.pretraining import (
         CollatorEpochCallback,
         LookAroundTrainer,
         ModelArguments,
+        NamedProgressCallback,
         ObjectiveArguments,
         build_config,
         build_model,
+        pin_memory_useful,
         write_card,
     )
 
@@ -159,6 +162,7 @@ def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tup
         report_to=["tensorboard"],
         prediction_loss_only=True,
         use_cpu=args.device == "cpu",
+        dataloader_pin_memory=pin_memory_useful(args.device == "cpu"),
         bf16=args.device == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
         seed=args.seed,
         disable_tqdm=args.quiet,
@@ -168,6 +172,9 @@ def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tup
         data_collator=collator, eval_data_collator=eval_collator, processing_class=tokenizer,
         callbacks=[CollatorEpochCallback(collator)],
     )
+    if not args.quiet:  # Trainer's own bar, named: several objectives and seeds run one after another
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(NamedProgressCallback(f"seed {args.seed}, {name}"))
     start = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - start
@@ -442,6 +449,12 @@ def run(args) -> list[Row]:
         hf_logging.set_verbosity(before)
 
 
+def _say_evaluating(seed, name, splits, args) -> None:
+    print(f"[demo] seed {seed}, {name}: held-out perplexity on {min(args.perplexity_documents, len(splits['test']))} "
+          f"test articles, then probe features of all {sum(map(len, splits.values()))} articles (their first "
+          f"{args.probe_max_length} tokens: the truncation warnings say so)", flush=True)
+
+
 def _run(args) -> list[Row]:
     from copy import copy
 
@@ -460,13 +473,16 @@ def _run(args) -> list[Row]:
           + ", ".join(f"{k} {len(v)}" for k, v in splits.items()), flush=True)
     from .models.lookaround.configuration_lookaround import LookAroundConfig
 
+    print(f"[demo] training a {args.vocab_size}-token tokenizer on the {len(pretrain_texts)} pretraining articles, "
+          f"then packing them into blocks of {args.block_size}", flush=True)
     # model_max_length: what the model accepts (probes read more than a block); blocks are chunked anyway
     positions = LookAroundConfig.from_preset(args.preset).max_position_embeddings
     tokenizer = train_tokenizer(pretrain_texts, vocab_size=args.vocab_size, model_max_length=positions,
                                 output_dir=output_dir / "tokenizer")
     train_blocks = chunk_into_blocks(pretrain_texts, tokenizer, args.block_size)
     eval_blocks = chunk_into_blocks([a[2] for a in splits["validation"]], tokenizer, args.block_size)
-    eval_blocks = eval_blocks.select(range(min(64, len(eval_blocks))))
+    eval_blocks = seeded_sample(eval_blocks, 64, seeds[0], what="validation blocks", flag="the demo's 64",
+                                keep_order=True)
     steps = max(1, math.ceil(args.tokens_per_objective / (args.batch_size * args.block_size)))
     print(f"[demo] tokenizer ({len(tokenizer)} tokens) and {len(train_blocks)} blocks of {args.block_size} in "
           f"{time.perf_counter() - t0:.0f} s; {steps} steps of {args.batch_size} blocks per objective "
@@ -487,11 +503,14 @@ def _run(args) -> list[Row]:
             baseline = LookAroundForPreTraining(config).to(args.device)
             num_parameters = baseline.num_parameters()
             row = Row("untrained", "no pretraining (reference)", None, seed=seed)
+            _say_evaluating(seed, "untrained reference", splits, seed_args)
             rows.append(evaluate_one(baseline, tokenizer, splits, seed_args, row))
         for name in args.objectives:
             t = time.perf_counter()
+            print(f"[demo] seed {seed}, {name}: pretraining {steps} steps", flush=True)
             model, row = pretrain_one(name, seed_args, tokenizer, train_blocks, eval_blocks, steps)
             num_parameters = model.num_parameters()
+            _say_evaluating(seed, name, splits, seed_args)
             rows.append(evaluate_one(model, tokenizer, splits, seed_args, row))
             print(f"[demo] seed {seed}, {name}: trained in {row.train_seconds:.0f} s, evaluated in "
                   f"{time.perf_counter() - t - row.train_seconds:.0f} s; held-out ppl {row.perplexity:.1f}, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 import torch
@@ -16,6 +17,7 @@ from ..hub.weights import check_local_checkpoint
 from .common import resolve_device
 
 COMMAND = "hf-lookaround generate"
+logger = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.num_samples < 1:
         raise ValueError(f"--num_samples {args.num_samples}: must be at least 1")
     args.device = resolve_device(args.device)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # to stderr
 
     from transformers import AutoConfig, AutoModelForPreTraining  # our classes are registered
 
@@ -115,6 +118,9 @@ def _continue_prompt(args, config, tokenizer, sampling, generator):
     group_size = args.group_size
     if group_size is None and args.draft_group_size is None and not gpt_form:
         group_size = default_group_size(config)  # group decoding, t = 1 included (not transformers' loop)
+        if group_size != 1:
+            logger.info("no --group_size: decoding t = %d tokens per forward, the smallest group size this "
+                        "checkpoint trained (it never trained t = 1); --group_size sets it", group_size)
     decoder = {name: value for name, value in (("group_size", group_size), ("draft_group_size", args.draft_group_size))
                if value is not None}
     if decoder:  # group decoding draws with the seeded generator (transformers' loop: torch's seeded global one)
@@ -141,11 +147,16 @@ def _continue_prompt(args, config, tokenizer, sampling, generator):
 
 
 def _print(args, result) -> int:
+    """The outputs on stdout. A continuation is printed after its prompt (plain text), or beside it ("prompt" and
+    "outputs", the continuations, in --json); infilling's outputs are the whole text already."""
     outputs, info = result
+    continued = args.prompt is not None and args.infill is None and args.num_tokens is None
     if args.json:
-        print(json.dumps({**info, "outputs": outputs}, ensure_ascii=False))
+        print(json.dumps({**info, **({"prompt": args.prompt} if continued else {}), "outputs": outputs},
+                         ensure_ascii=False))
     else:
         for i, text in enumerate(outputs):
+            text = args.prompt + text if continued else text
             print(f"[{i}] {text}" if len(outputs) > 1 else text)
         if "acceptance_rate" in info:
             print(f"self-speculative decoding: {info['acceptance_rate']:.1%} of the drafts accepted, "

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..evaluation import perplexity
+from ..data.subsets import seeded_sample
 from ..hub.load import load_checkpoint
 from ..hub.weights import check_local_checkpoint
 from .common import resolve_device
@@ -44,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max_length", type=int, default=None, help="window length (default: min(512, max positions))")
     p.add_argument("--stride", type=int, default=None, help="default: max_length // 2")
     p.add_argument("--batch_size", type=int, default=8)
-    p.add_argument("--max_documents", type=int, default=None, help="score only the first N documents")
+    p.add_argument("--max_documents", type=int, default=None,
+                   help="score only N documents (a random sample, seeded by --seed, in file order)")
+    p.add_argument("--seed", type=int, default=42, help="draws the --max_documents sample")
     p.add_argument("--no_bos", action="store_true", help="do not prepend BOS/CLS (the first token is then unscored)")
     p.add_argument("--positions_per_window", type=int, default=None,
                    help="masked protocol, per-prefix modes: score only this many evenly spaced prefix lengths of each "
@@ -91,9 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = auto_tokenizer(args.tokenizer_name or args.model_name_or_path)
 
     texts = load_texts(args.dataset, args.split, args.text_column, args.dataset_config_name)
-    if args.max_documents is not None:
-        logger.info("scoring the first %d of %d documents (--max_documents)", min(args.max_documents, len(texts)), len(texts))
-        texts = texts[: args.max_documents]
+    texts = seeded_sample(texts, args.max_documents, args.seed, what="documents", flag="--max_documents",
+                          keep_order=True)
     max_positions = getattr(model.config, "max_position_embeddings", None) or 512
     max_length = args.max_length if args.max_length is not None else min(512, max_positions)
     if max_length > max_positions:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.subsets import seeded_sample
 from ..evaluation import probing
 from ..hub.load import load_checkpoint
 from .common import resolve_device
@@ -44,8 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max_length", type=int, default=None, help="default: the model's max positions")
     p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--max_train_samples", type=int, default=None)
-    p.add_argument("--max_eval_samples", type=int, default=None, help="caps validation and test")
+    p.add_argument("--max_train_samples", type=int, default=None, help="a random sample of train (seeded by --seed)")
+    p.add_argument("--max_eval_samples", type=int, default=None,
+                   help="caps validation and test (a random sample of each, seeded by --seed)")
     p.add_argument("--validation_fraction", type=float, default=0.1, help="held out of train when there is no validation split")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--output_dir", required=True)
@@ -89,11 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("no validation split: holding out %.0f%% of train to choose C", 100 * args.validation_fraction)
         parts = raw["train"].train_test_split(test_size=args.validation_fraction, seed=args.seed)
         raw["train"], raw["validation"] = parts["train"], parts["test"]
-    caps = {"train": args.max_train_samples, "validation": args.max_eval_samples, "test": args.max_eval_samples}
-    for split, cap in caps.items():
-        if split in raw and cap is not None and cap < len(raw[split]):
-            logger.info("using the first %d of %d %s examples", cap, len(raw[split]), split)
-            raw[split] = raw[split].select(range(cap))
+    caps = {"train": ("--max_train_samples", args.max_train_samples),
+            "validation": ("--max_eval_samples", args.max_eval_samples),
+            "test": ("--max_eval_samples", args.max_eval_samples)}
+    for split, (flag, cap) in caps.items():
+        if split in raw:
+            raw[split] = seeded_sample(raw[split], cap, args.seed, what=f"{split} examples", flag=flag,
+                                       label_column=args.label_column)
 
     labels = label_info(raw, label_column=args.label_column)
     key1, key2 = detect_sentence_columns(raw["train"], label_column=args.label_column)

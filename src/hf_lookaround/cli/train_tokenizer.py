@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
                          "--output_dir, or pass --overwrite to replace it")
 
     texts = iter_texts(args.inputs, text_column=args.text_column, split=args.split)
-    tok = train_tokenizer(
-        texts, args.vocab_size, args.min_frequency, args.model_max_length, args.output_dir, show_progress=True
-    )
+    print(f"training a byte-level BPE tokenizer of {args.vocab_size} tokens on {', '.join(args.inputs)}", flush=True)
+    # no tokenizers progress bars: they write empty lines to stdout (three of them when it is not a terminal)
+    tok = train_tokenizer(texts, args.vocab_size, args.min_frequency, args.model_max_length, args.output_dir)
     print(f"saved a byte-level BPE tokenizer with {len(tok)} tokens to {args.output_dir}")
     return 0

@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     data.add_argument("--dataset", default="fashion_mnist",
                       help="fashion_mnist (the default; IDX files in --data), digits (scikit-learn, no file), or a "
                            "datasets image set: an image folder (one subfolder per class), a saved dataset folder, "
-                           "a data file, or a Hub name")
+                           "a data file, a .npz of x_train, y_train (x_test, y_test) arrays, or a Hub name")
     data.add_argument("--data", default=None, help="fashion_mnist: the folder with the four original IDX .gz files")
     data.add_argument("--image_column", default=None, help="datasets: the column of images (default: the first Image "
                                                            "feature)")

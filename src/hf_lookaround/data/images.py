@@ -94,9 +94,14 @@ class ImageSource:
     def shuffled(self, seed: int) -> "ImageSource":
         """The same images in a seeded random order: a first-N slice of a class-sorted folder then holds every
         class (an imagefolder is read class by class)."""
-        order = np.random.default_rng(seed).permutation(len(self))
-        labels = None if self.labels is None else self.labels[order]
-        images = self.images[order] if isinstance(self.images, np.ndarray) else [self.images[i] for i in order]
+        from .subsets import sample_indices
+
+        return self.subset(sample_indices(len(self), len(self), seed))
+
+    def subset(self, indices) -> "ImageSource":
+        """The images at ``indices``, in that order (data.subsets.seeded_sample cuts a split with it)."""
+        labels = None if self.labels is None else self.labels[indices]
+        images = self.images[indices] if isinstance(self.images, np.ndarray) else [self.images[i] for i in indices]
         return ImageSource(images, labels, self.label_names, self.name, self.split, list(self.notes))
 
     def select(self, start: int, stop: int) -> "ImageSource":
@@ -119,6 +124,56 @@ def load_digits_images(test_fraction: float = 0.2, seed: int = 0) -> tuple[Image
     test, train = order[:n_test], order[n_test:]
     return (ImageSource(images[train], digits.target[train].astype(np.int64), names, "digits", "train", [note]),
             ImageSource(images[test], digits.target[test].astype(np.int64), names, "digits", "test", [note]))
+
+
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")  # Keras' mnist.npz layout
+
+
+def _npz_images(array: np.ndarray, name: str, key: str) -> np.ndarray:
+    """uint8 ``(N, H, W, C)`` from ``(N, H, W)`` or ``(N, H, W, C)`` integers 0..255 or floats 0..1."""
+    if array.ndim == 3:
+        array = array[..., None]
+    if array.ndim != 4 or array.shape[-1] not in (1, 3):
+        raise ValueError(f"{name}: {key} has shape {array.shape}; expected (N, H, W) or (N, H, W, C) with C 1 or 3")
+    if np.issubdtype(array.dtype, np.floating):
+        if array.min() < 0 or array.max() > 1:
+            raise ValueError(f"{name}: {key} holds floats outside [0, 1]; give uint8 pixels 0..255 or floats 0..1")
+        array = np.round(array * 255)
+    elif array.min() < 0 or array.max() > 255:
+        raise ValueError(f"{name}: {key} holds values outside 0..255; give uint8 pixels")
+    return array.astype(np.uint8)
+
+
+def load_npz_images(path, test_fraction: float = 0.2, seed: int = 0) -> tuple[ImageSource, ImageSource]:
+    """(train, test) of a ``.npz`` file of arrays in Keras' ``mnist.npz`` layout: ``x_train`` (N, H, W) or
+    (N, H, W, C) pixels (uint8 0..255, or floats 0..1) and ``y_train`` (N,) integer class ids; ``x_test`` and
+    ``y_test`` likewise, else a seeded ``test_fraction`` of the train arrays is the test split."""
+    name = Path(path).name
+    with np.load(path, allow_pickle=False) as arrays:
+        found = {k: arrays[k] for k in arrays.files}
+    if "x_train" not in found or "y_train" not in found:
+        raise ValueError(f"{name} holds the arrays {sorted(found)}; expected x_train and y_train (and x_test, y_test "
+                         "for a test split), as Keras' mnist.npz")
+    splits = {}
+    for split in ("train", "test"):
+        if f"x_{split}" not in found:
+            continue
+        images, labels = _npz_images(found[f"x_{split}"], name, f"x_{split}"), found.get(f"y_{split}")
+        if labels is None or labels.shape != (len(images),) or not np.issubdtype(labels.dtype, np.integer):
+            raise ValueError(f"{name}: y_{split} must be {len(images)} integer class ids, one per image of x_{split}")
+        splits[split] = (images, labels.astype(np.int64))
+    notes = []
+    if "test" not in splits:
+        images, labels = splits["train"]
+        order = np.random.default_rng(seed).permutation(len(images))
+        n_test = int(round(test_fraction * len(images)))
+        splits = {"train": (images[order[n_test:]], labels[order[n_test:]]),
+                  "test": (images[order[:n_test]], labels[order[:n_test]])}
+        notes.append(f"no x_test in {name}: a seeded {test_fraction:.0%} of x_train (seed {seed}) is the test split")
+    classes = int(max(splits["train"][1].max(), splits["test"][1].max())) + 1
+    label_names = tuple(str(i) for i in range(classes))
+    return tuple(ImageSource(images, labels, label_names, name, split, list(notes))
+                 for split, (images, labels) in splits.items())
 
 
 def _load_datasets_object(dataset: str):
@@ -217,6 +272,8 @@ def load_image_splits(dataset: str = "fashion_mnist", data: str | None = None, i
         return out[0], out[1]
     if dataset == "digits":
         return load_digits_images(test_fraction, seed)
+    if dataset.lower().endswith(".npz") and Path(dataset).is_file():
+        return load_npz_images(dataset, test_fraction, seed)
     import datasets
 
     loaded = _load_datasets_object(dataset)

@@ -94,8 +94,13 @@ def _encode_infill_inputs(tokenizer, text_or_ids, hidden, num_tokens, attention_
         if hidden is not None:
             raise ValueError("with text input, mark the positions to fill with the mask token in the text, not `hidden`")
         rows, hidden_rows = [], []
+        # "a [MASK] b" encodes as a, " ", [MASK], " b": the space before a mask token is its own token, and a filled
+        # word brings its own leading space ("Ġsat"): drop that space token, or the text reads "a  sat b"
+        space = tokenizer(" ", add_special_tokens=False)["input_ids"]
         for text in texts:
             ids = list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+            if mask_id is not None and len(space) == 1:
+                ids = [t for i, t in enumerate(ids) if not (t == space[0] and i + 1 < len(ids) and ids[i + 1] == mask_id)]
             if add_bos and bos is not None:
                 ids = [bos] + ids
             marked = [mask_id is not None and t == mask_id for t in ids]

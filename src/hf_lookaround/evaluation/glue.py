@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.subsets import seeded_sample
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -267,21 +269,15 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
 
     caps = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
             "test": data_args.max_predict_samples}
+    flags = {"train": "--max_train_samples", "validation": "--max_eval_samples", "test": "--max_predict_samples"}
     processed = {}
     for split, ds in raw.items():
         if split not in caps:
             continue
-        if caps[split] is not None and caps[split] < len(ds):
-            # the first N rows of a file sorted by label would hold one label: draw N at random (seeded); the
-            # test split keeps its order (its predictions are written row by row)
-            ds = ds.shuffle(seed=training_args.seed) if split != "test" else ds
-            ds = ds.select(range(caps[split]))
-            if split != "test" and label_to_id is not None and data_args.label_column in ds.column_names:
-                seen = set(ds[data_args.label_column])
-                missing = [v for v in labels.values if v not in seen]
-                if missing:
-                    logger.warning("%s: the %d examples kept by --max_%s_samples hold no example of the label(s) %s",
-                                   split, caps[split], "train" if split == "train" else "eval", missing)
+        # the test split's sample keeps file order: its predictions are written row by row
+        ds = seeded_sample(ds, caps[split], training_args.seed, what=f"{split} examples", flag=flags[split],
+                           label_column=data_args.label_column if label_to_id is not None else None,
+                           keep_order=split == "test")
         removable = [c for c in ds.column_names if c != "label"]
         ds = ds.map(preprocess, batched=True, remove_columns=removable, desc=f"tokenizing {split}")
         truncated = int(sum(ds["was_truncated"]))

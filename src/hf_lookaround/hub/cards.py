@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 from .. import objectives
 from .files import read_json, write_text
 from .remote_code import HEADS, VIT_HEADS
-from .results import collect_results
+from .results import collect_results, public_dataset_name
 
 logger = logging.getLogger(__name__)
 
@@ -155,16 +156,21 @@ def build_model_card(
     # The Hub's `datasets` metadata takes dataset ids; a local path would be a broken link.
     # ("name:config" is how the pretraining script names a datasets config)
     hub_datasets = [d.split(":")[0] for d in datasets if d.count("/") <= 1 and not os.path.exists(d) and " " not in d]
+    # everything else the card says of its data, by name: never a path of this machine
+    datasets = [public_dataset_name(d) for d in datasets]
+    dataset = datasets if not isinstance(dataset, str) else datasets[0]
+    eval_dataset = public_dataset_name(eval_dataset) if eval_dataset else eval_dataset
     model_id = model_id or str(checkpoint_dir)
     tag = pipeline_tag or {"two-stream": "text-generation", "masked": "fill-mask",
                            "vision": "image-feature-extraction"}[family]
     eval_results = collect_results(folder, dataset=eval_dataset or ", ".join(datasets) or None,
                                    task_type=tag if family != "vision" else "image-classification")
 
-    card_args = {k: v for k, v in dict(objective=objective, plan_params=given or None, dataset=dataset or None,
-                                       dataset_description=dataset_description, family=family,
-                                       eval_dataset=eval_dataset, license=license, language=language,
-                                       base_model=base_model, pipeline_tag=pipeline_tag).items() if v}
+    # copies: an object met twice (the language list) would be written as a YAML anchor (&id001) and alias
+    card_args = {k: copy.deepcopy(v) for k, v in dict(
+        objective=objective, plan_params=given or None, dataset=dataset or None,
+        dataset_description=dataset_description, family=family, eval_dataset=eval_dataset, license=license,
+        language=language, base_model=base_model, pipeline_tag=pipeline_tag).items() if v}
     card_data = ModelCardData(
         language=language,
         license=license,

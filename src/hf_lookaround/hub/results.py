@@ -5,11 +5,28 @@ entries (:func:`collect_results`).
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 from .files import read_json
 
 logger = logging.getLogger(__name__)
+
+# an absolute path in a data set's description: "/", "~/" or "C:\" up to a space, comma, semicolon or bracket
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])(?:~?/|[A-Za-z]:\\)[^\s,;()]+")
+
+
+def public_dataset_name(text: str) -> str:
+    """A data set's name as a model card records it: every absolute path of the user's machine in ``text``
+    becomes its last two parts, marked local ("/home/u/data/news/train.jsonl" -> "news/train.jsonl (local)");
+    Hub ids and names pass through. A card is public: the folders of the machine that trained it are not its
+    business, and a path is no link."""
+    def short(match: re.Match) -> str:
+        parts = [p for p in re.split(r"[/\\]", match.group(0)) if p and p != "~"]
+        return "/".join(parts[-2:]) + " (local)"
+
+    return _ABSOLUTE_PATH.sub(short, str(text))
+
 
 def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -43,7 +60,7 @@ def collect_results(checkpoint_dir, dataset: str | None = None, task_type: str =
 
     folder = Path(checkpoint_dir)
     results: list = []
-    source = dataset or "pretraining data"
+    source = public_dataset_name(dataset or "pretraining data")
 
     trainer_metrics = read_json(folder / "all_results.json") or read_json(folder / "eval_results.json") or {}
     if isinstance(trainer_metrics, dict):
@@ -65,7 +82,7 @@ def collect_results(checkpoint_dir, dataset: str | None = None, task_type: str =
         value = _number(probe.get(f"test_{metric}", probe.get(metric)))
         if value is None:
             continue
-        task, data = probe.get("task"), probe.get("dataset") or probe.get("task") or "unknown"
+        task, data = probe.get("task"), public_dataset_name(probe.get("dataset") or probe.get("task") or "unknown")
         results.append(EvalResult(
             task_type="text-classification", task_name=f"Linear probe{f' ({task})' if task else ''}",
             dataset_type=data, dataset_name=data, dataset_split=probe.get("split", "test"),
@@ -74,7 +91,7 @@ def collect_results(checkpoint_dir, dataset: str | None = None, task_type: str =
 
     ppl = read_json(folder / "perplexity.json")
     if isinstance(ppl, dict):
-        data = ppl.get("dataset") or source
+        data = public_dataset_name(ppl.get("dataset") or source)
         for key in ("ar_perplexity", "masked_perplexity", "pseudo_perplexity", "bits_per_byte"):
             value = _number(ppl.get(key))
             metric, label = METRIC_NAMES[key]

@@ -37,8 +37,12 @@ def check_weights(folder, where: str | None = None) -> list[Path]:
 
     Returns the weight files; raises ValueError naming the missing or corrupt file otherwise.
     """
+    from ..training.checkpointing import unfinished_run
+
     folder = Path(folder)
     where = where or str(folder)
+    if unfinished_run(folder):
+        raise ValueError(unfinished_run(folder))
     index = folder / WEIGHTS_INDEX_NAME
     if (folder / WEIGHTS_NAME).is_file():
         files = [folder / WEIGHTS_NAME]

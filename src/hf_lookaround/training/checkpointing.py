@@ -251,6 +251,18 @@ def mark_final_model(output_dir, global_step: int) -> None:
     _write_marker(Path(output_dir), final_model_files(output_dir), FINAL_MARKER, global_step=int(global_step))
 
 
+def unfinished_run(folder) -> str | None:
+    """Why ``folder`` must not be loaded as a model yet (None: it may): the ``output_dir`` of a ``pretrain`` run
+    still writing its final model, or killed before it ended (its lock is there, and :data:`FINAL_MARKER`, written
+    last, is not). Its weights may be there without the card or every head's ``auto_map``."""
+    root = Path(folder)
+    if (root / LOCK_FILE).is_file() and not (root / FINAL_MARKER).is_file():
+        return (f"{root} is the output_dir of a pretrain run that has not finished ({LOCK_FILE} is there, and "
+                f"{FINAL_MARKER}, written last, is not): wait for the run to end (or resume a killed one with "
+                "--resume_from_checkpoint last), or load one of its complete checkpoint-N folders")
+    return None
+
+
 def _safetensors_problem(path: Path) -> str | None:
     """A safetensors file whose size is not what its header says (cut short, or grown), or an unreadable header."""
     size = path.stat().st_size

@@ -41,6 +41,7 @@ from pathlib import Path
 from transformers import (
     AutoConfig,
     AutoTokenizer,
+    ProgressCallback,
     Trainer,
     TrainerCallback,
     TrainerState,
@@ -51,6 +52,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import objectives
 from ..data.collators import PlanCollator, make_collator, max_targets
+from ..data.subsets import seeded_sample
 from ..data.text import (
     build_blocks,
     is_split_by_node,
@@ -107,7 +109,14 @@ class DataArguments:
     max_train_samples: int | None = field(default=None, metadata={"help": "truncate the training blocks"})
     max_eval_samples: int | None = field(default=None, metadata={"help": "truncate the validation blocks"})
     perplexity_max_documents: int = field(
-        default=100, metadata={"help": "validation documents scored with the p(x_k|x_<k) protocol at the end"}
+        default=100, metadata={"help": "validation documents scored with the p(x_k|x_<k) protocol at the end (a "
+                                       "random sample, seeded by --seed)"}
+    )
+    perplexity_max_tokens: int | None = field(
+        default=None,
+        metadata={"help": "validation tokens scored with the p(x_k|x_<k) protocol at the end. Default: about what "
+                          "the training cost (3 forward rows per trained block), and at most --max_eval_samples "
+                          "blocks when given"},
     )
     perplexity_positions_per_window: int = field(
         default=16,
@@ -245,6 +254,19 @@ ObjectiveArguments.__module__ = __name__
 # ---------------------------------------------------------------------------------------------
 # Trainer pieces
 # ---------------------------------------------------------------------------------------------
+class NamedProgressCallback(ProgressCallback):
+    """Trainer's progress bar with a name before it ("seed 0, mlm"): the demo trains several in a row."""
+
+    def __init__(self, label: str):
+        super().__init__()
+        self.label = label
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        if self.training_bar is not None:
+            self.training_bar.set_description(self.label)
+
+
 class CollatorEpochCallback(TrainerCallback):
     """Tell the collator the epoch, so that a batch seen again in a later epoch gets a new plan.
 
@@ -323,6 +345,7 @@ class LookAroundTrainingArguments(TrainingArguments):
         if self.dataloader_num_workers is None:
             self.dataloader_workers_by_default = True
             self.dataloader_num_workers = default_dataloader_workers(self.use_cpu)
+        self.dataloader_pin_memory = self.dataloader_pin_memory and pin_memory_useful(self.use_cpu)
         super().__post_init__()
 
 
@@ -340,6 +363,15 @@ def launched_on_cpu_only() -> bool:
     accelerator = getattr(torch, "accelerator", None)
     has_accelerator = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
     return not has_accelerator
+
+
+def pin_memory_useful(use_cpu: bool) -> bool:
+    """Pinned host memory speeds copies to an accelerator; on a CPU run torch's data loader only warns that there
+    is none (once per run), so the data loaders pin only when an accelerator is there and used."""
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    return not use_cpu and (accelerator.is_available() if accelerator is not None else torch.cuda.is_available())
 
 
 def default_dataloader_workers(use_cpu: bool) -> int:
@@ -667,6 +699,9 @@ def check_data_args(data_args: DataArguments, training_args: TrainingArguments) 
         value = getattr(data_args, name)
         if value is not None and value < 1:  # 0 would be read as "no limit"
             raise ValueError(f"--{name} must be >= 1 (blocks to keep), got {value}; leave it out to keep every block")
+    if data_args.perplexity_max_tokens is not None and data_args.perplexity_max_tokens < 1:
+        raise ValueError(f"--perplexity_max_tokens must be >= 1, got {data_args.perplexity_max_tokens}; leave it out "
+                         "for the default (about the training's cost)")
     if data_args.perplexity_positions_per_window < 0:
         raise ValueError("--perplexity_positions_per_window must be >= 0 (0: every position), got "
                          f"{data_args.perplexity_positions_per_window}")
@@ -728,6 +763,17 @@ def read_splits(data_args: DataArguments):
     return train.select(range(len(train) - held)), train.select(range(len(train) - held, len(train)))
 
 
+def perplexity_documents(eval_raw, data_args: DataArguments, seed: int) -> list[str]:
+    """The validation documents the end-of-run perplexity reads: ``--perplexity_max_documents`` of them, a seeded
+    random sample in file order (a stream's first ones)."""
+    import datasets
+
+    if isinstance(eval_raw, datasets.Dataset):
+        eval_raw = seeded_sample(eval_raw, data_args.perplexity_max_documents, seed, what="validation documents",
+                                 flag="--perplexity_max_documents", keep_order=True)
+    return list(iter_dataset_texts(eval_raw, data_args.text_column, max_documents=data_args.perplexity_max_documents))
+
+
 def rows_as_numpy(blocks):
     """Map-style blocks read as numpy rows (``with_format("numpy")``); streams and ``None`` pass through.
 
@@ -775,26 +821,77 @@ def build_training_data(data_args: DataArguments, training_args: TrainingArgumen
         # each rank reads its own part; evaluation streams are split by accelerate
         train_blocks = split_for_rank(train_blocks, training_args.process_index, training_args.world_size)
         return train_blocks, eval_blocks
-    if data_args.max_train_samples:
-        train_blocks = train_blocks.select(range(min(data_args.max_train_samples, len(train_blocks))))
-    if eval_blocks is not None and data_args.max_eval_samples:
-        eval_blocks = eval_blocks.select(range(min(data_args.max_eval_samples, len(eval_blocks))))
+    # a seeded random sample of blocks, in file order (the first N blocks would be the first documents only)
+    train_blocks = seeded_sample(train_blocks, data_args.max_train_samples, training_args.seed,
+                                 what="training blocks", flag="--max_train_samples", keep_order=True)
+    if eval_blocks is not None:
+        eval_blocks = seeded_sample(eval_blocks, data_args.max_eval_samples, training_args.seed,
+                                    what="validation blocks", flag="--max_eval_samples", keep_order=True)
     if main:
         logger.info("%d training blocks of %d tokens; %s validation blocks", len(train_blocks), block_size,
                     len(eval_blocks) if eval_blocks is not None else 0)
     return train_blocks, eval_blocks
 
 
+def cut_to_tokens(texts: list[str], tokenizer, max_tokens: int) -> list[str]:
+    """Whole documents while they fit in ``max_tokens``; the first document that does not is cut to the tokens
+    left (at least one document is kept). The caller logs what was kept."""
+    kept, used = [], 0
+    for text in texts:
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if used + n <= max_tokens:
+            kept.append(text)
+            used += n
+            continue
+        left = max_tokens - used
+        if left > 0 or not kept:  # the characters of the share of tokens left: about that many tokens
+            kept.append(text[: max(1, len(text) * max(left, 1) // max(n, 1))])
+        break
+    return kept
+
+
+def perplexity_token_limit(data_args: DataArguments, training_args: TrainingArguments, steps: int,
+                           rows_per_window: int) -> tuple[int | None, str]:
+    """The validation tokens the end-of-run perplexity scores at most, and why (for the log).
+
+    ``--perplexity_max_tokens`` when given. Otherwise about the training's own cost: a training step is a forward
+    and a backward (about 3 forward rows) of each block of the global batch, and a scored window costs
+    ``rows_per_window`` forward rows and moves on by a stride of half a block. ``--max_eval_samples`` (blocks)
+    bounds it too."""
+    if data_args.perplexity_max_tokens is not None:
+        return data_args.perplexity_max_tokens, "--perplexity_max_tokens"
+    limits = []
+    if steps > 0:
+        rows = 3 * steps * training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps \
+            * max(1, training_args.world_size)
+        windows = max(1, rows // rows_per_window)
+        limits.append((windows * max(1, data_args.block_size // 2), f"about the cost of the {steps} training steps"))
+    if data_args.max_eval_samples:
+        limits.append((data_args.max_eval_samples * data_args.block_size,
+                       f"--max_eval_samples {data_args.max_eval_samples} blocks"))
+    return min(limits) if limits else (None, "")
+
+
 def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments, block_size: int, batch_size: int,
-                     positions_per_window: int | None = 16, progress: bool = True):
+                     positions_per_window: int | None = 16, progress: bool = True, token_limit=None):
     """``p(x_k | x_<k)`` on held-out documents with the protocol of hf_lookaround.evaluation.perplexity.
 
     The per-prefix protocol of masked/GVP checkpoints runs one forward row per scored position: by default 16
-    evenly spaced prefix lengths of each window are scored (``positions_per_window``; None or 0: all), which
-    keeps it near the cost of a short training run; the log says how many of how many."""
+    evenly spaced prefix lengths of each window are scored (``positions_per_window``; None or 0: all); the log
+    says how many of how many. ``token_limit(rows_per_window)`` gives the tokens to score at most, and why
+    (:func:`perplexity_token_limit`): the documents are cut to them."""
     from ..evaluation.perplexity import ar_perplexity, default_masked_mode, masked_perplexity
 
-    if objective_args.single_stream_head == objectives.CAUSAL_HEAD:  # GPT, or dar's one-stream form (t forwards)
+    causal = objective_args.single_stream_head == objectives.CAUSAL_HEAD
+    per_prefix = not causal and default_masked_mode(model) != "two_stream"
+    if token_limit is not None:
+        max_tokens, why = token_limit((positions_per_window or block_size) if per_prefix else 1)
+        if max_tokens is not None:
+            total = len(texts)
+            texts = cut_to_tokens(texts, tokenizer, max_tokens)
+            logger.info("end-of-run perplexity: %d of %d validation document(s), at most %d tokens (%s; "
+                        "--perplexity_max_tokens sets it)", len(texts), total, max_tokens, why)
+    if causal:  # GPT, or dar's one-stream form (t forwards)
         result = ar_perplexity(model, tokenizer, texts, max_length=block_size, stride=max(1, block_size // 2),
                                batch_size=batch_size)
         return {"eval_ar_perplexity": result.perplexity, "eval_bits_per_byte": result.bits_per_byte}
@@ -802,7 +899,7 @@ def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments
     # [MASK] inputs for single-stream masked LMs (see evaluation.perplexity.default_masked_mode)
     mode = "auto"
     per_window = positions_per_window or None
-    if default_masked_mode(model) != "two_stream" and per_window is not None:
+    if per_prefix and per_window is not None:
         logger.info("masked perplexity at the end: %d evenly spaced prefix lengths of each %d-token window of %d "
                     "document(s) (--perplexity_positions_per_window; 0 scores every position, %dx the work)",
                     per_window, block_size, len(texts), max(1, block_size // per_window))
@@ -842,6 +939,28 @@ def write_card(output_dir, objective_args: ObjectiveArguments, dataset, eval_dat
     from ..hub.cards import write_model_card
 
     write_model_card(output_dir, **card_kwargs(objective_args, dataset, eval_dataset))
+
+
+def save_final_model(trainer, objective_args: ObjectiveArguments, data_args: DataArguments) -> None:
+    """The final model at the top of ``output_dir``, written as a unit as a checkpoint is, before any scoring:
+    the old marker goes first (from here the folder is unfinished, and the package's loaders refuse it), then
+    weights, config, trainer state, card and every head's ``auto_map``, and the marker last."""
+    output_dir = trainer.args.output_dir
+    if trainer.is_world_process_zero():
+        (Path(output_dir) / checkpointing.FINAL_MARKER).unlink(missing_ok=True)
+    trainer.save_model()
+    trainer.save_state()
+    if not trainer.is_world_process_zero():
+        return
+    dataset = data_args.dataset_name or [str(f) for f in data_args.train_files]
+    write_card(output_dir, objective_args, dataset, eval_data_name(data_args))
+    from ..hub.remote_code import ensure_remote_code
+
+    # save_model maps only the trained head in auto_map: map every head, so that the output loads as a
+    # causal or masked LM with trust_remote_code too
+    ensure_remote_code(output_dir)
+    # last, once config.json has its auto_map: a rerun checks the final model against this record
+    checkpointing.mark_final_model(output_dir, trainer.state.global_step)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -955,8 +1074,8 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
     train_blocks, eval_blocks = build_training_data(data_args, training_args, tokenizer, train_raw, eval_raw)
     train_blocks, eval_blocks = rows_as_numpy(train_blocks), rows_as_numpy(eval_blocks)
     # the documents scored with the p(x_k | x_<k) protocol at the end (a few, read one by one)
-    eval_texts = [] if eval_raw is None or not training_args.do_eval else list(
-        iter_dataset_texts(eval_raw, data_args.text_column, max_documents=data_args.perplexity_max_documents))
+    eval_texts = [] if eval_raw is None or not training_args.do_eval else perplexity_documents(
+        eval_raw, data_args, training_args.seed)
 
     train_collator, eval_collator = build_collators(
         objective_args, tokenizer, training_args.seed, block_size, static_shapes=bool(training_args.torch_compile)
@@ -1022,35 +1141,26 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         logger.info("%s is the end of this training: saving %s as the final model, training nothing", checkpoint,
                     "it" if source == checkpoint else f"the best checkpoint {source}")
         trainer._load_from_checkpoint(source)
-        trainer.save_model()
-        trainer.save_state()
+        save_final_model(trainer, objective_args, data_args)
     elif training_args.do_train:
         result = trainer.train(resume_from_checkpoint=checkpoint)
-        trainer.save_model()
         metrics.update(result.metrics)
         trainer.log_metrics("train", result.metrics)
         trainer.save_metrics("train", result.metrics)
-        trainer.save_state()
+        save_final_model(trainer, objective_args, data_args)
     if training_args.do_eval:
         eval_metrics = trainer.evaluate()
+        steps = trainer.state.global_step or max(training_args.max_steps, 0)
         eval_metrics.update(final_perplexity(
-            trainer.model, tokenizer, eval_texts[: data_args.perplexity_max_documents], objective_args, block_size,
+            trainer.model, tokenizer, eval_texts, objective_args, block_size,
             training_args.per_device_eval_batch_size, data_args.perplexity_positions_per_window,
             progress=not training_args.disable_tqdm,
+            token_limit=lambda rows: perplexity_token_limit(data_args, training_args, steps, rows),
         ))
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
     dataset = data_args.dataset_name or [str(f) for f in data_args.train_files]
-    if training_args.do_train and not saved and trainer.is_world_process_zero():
-        write_card(training_args.output_dir, objective_args, dataset, eval_data_name(data_args))
-        from ..hub.remote_code import ensure_remote_code
-
-        # save_model maps only the trained head in auto_map: map every head, so that the output loads as a
-        # causal or masked LM with trust_remote_code too
-        ensure_remote_code(training_args.output_dir)
-        # last, once config.json has its auto_map: a rerun checks the final model against this record
-        checkpointing.mark_final_model(training_args.output_dir, trainer.state.global_step)
     if training_args.push_to_hub:
         from ..hub.push import push_trainer_output
 

@@ -42,12 +42,15 @@ def _plan_params(args) -> dict:
 def _training_args(output_dir, args, steps):
     from transformers import TrainingArguments
 
+    from .pretraining import pin_memory_useful
+
     return TrainingArguments(
         output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.learning_rate, weight_decay=args.weight_decay, lr_scheduler_type="cosine",
         warmup_steps=max(1, steps // 20), logging_steps=max(1, steps // 10), save_strategy="no",
         report_to="none", seed=args.seed, dataloader_num_workers=args.dataloader_num_workers,
         remove_unused_columns=False, disable_tqdm=True, bf16=args.bf16,
+        dataloader_pin_memory=pin_memory_useful(False),
     )
 
 
@@ -101,6 +104,7 @@ def run(args) -> dict:
     Returns the results, also written to ``OUTPUT_DIR/vision_results.json`` after every stage."""
     from transformers import Trainer, set_seed
 
+    from ..data.subsets import seeded_sample
     from .pretraining import CollatorEpochCallback
 
     started = time.perf_counter()
@@ -123,7 +127,7 @@ def run(args) -> dict:
     # shuffled (seeded) before slicing: the pretraining, probe and test images of a class-sorted folder would
     # otherwise be a few classes each (a probe then scores 0)
     train_source = train_source.shuffled(args.seed).select(0, n_pre + n_probe)
-    test_source = test_source.shuffled(args.seed).select(0, args.num_test or len(test_source))
+    test_source = seeded_sample(test_source, args.num_test, args.seed, what="test images", flag="--num_test")
     processor, train_pixels = fit_image_processor(train_source, image_size)
     test_images = pixel_values_of(test_source, processor)
     train_labels = torch.from_numpy(train_source.labels)

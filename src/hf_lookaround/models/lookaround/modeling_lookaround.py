@@ -1056,7 +1056,19 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
       A row whose position would reach `max_position_embeddings` predicts nothing (its logits are meaningless);
       it only occurs after the last token of an input that fills every position.
     Both keep the transformers convention: labels are the input ids, shifted inside.
+
+    A checkpoint pretrained single-stream with a masked objective (BERT's `[MASK]` form) has no causal view: its
+    content stream was trained bidirectionally to predict `[MASK]` inputs, so loading it here is refused.
     """
+
+    def __init__(self, config: LookAroundConfig):
+        if config.objective is not None and config.prediction_stream == "content" and \
+                config.default_attention == "bidirectional":
+            raise ValueError(
+                f"this checkpoint was pretrained with {config.objective!r} in the single-stream [MASK] form: its "
+                "bidirectional content stream never learned to predict the next token, so it has no causal LM view; "
+                "load it with AutoModelForMaskedLM, or score it with `hf-lookaround perplexity --protocol masked`")
+        super().__init__(config)
 
     @can_return_tuple
     def forward(

@@ -1,0 +1,160 @@
+"""EleutherAI's lm-evaluation-harness on LookAround checkpoints, in process, offline, with local tasks.
+
+What a user runs is `lm_eval --model hf --model_args pretrained=CKPT,trust_remote_code=True --include_path TASKS`;
+here the same `HFLM` runs through `lm_eval.simple_evaluate` on checkpoints saved in `tmp_path`, a rolling
+log-likelihood task (wikitext's form) and a multiple-choice task over JSON Lines the test writes.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+from lm_eval import simple_evaluate
+from lm_eval.models.huggingface import HFLM
+from lm_eval.tasks import TaskManager
+from transformers import AutoTokenizer
+
+from hf_lookaround import LookAroundConfig, LookAroundForCausalLM, LookAroundForMaskedLM
+from hf_lookaround.evaluation.perplexity import ar_perplexity
+
+# text no test trains on (written for this test); each paragraph is longer than the model's positions
+DOCUMENTS = [
+    "The lighthouse on the northern cape was built of grey stone in the years before the railway reached the "
+    "coast. Its keeper kept a log of every ship that passed, the direction of the wind and the height of the tide.",
+    "In winter the keeper walked down to the village twice a week to buy bread, lamp oil and news. The baker "
+    "always asked whether the gulls had come back, because the gulls returned a few days before the boats.",
+    "A storm tore two slates from the roof of the lamp room. The keeper climbed the ladder with a hammer, and by "
+    "evening the roof was sound again and the lamp was lit on time.",
+]
+CHOICES = [
+    {"context": "The keeper climbed the ladder with a hammer and a bag of", "choices": [" nails", " bread", " gulls"], "label": 0},
+    {"context": "When the fog came in from the sea, the keeper rang the", "choices": [" bell", " teacher", " crab pots"], "label": 0},
+    {"context": "The baker always asked whether the gulls had come", "choices": [" back", " home early", " in"], "label": 0},
+]
+POSITIONS = 48  # max_position_embeddings of the tiny checkpoints: every document needs several windows
+TASKS = {
+    "lookaround_rolling": dict(
+        output_type="loglikelihood_rolling", doc_to_text="", doc_to_target="{{text}}",
+        metric_list=[{"metric": "bits_per_byte"}, {"metric": "word_perplexity"}],
+    ),
+    "lookaround_choice": dict(
+        output_type="multiple_choice", doc_to_text="{{context}}", doc_to_choice="{{choices}}", doc_to_target="label",
+        metric_list=[{"metric": "acc"}],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory):
+    """Local task YAMLs (lm-eval reads YAML; JSON is YAML) over JSON Lines files: no Hub."""
+    out = tmp_path_factory.mktemp("lm_eval_tasks")
+    rows = {"lookaround_rolling": [{"text": t} for t in DOCUMENTS], "lookaround_choice": CHOICES}
+    for name, spec in TASKS.items():
+        data = out / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows[name]), encoding="utf-8")
+        task = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
+                "test_split": "test", "metadata": {"version": 1.0}, **spec}
+        (out / f"{name}.yaml").write_text(json.dumps(task, indent=1), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+
+def _config(tokenizer, **kw):
+    return LookAroundConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=POSITIONS, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, mask_token_id=tokenizer.mask_token_id, **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, make_args, tokenizer_dir):
+    """A dar checkpoint trained by `pretrain` (two-stream: its causal view is the AR plan's query stream) and a
+    GPT-form single-stream ar checkpoint, each saved with its tokenizer and remote code."""
+    from hf_lookaround.cli.pretrain import parse_args
+    from hf_lookaround.training.pretraining import run
+
+    root = tmp_path_factory.mktemp("lm_eval_checkpoints")
+    overrides = ("hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,"
+                 f"max_position_embeddings={POSITIONS}")
+    run(*parse_args(make_args(root / "dar", "--objective", "dar", "--group_size", "2", "--config_overrides",
+                              overrides, "--save_strategy", "no", max_steps=3)))
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    single = LookAroundForCausalLM(_config(tokenizer, objective="ar", prediction_stream="content",
+                                           default_attention="causal"))
+    single.save_pretrained(root / "ar-single-stream")
+    tokenizer.save_pretrained(root / "ar-single-stream")
+    return {"dar": root / "dar", "ar-single-stream": root / "ar-single-stream"}
+
+
+def _evaluate(checkpoint, task_dir, task, batch_size, **model_args):
+    if task == "lookaround_rolling":
+        # our tokenizers add `<s>` and the harness puts its own prefix token (`<s>`) before every document:
+        # without add_bos_token=False it would also score `<s>` after `<s>`
+        model_args.setdefault("add_bos_token", False)
+    lm = HFLM(pretrained=str(checkpoint), trust_remote_code=True, device="cpu", dtype="float32",
+              batch_size=batch_size, **model_args)
+    out = simple_evaluate(model=lm, tasks=[task], task_manager=TaskManager(include_path=str(task_dir)),
+                          log_samples=True, bootstrap_iters=0)
+    samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
+    return lm, out["results"][task], samples
+
+
+def _rolling_loglikelihoods(samples):
+    return torch.tensor([s["resps"][0][0] for s in samples], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("kind", ["dar", "ar-single-stream"])
+def test_rolling_loglikelihood_is_the_packages_ar_perplexity_at_any_batch_size(kind, checkpoints, task_dir):
+    """bits/byte of a wikitext-style task: equal at batch 1 and 8, and the total NLL `ar_perplexity` gives over the
+    same tokens (lm-eval's windows of L inputs predict L tokens: `ar_perplexity` windows of L + 1, stride L)."""
+    lm, one, samples_one = _evaluate(checkpoints[kind], task_dir, "lookaround_rolling", 1)
+    _, eight, samples_eight = _evaluate(checkpoints[kind], task_dir, "lookaround_rolling", 8)
+    # the two-stream causal view predicts token i + 1 at position i + 1: lm-eval must feed one token less
+    assert lm.max_length == (POSITIONS - 1 if kind == "dar" else POSITIONS)
+    assert one["bits_per_byte,none"] == pytest.approx(eight["bits_per_byte,none"], rel=1e-6, abs=0)
+    torch.testing.assert_close(_rolling_loglikelihoods(samples_one), _rolling_loglikelihoods(samples_eight),
+                               rtol=0, atol=2e-5)
+
+    length = min(lm.max_length, POSITIONS - 1)  # ar_perplexity's windows hold the last target too
+    if kind == "dar":  # scored as `pretrain` saved it: the two-stream head with the AR plan
+        from transformers import AutoModelForPreTraining
+
+        model = AutoModelForPreTraining.from_pretrained(checkpoints[kind]).eval()
+    else:
+        model = LookAroundForCausalLM.from_pretrained(checkpoints[kind]).eval()
+        _, one, samples_one = _evaluate(checkpoints[kind], task_dir, "lookaround_rolling", 1, max_length=length)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoints[kind])
+    ours = ar_perplexity(model, tokenizer, DOCUMENTS, max_length=length + 1, stride=length, batch_size=4)
+    assert ours.num_tokens > len(DOCUMENTS) * (length + 1)  # every document needs more than one window
+    harness_nll = -_rolling_loglikelihoods(samples_one).sum().item()
+    assert harness_nll == pytest.approx(ours.mean_nll * ours.num_tokens, rel=3e-3)
+    assert one["bits_per_byte,none"] == pytest.approx(ours.bits_per_byte, rel=3e-3)
+
+
+@pytest.mark.parametrize("kind", ["dar", "ar-single-stream"])
+def test_multiple_choice_loglikelihoods_do_not_depend_on_the_batch_size(kind, checkpoints, task_dir):
+    _, _, one = _evaluate(checkpoints[kind], task_dir, "lookaround_choice", 1)
+    _, _, eight = _evaluate(checkpoints[kind], task_dir, "lookaround_choice", 8)
+    per_choice = [torch.tensor([[r[0][0] for r in s["resps"]] for s in samples], dtype=torch.float64)
+                  for samples in (one, eight)]
+    assert per_choice[0].shape == (len(CHOICES), 3) and torch.isfinite(per_choice[0]).all()
+    torch.testing.assert_close(per_choice[0], per_choice[1], rtol=0, atol=2e-6)
+
+
+def test_a_single_stream_masked_checkpoint_is_refused_with_what_to_use(tmp_path, tokenizer_dir):
+    """BERT's `[MASK]` form has no causal view: loading it as a causal LM is refused, naming what scores it."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    masked = LookAroundForMaskedLM(_config(tokenizer, objective="mlm", architectures=["LookAroundForMaskedLM"]))
+    assert masked.config.prediction_stream == "content"
+    masked.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="no causal LM view.*--protocol masked"):
+        HFLM(pretrained=str(tmp_path), trust_remote_code=True, device="cpu")

@@ -94,57 +94,75 @@ def checkpoints(tmp_path_factory, make_args, tokenizer_dir):
     return {"dar": root / "dar", "ar-single-stream": root / "ar-single-stream"}
 
 
-def _evaluate(checkpoint, task_dir, task, batch_size, **model_args):
-    if task == "lookaround_rolling":
-        # our tokenizers add `<s>` and the harness puts its own prefix token (`<s>`) before every document:
-        # without add_bos_token=False it would also score `<s>` after `<s>`
-        model_args.setdefault("add_bos_token", False)
-    lm = HFLM(pretrained=str(checkpoint), trust_remote_code=True, device="cpu", dtype="float32",
-              batch_size=batch_size, **model_args)
-    out = simple_evaluate(model=lm, tasks=[task], task_manager=TaskManager(include_path=str(task_dir)),
-                          log_samples=True, bootstrap_iters=0)
-    samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
-    return lm, out["results"][task], samples
+@pytest.fixture(scope="module")
+def harness(checkpoints, task_dir):
+    """`harness(kind, batch_size)`: both tasks in one `simple_evaluate`, run once per checkpoint and batch size."""
+    tasks = TaskManager(include_path=str(task_dir), include_defaults=False)  # the built-in index takes ~10 s
+    runs = {}
+
+    def run(kind, batch_size):
+        if (kind, batch_size) not in runs:
+            # our tokenizers add `<s>` and the harness puts its own prefix token (`<s>`) before every rolling document:
+            # add_bos_token=False keeps it from also scoring `<s>` after `<s>`. A single-stream causal LM takes
+            # max_position_embeddings inputs; one less here, so that `ar_perplexity`'s windows (inputs and the last
+            # target) fit in the positions too
+            extra = {} if kind == "dar" else {"max_length": POSITIONS - 1}
+            lm = HFLM(pretrained=str(checkpoints[kind]), trust_remote_code=True, device="cpu", dtype="float32",
+                      batch_size=batch_size, add_bos_token=False, **extra)
+            out = simple_evaluate(model=lm, tasks=list(TASKS), task_manager=tasks, log_samples=True,
+                                  bootstrap_iters=0)
+            samples = {t: sorted(out["samples"][t], key=lambda s: s["doc_id"]) for t in TASKS}
+            runs[kind, batch_size] = lm, out["results"], samples
+        return runs[kind, batch_size]
+
+    return run
 
 
 def _rolling_loglikelihoods(samples):
-    return torch.tensor([s["resps"][0][0] for s in samples], dtype=torch.float64)
+    return torch.tensor([s["resps"][0][0] for s in samples["lookaround_rolling"]], dtype=torch.float64)
 
 
 @pytest.mark.parametrize("kind", ["dar", "ar-single-stream"])
-def test_rolling_loglikelihood_is_the_packages_ar_perplexity_at_any_batch_size(kind, checkpoints, task_dir):
+def test_rolling_loglikelihood_is_the_packages_ar_perplexity_at_any_batch_size(kind, checkpoints, harness):
     """bits/byte of a wikitext-style task: equal at batch 1 and 8, and the total NLL `ar_perplexity` gives over the
     same tokens (lm-eval's windows of L inputs predict L tokens: `ar_perplexity` windows of L + 1, stride L)."""
-    lm, one, samples_one = _evaluate(checkpoints[kind], task_dir, "lookaround_rolling", 1)
-    _, eight, samples_eight = _evaluate(checkpoints[kind], task_dir, "lookaround_rolling", 8)
+    lm, one, samples_one = harness(kind, 1)
+    _, eight, samples_eight = harness(kind, 8)
     # the two-stream causal view predicts token i + 1 at position i + 1: lm-eval must feed one token less
-    assert lm.max_length == (POSITIONS - 1 if kind == "dar" else POSITIONS)
-    assert one["bits_per_byte,none"] == pytest.approx(eight["bits_per_byte,none"], rel=1e-6, abs=0)
+    assert lm.max_length == POSITIONS - 1
+    bits = [r["lookaround_rolling"]["bits_per_byte,none"] for r in (one, eight)]
+    assert bits[0] == pytest.approx(bits[1], rel=1e-6, abs=0)
     torch.testing.assert_close(_rolling_loglikelihoods(samples_one), _rolling_loglikelihoods(samples_eight),
                                rtol=0, atol=2e-5)
 
-    length = min(lm.max_length, POSITIONS - 1)  # ar_perplexity's windows hold the last target too
     if kind == "dar":  # scored as `pretrain` saved it: the two-stream head with the AR plan
         from transformers import AutoModelForPreTraining
 
         model = AutoModelForPreTraining.from_pretrained(checkpoints[kind]).eval()
     else:
         model = LookAroundForCausalLM.from_pretrained(checkpoints[kind]).eval()
-        _, one, samples_one = _evaluate(checkpoints[kind], task_dir, "lookaround_rolling", 1, max_length=length)
     tokenizer = AutoTokenizer.from_pretrained(checkpoints[kind])
+    length = lm.max_length
     ours = ar_perplexity(model, tokenizer, DOCUMENTS, max_length=length + 1, stride=length, batch_size=4)
     assert ours.num_tokens > len(DOCUMENTS) * (length + 1)  # every document needs more than one window
     harness_nll = -_rolling_loglikelihoods(samples_one).sum().item()
     assert harness_nll == pytest.approx(ours.mean_nll * ours.num_tokens, rel=3e-3)
-    assert one["bits_per_byte,none"] == pytest.approx(ours.bits_per_byte, rel=3e-3)
+    assert bits[0] == pytest.approx(ours.bits_per_byte, rel=3e-3)
+
+
+def test_a_single_stream_causal_lm_takes_every_position():
+    config = LookAroundConfig(max_position_embeddings=POSITIONS, objective="ar", prediction_stream="content")
+    assert config.n_positions == POSITIONS
+    assert LookAroundConfig(max_position_embeddings=POSITIONS, objective="dar").n_positions == POSITIONS - 1
 
 
 @pytest.mark.parametrize("kind", ["dar", "ar-single-stream"])
-def test_multiple_choice_loglikelihoods_do_not_depend_on_the_batch_size(kind, checkpoints, task_dir):
-    _, _, one = _evaluate(checkpoints[kind], task_dir, "lookaround_choice", 1)
-    _, _, eight = _evaluate(checkpoints[kind], task_dir, "lookaround_choice", 8)
-    per_choice = [torch.tensor([[r[0][0] for r in s["resps"]] for s in samples], dtype=torch.float64)
-                  for samples in (one, eight)]
+def test_multiple_choice_loglikelihoods_do_not_depend_on_the_batch_size(kind, harness):
+    per_choice = []
+    for batch_size in (1, 8):
+        _, _, samples = harness(kind, batch_size)
+        per_choice.append(torch.tensor([[r[0][0] for r in s["resps"]] for s in samples["lookaround_choice"]],
+                                       dtype=torch.float64))
     assert per_choice[0].shape == (len(CHOICES), 3) and torch.isfinite(per_choice[0]).all()
     torch.testing.assert_close(per_choice[0], per_choice[1], rtol=0, atol=2e-6)
 

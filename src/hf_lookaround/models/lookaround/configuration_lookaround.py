@@ -136,6 +136,13 @@ class LookAroundConfig(PreTrainedConfig):
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    @property
+    def n_positions(self) -> int:
+        """The longest input whose every next token the causal LM predicts (GPT-2's name, which
+        lm-evaluation-harness reads before `max_position_embeddings`). The query stream predicts token `i + 1` at
+        position `i + 1`, so the causal view of a two-stream checkpoint takes one token less than the positions."""
+        return self.max_position_embeddings - (1 if self.prediction_stream == "query" else 0)
+
     def check_positive_ints(self, *names: str) -> None:
         for name in names:
             value = getattr(self, name)

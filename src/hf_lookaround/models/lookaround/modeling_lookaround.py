@@ -44,7 +44,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .configuration_lookaround import GLU_ACTIVATIONS, LookAroundConfig, with_prediction_stream
+from .configuration_lookaround import (GLU_ACTIVATIONS, LEGACY_QUERY_STREAM_OBJECTIVES, LookAroundConfig,
+                                     with_prediction_stream)
 from .generation_lookaround import GroupDecodingMixin  # generate(..., group_size=t): semi-AR group decoding
 from .masking_lookaround import (
     AUTO_ATTENTION,
@@ -1056,7 +1057,20 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
       A row whose position would reach `max_position_embeddings` predicts nothing (its logits are meaningless);
       it only occurs after the last token of an input that fills every position.
     Both keep the transformers convention: labels are the input ids, shifted inside.
+
+    A checkpoint pretrained single-stream with a masked objective (BERT's `[MASK]` form) has no causal view: its
+    content stream was trained bidirectionally to predict `[MASK]` inputs, so loading it here is refused.
     """
+
+    def __init__(self, config: LookAroundConfig):
+        # a masked objective (any but the (semi-)AR and GVP ones) trained on the bidirectional content stream
+        masked = config.objective not in (None, *LEGACY_QUERY_STREAM_OBJECTIVES)
+        if masked and config.prediction_stream == "content" and config.default_attention == "bidirectional":
+            raise ValueError(
+                f"this checkpoint was pretrained with {config.objective!r} in the single-stream [MASK] form: its "
+                "bidirectional content stream never learned to predict the next token, so it has no causal LM view; "
+                "load it with AutoModelForMaskedLM, or score it with `hf-lookaround perplexity --protocol masked`")
+        super().__init__(config)
 
     @can_return_tuple
     def forward(

@@ -148,6 +148,21 @@ def write_bundle(records_dir: Path, path: Path, extra: dict | None = None) -> in
     return len(records)
 
 
+def unfinished_state(cell_dir: Path, command_label: str, tail_lines: int = 25) -> dict:
+    """What an unfinished cell left on the machine's disk, for the bundle: the machine (and so the cell's folder)
+    goes back after the part, so the bundle is the only place to read why a cell did not finish."""
+    cell_dir = Path(cell_dir)
+    state = {}
+    partial = cell_dir / "finetune_partial.json"
+    if partial.is_file():
+        done = json.loads(partial.read_text())
+        state["finetune_tasks_done"] = {task: round(d.get("seconds", 0.0), 1) for task, d in done.items()}
+    log = cell_dir / f"log__{command_label}.txt"
+    if log.is_file():
+        state["log_tail"] = log.read_text(errors="replace").splitlines()[-tail_lines:]
+    return state
+
+
 def read_bundle(path: Path) -> dict:
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         return json.load(handle)
@@ -222,7 +237,7 @@ def run_part(args, protocol: dict) -> int:
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=_pythonpath())
     procs, pending = {}, list(cells)
     load = {g: 0 for g in gpus}
-    seen = -1
+    seen, exits = -1, {}
     while pending or procs:
         for cell in list(pending):
             gpu = placement[cell]
@@ -233,12 +248,11 @@ def run_part(args, protocol: dict) -> int:
                 load[gpu] += 1
         time.sleep(args.poll_s)
         for cell, (proc, gpu) in list(procs.items()):
-            if proc.poll() is not None:
-                del procs[cell]
-                load[gpu] -= 1
-            elif time.time() > deadline:
+            if proc.poll() is None and time.time() > deadline:
                 proc.kill()
                 proc.wait()
+            if proc.poll() is not None:
+                exits[cell_key(*cell, args.preset)] = proc.returncode
                 del procs[cell]
                 load[gpu] -= 1
         count = len(list(records_dir.glob("*.json")))
@@ -249,6 +263,9 @@ def run_part(args, protocol: dict) -> int:
     summary.update(finished_utc=utc_now(), minutes=round((time.time() - t0) / 60, 2),
                    cells_unfinished=[cell_key(*c, args.preset) for c in part_cells(protocol, args.part, args.with_optional)
                                      if not cell_finished(records_dir, cell_key(*c, args.preset), protocol, args.finetune)])
+    summary["cell_exit_codes"] = exits
+    summary["unfinished_state"] = {key: unfinished_state(Path(args.work_dir) / "cells" / key, args.command_label)
+                                   for key in summary["cells_unfinished"]}
     n = write_bundle(records_dir, bundle, {"summary": summary})
     print(f"[curves] {n} record(s) in {bundle.name}; unfinished: {summary['cells_unfinished'] or 'none'}; "
           f"{summary['minutes']} min", flush=True)

@@ -154,6 +154,11 @@ def test_a_second_command_resumes_the_first_commands_cells(tmp_path, protocol):
     first = _command(tmp_path, "c1", minutes=4.0, margin=10.0, stamp=stamp, eval_guess=1.0,
                      extra=("--steps_this_command", "1"))
     assert first["records"] == {}
+    # the bundle says what each unfinished cell left on the machine's disk (which goes back with the machine)
+    state = first["summary"]["unfinished_state"]
+    assert sorted(state) == ["tiny__ar__seed0", "tiny__ar__seed1"]
+    assert all(s["log_tail"] and "pretrained steps" in "\n".join(s["log_tail"]) for s in state.values())
+    assert first["summary"]["cell_exit_codes"] == {"tiny__ar__seed0": 0, "tiny__ar__seed1": 0}
     second = _command(tmp_path, "c2", minutes=4.0, margin=10.0, stamp=stamp, eval_guess=0.2)
     expected = [f"tiny__ar__seed{s}__{sc.tokens_tag(t)}.json" for s in (0, 1) for t in (1024, 40960)]
     assert sorted(second["records"]) == sorted(expected + [f"tiny__ar__seed{s}__finetune.json" for s in (0, 1)])

@@ -418,7 +418,10 @@ def apply_global_batch_size(training_args: TrainingArguments) -> None:
 
 class LookAroundTrainer(Trainer):
     """``Trainer`` with a fixed-plan evaluation collator, the objective's perplexity in eval metrics, and
-    checkpoints that are complete or ignored (see :mod:`hf_lookaround.training.checkpointing`)."""
+    checkpoints that are complete or ignored (see :mod:`hf_lookaround.training.checkpointing`).
+
+    Build it with :func:`build_trainer`. It overrides public methods where it can (``compute_loss``, the data
+    loaders, ``evaluation_loop``, ``save_model``); each private one it overrides says why no public hook serves."""
 
     def __init__(self, *args, eval_data_collator=None, run_settings: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -431,6 +434,7 @@ class LookAroundTrainer(Trainer):
         self.run_settings = run_settings  # recorded in each checkpoint's marker, checked on resume
         checkpointing.allow_indexed_cpu_map_location()  # resuming a multi-process CPU run
 
+    # private: no public hook runs between a checkpoint's files and Trainer's rotation (on_save comes after it)
     def _save_checkpoint(self, model, trial):
         # Trainer rotates old checkpoints at the end of its save; here rotation waits until the new
         # checkpoint is marked complete, so a kill mid-save never leaves fewer complete checkpoints.
@@ -457,6 +461,7 @@ class LookAroundTrainer(Trainer):
                 shutil.rmtree(replaced, ignore_errors=True)  # the new checkpoint is complete: the old one goes
             checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
 
+    # private (and the next): train() loads a checkpoint's pickled state here, and no public hook wraps the load
     def _load_rng_state(self, checkpoint):
         with checkpointing.unsafe_pickle_is_one_line(checkpoint, "rng_state*.pth"):
             return super()._load_rng_state(checkpoint)
@@ -469,6 +474,7 @@ class LookAroundTrainer(Trainer):
         with checkpointing.save_failure_is_one_line(output_dir or self.args.output_dir):
             return super().save_model(output_dir, _internal_call)
 
+    # private: the dynamo plugin is built here, and TrainingArguments has no option for its `dynamic`
     def _build_accelerator_args(self, **kwargs):
         args = super()._build_accelerator_args(**kwargs)
         if self.args.torch_compile and args.get("dynamo_plugin") is not None and args["dynamo_plugin"].dynamic is None:
@@ -478,6 +484,7 @@ class LookAroundTrainer(Trainer):
             args["dynamo_plugin"].dynamic = False
         return args
 
+    # private: Trainer counts the loss's items here (get_batch_samples and prediction_step both call it) from `labels`
     def _get_num_items_in_batch(self, batch_samples, device):
         # a batch without unread content (DropUnreadContent) carries its labels as query_target_ids, one per query row
         samples = [dict(b, labels=b["query_target_ids"]) if "labels" not in b and "query_target_ids" in b else b

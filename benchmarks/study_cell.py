@@ -13,7 +13,10 @@ Two kinds of spec:
     (and test predictions) reported at that rate only.
 - ``kind: "sweep"``: pretraining and the validation objective loss only (the learning-rate sweep).
 
-Every use of ``hf_lookaround`` goes through ``study_package``.
+Every use of ``hf_lookaround`` goes through ``study_package``. The Trainer comes from the package's one training
+assembly (``build_trainer``, as ``hf-lookaround pretrain`` builds it), with the unread-content policy off: the
+recorded cells trained every batch whole. A cell whose settings hold ``drop_unread_content: true`` applies the
+command's policy instead (the same loss up to float rounding; a different computation, so its numbers are new ones).
 """
 
 from __future__ import annotations

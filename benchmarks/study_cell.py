@@ -13,7 +13,10 @@ Two kinds of spec:
     (and test predictions) reported at that rate only.
 - ``kind: "sweep"``: pretraining and the validation objective loss only (the learning-rate sweep).
 
-Every use of ``hf_lookaround`` goes through ``study_package``.
+Every use of ``hf_lookaround`` goes through ``study_package``. The Trainer comes from the package's one training
+assembly (``build_trainer``, as ``hf-lookaround pretrain`` builds it), with the unread-content policy off: the
+recorded cells trained every batch whole. A cell whose settings hold ``drop_unread_content: true`` applies the
+command's policy instead (the same loss up to float rounding; a different computation, so its numbers are new ones).
 """
 
 from __future__ import annotations
@@ -40,11 +43,13 @@ from study_common import (
 )
 
 
-def _training_args(out_dir, seed, device, **extra):
+def _training_args(out_dir, seed, device, pretraining: bool = False, **extra):
+    """The Trainer's arguments; ``pretraining``: the pretrain command's own class (``LookAroundTrainingArguments``)."""
     import torch
     from transformers import TrainingArguments
 
-    return TrainingArguments(
+    cls = pkg.pretraining().LookAroundTrainingArguments if pretraining else TrainingArguments
+    return cls(
         output_dir=str(out_dir), seed=seed, data_seed=seed, report_to="none", save_strategy="no",
         eval_strategy="no", disable_tqdm=True, use_cpu=device == "cpu", dataloader_num_workers=0,
         bf16=device == "cuda" and torch.cuda.is_bf16_supported(), **extra,
@@ -57,7 +62,6 @@ def _training_args(out_dir, seed, device, **extra):
 def pretrain(spec, tokenizer, log, save_model: bool = True):
     """Pretrain one model; returns ``(model, checkpoint folder or None, info)``."""
     import datasets
-    import torch
 
     P = pkg.pretraining()
     s, prep, seed, lr = spec["settings"], spec["prep"], spec["seed"], spec["learning_rate"]
@@ -66,23 +70,21 @@ def pretrain(spec, tokenizer, log, save_model: bool = True):
     objective_args = pkg.objective_arguments(STUDY_OBJECTIVES[spec["objective"]])
     model_args = P.ModelArguments(preset=s["preset"])
     config = P.build_config(model_args, objective_args, tokenizer, s["block_size"])
-    torch.manual_seed(seed)  # initial weights of this seed
-    model = P.build_model(config, model_args, objective_args)
-    train_collator, eval_collator = P.build_collators(objective_args, tokenizer, seed, s["block_size"], static_shapes=False)
     train_blocks = datasets.load_from_disk(prep["train_blocks"])
     val_blocks = datasets.load_from_disk(prep["val_blocks"])
     steps = s["steps"]
     args = _training_args(
-        Path(spec["cell_dir"]) / "pretrain", seed, spec["device"], max_steps=steps,
+        Path(spec["cell_dir"]) / "pretrain", seed, spec["device"], pretraining=True, max_steps=steps,
         per_device_train_batch_size=s["batch_size"], per_device_eval_batch_size=s["batch_size"],
         learning_rate=lr, lr_scheduler_type="cosine",
         warmup_steps=max(1, int(s["warmup_fraction"] * steps)), weight_decay=0.01, adam_beta2=0.98,
-        max_grad_norm=1.0, logging_steps=max(1, steps // 25), prediction_loss_only=True,
+        max_grad_norm=1.0, logging_steps=max(1, steps // 25),
+        # the recorded study trained every batch whole: the unread-content policy stays off unless a cell asks for it
+        drop_unread_content=s.get("drop_unread_content", False),
     )
-    trainer = P.LookAroundTrainer(
-        model=model, args=args, train_dataset=train_blocks, eval_dataset=val_blocks, data_collator=train_collator,
-        eval_data_collator=eval_collator, processing_class=tokenizer, callbacks=[P.CollatorEpochCallback(train_collator)],
-    )
+    # the package's one training assembly (the initial weights of this seed, its collators, the Trainer)
+    trainer = P.build_trainer(config, model_args, objective_args, args, tokenizer, train_blocks, val_blocks,
+                              block_size=s["block_size"])
     start = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - start

@@ -82,7 +82,6 @@ def _stop_callback(target_step: int, deadline_unix: float):
 
 def build_trainer(spec, tokenizer, target_step: int):
     import datasets
-    import torch
 
     from study_cell import _training_args
 
@@ -91,20 +90,18 @@ def build_trainer(spec, tokenizer, target_step: int):
     objective_args = objective_arguments(spec["pretrain_args"])
     model_args = P.ModelArguments(preset=s["preset"])
     config = P.build_config(model_args, objective_args, tokenizer, s["block_size"])
-    torch.manual_seed(seed)
-    model = P.build_model(config, model_args, objective_args)
-    train_collator, eval_collator = P.build_collators(objective_args, tokenizer, seed, s["block_size"], static_shapes=False)
     steps = spec["checkpoint_steps"][-1]
     args = _training_args(
-        Path(spec["cell_dir"]) / "pretrain", seed, spec["device"], max_steps=steps,
+        Path(spec["cell_dir"]) / "pretrain", seed, spec["device"], pretraining=True, max_steps=steps,
         per_device_train_batch_size=s["batch_size"], learning_rate=spec["learning_rate"], lr_scheduler_type="cosine",
         warmup_steps=max(1, int(spec["warmup_fraction"] * steps)), weight_decay=0.01, adam_beta2=0.98,
-        max_grad_norm=1.0, logging_steps=max(1, steps // 50), save_only_model=False)
-    trainer = P.LookAroundTrainer(
-        model=model, args=args, train_dataset=datasets.load_from_disk(spec["prep"]["train_blocks"]),
-        data_collator=train_collator, eval_data_collator=eval_collator, processing_class=tokenizer,
-        callbacks=[P.CollatorEpochCallback(train_collator), _stop_callback(target_step, spec["deadline_unix"])])
-    return trainer
+        max_grad_norm=1.0, logging_steps=max(1, steps // 50), save_only_model=False,
+        # the recorded curves trained every batch whole: the unread-content policy stays off unless a cell asks
+        drop_unread_content=s.get("drop_unread_content", False))
+    # the package's one training assembly (the initial weights of this seed, its collators, the Trainer)
+    return P.build_trainer(config, model_args, objective_args, args, tokenizer,
+                           datasets.load_from_disk(spec["prep"]["train_blocks"]), block_size=s["block_size"],
+                           callbacks=[_stop_callback(target_step, spec["deadline_unix"])])
 
 
 def pretrain_segment(spec, tokenizer, target_step: int, log) -> dict:

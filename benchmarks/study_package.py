@@ -75,8 +75,8 @@ def objective_arguments(kwargs: dict):
 
 
 def pretraining():
-    """The pretraining module (``ModelArguments``, ``build_config``, ``build_model``, ``build_collators``,
-    ``LookAroundTrainer``, ``CollatorEpochCallback``)."""
+    """The pretraining module (``ModelArguments``, ``LookAroundTrainingArguments``, ``build_config``, ``build_model``
+    and ``build_trainer``, the one training assembly)."""
     from hf_lookaround.training import pretraining as module
 
     return module

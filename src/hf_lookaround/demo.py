@@ -120,16 +120,15 @@ class Row:
 
 
 def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tuple[torch.nn.Module, Row]:
-    from transformers import ProgressCallback, TrainingArguments
+    from transformers import ProgressCallback
 
     from .training.pretraining import (
-        CollatorEpochCallback,
-        LookAroundTrainer,
+        LookAroundTrainingArguments,
         ModelArguments,
         NamedProgressCallback,
         ObjectiveArguments,
         build_config,
-        build_model,
+        build_trainer,
         pin_memory_useful,
         write_card,
     )
@@ -138,15 +137,9 @@ def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tup
     objective_args = ObjectiveArguments(objective=objective, **flags)
     model_args = ModelArguments(preset=args.preset)
     config = build_config(model_args, objective_args, tokenizer, args.block_size)
-    torch.manual_seed(args.seed)  # the same initial weights for every objective
-    model = build_model(config, model_args, objective_args)
-
-    from .data.collators import make_collator
-
-    collator = make_collator(objective, tokenizer, seed=args.seed, **objective_args.collator_params())
-    eval_collator = make_collator(objective, tokenizer, seed=args.seed + 1, **objective_args.collator_params())
     out = Path(args.output_dir) / f"seed-{args.seed}" / name
-    training_args = TrainingArguments(
+    # the command's own TrainingArguments class: its defaults (the unread-content policy, data loader workers) apply
+    training_args = LookAroundTrainingArguments(
         output_dir=str(out),
         max_steps=steps,
         per_device_train_batch_size=args.batch_size,
@@ -160,18 +153,14 @@ def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tup
         logging_steps=max(1, steps // 10),
         save_strategy="no",
         report_to=["tensorboard"],
-        prediction_loss_only=True,
         use_cpu=args.device == "cpu",
         dataloader_pin_memory=pin_memory_useful(args.device == "cpu"),
         bf16=args.device == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
-        seed=args.seed,
+        seed=args.seed,  # the same initial weights for every objective of a seed
         disable_tqdm=args.quiet,
     )
-    trainer = LookAroundTrainer(
-        model=model, args=training_args, train_dataset=train_blocks, eval_dataset=eval_blocks,
-        data_collator=collator, eval_data_collator=eval_collator, processing_class=tokenizer,
-        callbacks=[CollatorEpochCallback(collator)],
-    )
+    trainer = build_trainer(config, model_args, objective_args, training_args, tokenizer, train_blocks, eval_blocks,
+                            block_size=args.block_size)
     if not args.quiet:  # Trainer's own bar, named: several objectives and seeds run one after another
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(NamedProgressCallback(f"seed {args.seed}, {name}"))

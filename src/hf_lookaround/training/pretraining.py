@@ -73,6 +73,7 @@ __all__ = [
     "gradient_accumulation_for",
     "LookAroundTrainer",
     "CollatorEpochCallback",
+    "build_trainer",
     "run",
 ]
 
@@ -417,7 +418,10 @@ def apply_global_batch_size(training_args: TrainingArguments) -> None:
 
 class LookAroundTrainer(Trainer):
     """``Trainer`` with a fixed-plan evaluation collator, the objective's perplexity in eval metrics, and
-    checkpoints that are complete or ignored (see :mod:`hf_lookaround.training.checkpointing`)."""
+    checkpoints that are complete or ignored (see :mod:`hf_lookaround.training.checkpointing`).
+
+    Build it with :func:`build_trainer`. It overrides public methods where it can (``compute_loss``, the data
+    loaders, ``evaluation_loop``, ``save_model``); each private one it overrides says why no public hook serves."""
 
     def __init__(self, *args, eval_data_collator=None, run_settings: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -430,6 +434,7 @@ class LookAroundTrainer(Trainer):
         self.run_settings = run_settings  # recorded in each checkpoint's marker, checked on resume
         checkpointing.allow_indexed_cpu_map_location()  # resuming a multi-process CPU run
 
+    # private: no public hook runs between a checkpoint's files and Trainer's rotation (on_save comes after it)
     def _save_checkpoint(self, model, trial):
         # Trainer rotates old checkpoints at the end of its save; here rotation waits until the new
         # checkpoint is marked complete, so a kill mid-save never leaves fewer complete checkpoints.
@@ -456,6 +461,7 @@ class LookAroundTrainer(Trainer):
                 shutil.rmtree(replaced, ignore_errors=True)  # the new checkpoint is complete: the old one goes
             checkpointing.rotate_complete_checkpoints(run_dir, limit, keep=[self.state.best_model_checkpoint])
 
+    # private (and the next): train() loads a checkpoint's pickled state here, and no public hook wraps the load
     def _load_rng_state(self, checkpoint):
         with checkpointing.unsafe_pickle_is_one_line(checkpoint, "rng_state*.pth"):
             return super()._load_rng_state(checkpoint)
@@ -468,6 +474,7 @@ class LookAroundTrainer(Trainer):
         with checkpointing.save_failure_is_one_line(output_dir or self.args.output_dir):
             return super().save_model(output_dir, _internal_call)
 
+    # private: the dynamo plugin is built here, and TrainingArguments has no option for its `dynamic`
     def _build_accelerator_args(self, **kwargs):
         args = super()._build_accelerator_args(**kwargs)
         if self.args.torch_compile and args.get("dynamo_plugin") is not None and args["dynamo_plugin"].dynamic is None:
@@ -477,6 +484,7 @@ class LookAroundTrainer(Trainer):
             args["dynamo_plugin"].dynamic = False
         return args
 
+    # private: Trainer counts the loss's items here (get_batch_samples and prediction_step both call it) from `labels`
     def _get_num_items_in_batch(self, batch_samples, device):
         # a batch without unread content (DropUnreadContent) carries its labels as query_target_ids, one per query row
         samples = [dict(b, labels=b["query_target_ids"]) if "labels" not in b and "query_target_ids" in b else b
@@ -519,7 +527,7 @@ class LookAroundTrainer(Trainer):
 
 
 # ---------------------------------------------------------------------------------------------
-# Building blocks (the demo reuses them)
+# Building blocks (the training assembly, build_trainer below, puts them together)
 # ---------------------------------------------------------------------------------------------
 def trainer_state_step(checkpoint) -> int:
     return json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("global_step", 0)
@@ -657,7 +665,7 @@ def without_unread_content(collator, objective_args: ObjectiveArguments, trainin
     """The training collator, wrapped in `DropUnreadContent` where --drop_unread_content (default: the masked
     objectives and GVP, whose top rank holds many tokens) asks for it."""
     masked = objectives.family(objective_args.objective) == objectives.MASKED
-    drop = training_args.drop_unread_content
+    drop = getattr(training_args, "drop_unread_content", None)  # a plain TrainingArguments: the objective's default
     by_default = objectives.get(objective_args.objective).drops_unread_content
     if not (by_default if drop is None else drop) or objective_args.single_stream:
         return collator
@@ -675,6 +683,43 @@ def without_unread_content(collator, objective_args: ObjectiveArguments, trainin
         bound = math.ceil(block_size * (1 - float(least(objective_args.plan_params()))))
         min_width = min(block_size, -(-bound // multiple) * multiple)
     return DropUnreadContent(collator, width_multiple=multiple, min_width=min_width)
+
+
+# ---------------------------------------------------------------------------------------------
+# The training assembly: the command, the demo and the study's workers all build their Trainer here
+# ---------------------------------------------------------------------------------------------
+def build_trainer(config, model_args: ModelArguments, objective_args: ObjectiveArguments,
+                  training_args: TrainingArguments, tokenizer, train_dataset, eval_dataset=None, *, block_size: int,
+                  callbacks=(), run_settings: dict | None = None) -> "LookAroundTrainer":
+    """A pretraining run put together: config -> model -> collators -> unread-content policy -> Trainer.
+
+    ``config``: from :func:`build_config`. The model's initial weights are drawn from ``training_args.seed``
+    (the same weights for every objective of a seed). The training collator draws per-batch plans from the seed,
+    the evaluation collator a fixed plan (seed + 1); the training one is wrapped by the unread-content policy
+    (``training_args.drop_unread_content``: ``None`` or a plain ``TrainingArguments`` means the objective's
+    default, :func:`without_unread_content`). ``callbacks``: more ``TrainerCallback``s, after the one that tells
+    the collator the epoch. ``run_settings``: recorded in each checkpoint's marker, checked on resume."""
+    import torch
+
+    torch.manual_seed(training_args.seed)  # the initial weights of this seed
+    model = build_model(config, model_args, objective_args)
+    train_collator, eval_collator = build_collators(
+        objective_args, tokenizer, training_args.seed, block_size, static_shapes=bool(training_args.torch_compile))
+    # evaluation keeps whole batches: Trainer computes an eval loss only for batches with `labels`
+    train_collator = without_unread_content(train_collator, objective_args, training_args, block_size)
+    # only the loss is needed from evaluation: gathering (B, M, V) logits would waste memory
+    training_args.prediction_loss_only = True
+    return LookAroundTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        data_collator=train_collator,
+        eval_data_collator=eval_collator,
+        processing_class=tokenizer,
+        callbacks=[CollatorEpochCallback(train_collator), *callbacks],
+        run_settings=run_settings,
+    )
 
 
 def check_launch(training_args: TrainingArguments) -> None:
@@ -1049,8 +1094,6 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
                          f"{training_args.num_train_epochs:g}; give a positive --max_steps or --num_train_epochs")
     set_seed(training_args.seed)
     apply_global_batch_size(training_args)
-    # only the loss is needed from evaluation: gathering (B, M, V) logits would waste memory
-    training_args.prediction_loss_only = True
     block_size = data_args.block_size
 
     check_launch(training_args)
@@ -1068,8 +1111,7 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
                          "or a larger --validation_split_percentage, or train only (--do_train)")
     tokenizer = prepare_tokenizer(model_args, data_args, training_args, train_raw, block_size)
     check_tokenizer(tokenizer, objective_args)
-    config = build_config(model_args, objective_args, tokenizer, block_size)
-    model = build_model(config, model_args, objective_args)
+    config = build_config(model_args, objective_args, tokenizer, block_size)  # checked before the data is built
 
     train_blocks, eval_blocks = build_training_data(data_args, training_args, tokenizer, train_raw, eval_raw)
     train_blocks, eval_blocks = rows_as_numpy(train_blocks), rows_as_numpy(eval_blocks)
@@ -1077,22 +1119,8 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
     eval_texts = [] if eval_raw is None or not training_args.do_eval else perplexity_documents(
         eval_raw, data_args, training_args.seed)
 
-    train_collator, eval_collator = build_collators(
-        objective_args, tokenizer, training_args.seed, block_size, static_shapes=bool(training_args.torch_compile)
-    )
-    # evaluation keeps whole batches: Trainer computes an eval loss only for batches with `labels`
-    train_collator = without_unread_content(train_collator, objective_args, training_args, block_size)
-    trainer = LookAroundTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=train_blocks,
-        eval_dataset=eval_blocks,
-        data_collator=train_collator,
-        eval_data_collator=eval_collator,
-        processing_class=tokenizer,
-        callbacks=[CollatorEpochCallback(train_collator), *callbacks],
-        run_settings={"block_size": block_size},
-    )
+    trainer = build_trainer(config, model_args, objective_args, training_args, tokenizer, train_blocks, eval_blocks,
+                            block_size=block_size, callbacks=callbacks, run_settings={"block_size": block_size})
 
     metrics: dict = {}
     checkpoint = None
@@ -1111,7 +1139,7 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
 
             # Trainer loads a checkpoint's weights non-strictly: missing, unexpected or NaN tensors are refused here
             check_local_checkpoint(checkpoint, "hf-lookaround pretrain --resume_from_checkpoint", finite=True)
-            checkpointing.check_resume_compatible(checkpoint, model.config, training_args.world_size,
+            checkpointing.check_resume_compatible(checkpoint, trainer.model.config, training_args.world_size,
                                                   run=trainer.run_settings)
     done = checkpoint is not None and finished_training(checkpoint, training_args)
     if checkpoint is not None and not done:

@@ -196,7 +196,7 @@ def static_flex_shapes():
 @torch.no_grad()
 def test_flex_forward_equals_sdpa(static_flex_shapes, tiny_model):
     """FlexAttention has no CPU backward: its forward over the assembled BlockMask equals SDPA's (whose gradients
-    the test above audits), and a later token of a dar row changes nothing before its group."""
+    the tests above audit)."""
     t = 2
     batch = collate(t, batch=8, seed=4)
     flex = mixture_model(tiny_model, t, "flex_attention")(input_ids=batch["input_ids"], row_kind=batch["row_kind"])

@@ -4,17 +4,32 @@ Each sequence gets the plan of one component objective, drawn from normalised we
 components are trained together on one backbone. The plan parameters are ``{"mixture": {name: weight},
 "components": {name: plan params}}``, and what the checkpoint was trained for (decoders, families, the loss
 fraction) is that of its components.
+
+Two forms:
+
+- ``two_stream`` (default): every component's plan, trained on the query stream (``LookAroundForPreTraining``).
+- ``single_stream`` (the one-stream mixture, ``--dar_form single_stream --masked_form single_stream``): dar's rows in
+  SAT's one-stream form (block-causal, the row t places before a target predicts it) and the masked components'
+  rows in BERT's ``[MASK]`` form (bidirectional), in one batch of width ``T + 2t - 2``, for ``LookAroundForCausalLM``
+  with one LM head. Each row carries its kind (``row_kind``: 0 block-causal, 1 bidirectional), which selects its
+  mask (``masking_lookaround.mixed_row_masks``). A masked row's text fills the first ``T`` slots, and its labels
+  sit one slot after the masked token (the causal LM's loss shifts them back). The checkpoint loads with
+  AutoModelForCausalLM (the dar half: ``generate(group_size=t)``) and AutoModelForMaskedLM (the masked half:
+  bidirectional over ``[MASK]`` inputs); the two-stream pretraining head has nothing trained to read.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..data.collators import PlanCollator
+from ..models.lookaround.masking_lookaround import BIDIRECTIONAL_ROW, BLOCK_CAUSAL_ROW
+from ..models.lookaround.masking_lookaround import one_stream_start_rows as start_rows
 from ..plans import Plan, check_lengths
-from .base import MIXTURE, Objective, ObjectiveParams, flag
+from .base import CAUSAL_HEAD, MASKED, MIXTURE, SINGLE_STREAM, TWO_STREAM, Objective, ObjectiveParams, \
+    check_form, flag
 
 # the mixture drawn when none is given: semi-AR (t = 2) and variable-length masking, half each
 DEFAULT_MIXTURE = {"dar": 0.5, "vmlm": 0.5}
@@ -79,6 +94,25 @@ def draw_mixture_components(batch: int, weights: dict[str, float], generator=Non
     return torch.multinomial(probs, batch, replacement=True, generator=generator)
 
 
+def check_one_stream_mixture(weights: dict, components: dict) -> int:
+    """The group size of a one-stream mixture, or a ValueError that says what to fix: dar in its one-stream form
+    (one group size >= 2) with masked components in BERT's form, nothing else."""
+    one_stream = {"dar"} | {name for name, o in _table().items() if o.family == MASKED}
+    others = [name for name in weights if name not in one_stream]
+    if others:
+        raise ValueError(f"the one-stream mixture mixes dar's one-stream rows with the masked family's [MASK] rows; "
+                         f"{others} have no such form: drop them or train the mixture two-stream")
+    if "dar" not in weights or len(weights) < 2:
+        raise ValueError("the one-stream mixture needs dar and at least one masked component (e.g. --mixture "
+                         "dar=0.5 vmlm=0.5); a masked objective alone trains with --masked_form single_stream")
+    t = components.get("dar", {}).get("t", _table()["dar"].defaults["t"])
+    sizes = [t] if isinstance(t, int) else list(t)
+    if len(sizes) != 1 or sizes[0] < 2:
+        raise ValueError(f"the one-stream mixture takes one dar group size >= 2, got --group_size {sizes}: a masked "
+                         "row's labels sit one slot after its text, in the start-row slots t = 1 does not have")
+    return int(sizes[0])
+
+
 def plan(
     lengths,
     seq_len: int,
@@ -96,6 +130,13 @@ def plan(
     Vectorised per component: the rows are grouped by the component drawn, each component's plan is drawn once for
     its rows (with the same generator, components in table order), and the plans are scattered back. ``maskable``
     goes to the components whose plan takes it (the masked ones)."""
+    return plan_and_components(lengths, seq_len, mixture, components, num_condition_tokens, maskable, generator,
+                               checked)[0]
+
+
+def plan_and_components(lengths, seq_len: int, mixture=None, components=None, num_condition_tokens: int = 0,
+                        maskable=None, generator=None, checked: bool = False) -> tuple[Plan, np.ndarray]:
+    """:func:`plan`, and the (B,) index (into the weights' order) of the component each row drew."""
     weights, params = (mixture, components) if checked else check_mixture(mixture, components)
     lengths = check_lengths(lengths, seq_len, num_condition_tokens)
     batch = lengths.numel()
@@ -118,7 +159,7 @@ def plan(
         group_ids[rows] = plan_.group_ids.numpy()
         is_target[rows] = plan_.is_target.numpy()
     group_ids, is_target = torch.from_numpy(group_ids), torch.from_numpy(is_target)
-    return Plan(group_ids, is_target)
+    return Plan(group_ids, is_target), drawn
 
 
 def mixture_row_components(lengths, seq_len: int, mixture=None, components=None, generator=None) -> list[str]:
@@ -156,19 +197,49 @@ class Params(ObjectiveParams):
              "takes its parameters from the flags above (--group_size, --mask_ratio_range, ...)")
     # {name: plan params}: filled from the components' flags by ObjectiveArguments (not a flag itself)
     components: dict | None = flag(None, cli=False)
+    # {name: collator params}, with each component's form (--dar_form, --masked_form): filled likewise
+    component_collators: dict | None = flag(None, cli=False)
 
     def __post_init__(self):
         if not self.mixture:
             raise ValueError("--objective mixture needs its components and weights: --mixture NAME=WEIGHT ..., "
                              "e.g. --mixture dar=0.5 vmlm=0.5")
-        self.plan_params()  # parses --mixture and checks every component's parameters
+        params = self.plan_params()  # parses --mixture and checks every component's parameters
+        forms = {name: p.get("form", TWO_STREAM) for name, p in (self.component_collators or {}).items()}
+        if len(set(forms.values())) > 1:
+            raise ValueError(f"--objective mixture trains its components in one form, got {forms}: give "
+                             "--dar_form single_stream --masked_form single_stream (the one-stream mixture) or neither")
+        if self.form == SINGLE_STREAM:
+            check_one_stream_mixture(params["mixture"], params["components"])
+
+    @property
+    def form(self) -> str:
+        forms = {p.get("form", TWO_STREAM) for p in (self.component_collators or {}).values()}
+        return SINGLE_STREAM if forms == {SINGLE_STREAM} else TWO_STREAM
+
+    def _group_size(self) -> int:
+        params = self.plan_params()
+        return check_one_stream_mixture(params["mixture"], params["components"])
 
     def plan_params(self) -> dict:
         weights, components = check_mixture(parse_weights(self.mixture), self.components)
         return {"mixture": weights, "components": components}
 
     def collator_params(self) -> dict:
-        return self.plan_params()
+        if self.form != SINGLE_STREAM:
+            return self.plan_params()
+        # BERT's replacement shares of the masked components (their flags are shared, so one value each)
+        masked = next(p for p in self.component_collators.values() if "mask_replace_prob" in p)
+        return {**self.plan_params(), "form": SINGLE_STREAM, "mask_replace_prob": masked["mask_replace_prob"],
+                "random_replace_prob": masked["random_replace_prob"]}
+
+    def config_fields(self) -> dict:
+        if self.form != SINGLE_STREAM:
+            return {}
+        return {"default_attention": "block_causal", "attention_group_size": self._group_size()}
+
+    def input_width(self, block_size: int) -> int:
+        return block_size + start_rows(self._group_size(), 1) if self.form == SINGLE_STREAM else block_size
 
 
 @dataclass
@@ -179,15 +250,32 @@ class MixtureCollator(PlanCollator):
 
     The plan is :func:`plan` (rows grouped by component, one plan call per component). What the
     single-objective collators add on top of their plan is kept per row: masked components never mask special
-    tokens (``maskable`` goes to their rows). Two-stream only: the single-stream ``[MASK]`` form of the masked
-    collators has no meaning for the rows of a look-ahead component."""
+    tokens (``maskable`` goes to their rows).
+
+    ``form="single_stream"``: the one-stream mixture (module doc): ``input_ids`` and ``labels`` of width
+    ``T + 2t - 2`` and ``row_kind`` (B,), for ``LookAroundForCausalLM`` with ``default_attention="block_causal"``.
+    Its rows must all have one length (``pretrain`` packs blocks of ``--block_size``): a masked row reads every slot
+    of its text, so padding would be read."""
 
     mixture: dict | None = None
     components: dict | None = None
+    form: str = TWO_STREAM
+    mask_replace_prob: float = 0.8
+    random_replace_prob: float = 0.1
+    group_size: int = field(default=0, init=False, repr=False)  # dar's t, in the one-stream form
     objective = "mixture"
 
     def __post_init__(self):
         self.mixture, self.components = check_mixture(self.mixture, self.components)
+        check_form("form", self.form)
+        if self.form == SINGLE_STREAM:
+            from .mlm import check_replace_probs
+
+            self.group_size = check_one_stream_mixture(self.mixture, self.components)
+            check_replace_probs(self.mask_replace_prob, self.random_replace_prob)
+            if getattr(self.tokenizer, "mask_token_id", None) is None:
+                raise ValueError("the one-stream mixture feeds its masked rows [MASK] inputs, but the tokenizer has "
+                                 "no mask token: use one with a mask token (e.g. --train_tokenizer) or the two-stream form")
 
     def uses_maskable(self) -> bool:
         from . import get  # the objectives table imports this module
@@ -197,6 +285,52 @@ class MixtureCollator(PlanCollator):
     def plan_params(self):
         # checked once in __post_init__, not again for every batch
         return {"mixture": self.mixture, "components": self.components, "checked": True}
+
+    def _draw(self, input_ids, lengths, generator):
+        """The plan, and the component each row drew (the one-stream form lays rows out by their component)."""
+        params = dict(self.plan_params())
+        params["num_condition_tokens"] = self._condition_tokens(input_ids, lengths)
+        if self.uses_maskable():
+            params["maskable"] = self._maskable(input_ids, lengths)
+        return plan_and_components(lengths, input_ids.shape[1], generator=generator, **params)
+
+    def _finish(self, input_ids, attention_mask, drawn_plan, generator):
+        plan_, drawn = drawn_plan
+        if self.form == TWO_STREAM:
+            return super()._finish(input_ids, attention_mask, plan_, generator)
+        return self._one_stream(input_ids, attention_mask, plan_, drawn, generator)
+
+    def _one_stream(self, input_ids, attention_mask, plan_, drawn, generator):
+        """dar's rows in SAT's layout, the masked rows in BERT's form with their labels one slot later (module doc)."""
+        from .dar import one_stream_layout
+        from .mlm import bert_form
+
+        t, bos, pad = self.group_size, getattr(self.tokenizer, "bos_token_id", None), self._pad_id()
+        if not bool(attention_mask.all()):
+            raise ValueError("the one-stream mixture takes rows of one length (a masked row reads every slot of its "
+                             "text, padding included): pack blocks of equal length, as hf-lookaround pretrain does")
+        if bos is None or (input_ids[:, 0] != bos).any():
+            raise ValueError("the one-stream mixture needs every row to start with the BOS token (dar's start rows are "
+                             "copies of it): pack blocks with BOS (hf-lookaround pretrain does)")
+        batch, length = input_ids.shape
+        width = length + start_rows(t, 1)
+        is_dar = drawn == list(self.mixture).index("dar")
+        inputs = np.full((batch, width), pad, dtype=np.int64)
+        labels = np.full((batch, width), -100, dtype=np.int64)
+        if is_dar.any():
+            s1 = (plan_.group_ids.numpy()[is_dar] == 1).sum(1)  # the first text group (rank 1 after BOS)
+            inputs[is_dar], labels[is_dar] = one_stream_layout(
+                input_ids.numpy()[is_dar], plan_.is_target.numpy()[is_dar], s1, t, bos, pad)
+        masked = ~is_dar
+        if masked.any():
+            rows = torch.from_numpy(np.flatnonzero(masked))
+            bert_inputs, bert_labels = bert_form(input_ids[rows], plan_.is_target[rows], self.tokenizer,
+                                                 self.mask_replace_prob, self.random_replace_prob, generator)
+            inputs[masked, :length] = bert_inputs.numpy()
+            labels[masked, 1 : length + 1] = bert_labels.numpy()  # row i predicts labels[i + 1] (the causal LM's shift)
+        row_kind = np.where(is_dar, BLOCK_CAUSAL_ROW, BIDIRECTIONAL_ROW)
+        return {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels),
+                "row_kind": torch.from_numpy(row_kind)}
 
 
 def target_ratio(params: dict) -> float:
@@ -214,6 +348,7 @@ OBJECTIVE = Objective(
     Params=Params,
     plan=plan,
     collator=MixtureCollator,
+    single_stream_head=CAUSAL_HEAD,  # the one-stream mixture: one LM head, saved as a causal LM
     presets={"mix-dar12-vmlm": ("dar (t in {1, 2}) or vmlm U[0.15, 0.3], half each",
                                 {"mixture": ["dar=0.5", "vmlm=0.5"], "group_size": [1, 2],
                                  "mask_ratio_range": [0.15, 0.3]})},

@@ -178,16 +178,24 @@ class MaskedCollator(PlanCollator):
     def _finish(self, input_ids, attention_mask, plan, generator):
         if self.form == TWO_STREAM:
             return super()._finish(input_ids, attention_mask, plan, generator)
-        masked = plan.is_target
-        labels = labels_for(input_ids, masked)
-        # one uniform draw per position decides [MASK] / random / keep (BERT's 80/10/10 by default)
-        u = torch.rand(input_ids.shape, generator=generator)
-        to_mask = masked & (u < self.mask_replace_prob)
-        to_random = masked & (u >= self.mask_replace_prob) & (u < self.mask_replace_prob + self.random_replace_prob)
-        random_ids = torch.randint(len(self.tokenizer), input_ids.shape, generator=generator)
-        inputs = torch.where(to_mask, torch.full_like(input_ids, self.tokenizer.mask_token_id), input_ids)
-        inputs = torch.where(to_random, random_ids, inputs)
+        inputs, labels = bert_form(input_ids, plan.is_target, self.tokenizer, self.mask_replace_prob,
+                                   self.random_replace_prob, generator)
         return {"input_ids": inputs, "attention_mask": attention_mask, "labels": labels}
+
+
+def bert_form(input_ids: torch.Tensor, masked: torch.Tensor, tokenizer, mask_replace_prob: float,
+              random_replace_prob: float, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT's single-stream input for the masked positions of a plan: ``(inputs, labels)``, both like
+    ``input_ids``. Of the masked positions, ``mask_replace_prob`` become ``[MASK]``, ``random_replace_prob`` a
+    random token, the rest stay; labels hold the original token there, -100 elsewhere."""
+    labels = labels_for(input_ids, masked)
+    # one uniform draw per position decides [MASK] / random / keep (BERT's 80/10/10 by default)
+    u = torch.rand(input_ids.shape, generator=generator)
+    to_mask = masked & (u < mask_replace_prob)
+    to_random = masked & (u >= mask_replace_prob) & (u < mask_replace_prob + random_replace_prob)
+    random_ids = torch.randint(len(tokenizer), input_ids.shape, generator=generator)
+    inputs = torch.where(to_mask, torch.full_like(input_ids, tokenizer.mask_token_id), input_ids)
+    return torch.where(to_random, random_ids, inputs), labels
 
 
 OBJECTIVE = Objective(

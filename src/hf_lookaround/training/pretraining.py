@@ -150,16 +150,13 @@ class ObjectiveArgumentsBase:
         if self.mixture and not self.is_mixture:
             raise ValueError(f"--mixture applies only with --objective mixture (got --objective {self.objective}); "
                              "add --objective mixture or drop --mixture")
-        if self.is_mixture:
-            for name in self._component_names():
-                if self._component(name).form != objectives.TWO_STREAM:
-                    raise ValueError(f"--objective mixture trains two-stream only: drop the single_stream form of "
-                                     f"{name!r} (a single-stream form has no meaning for the other components' rows)")
         self.params  # every flag of the objective (and of a mixture's components) checked now, not mid-run
 
     def _refuse_other_forms(self) -> None:
         """A form flag (--ar_form, --dar_form, --masked_form) set for an objective it does not belong to."""
         own = set(objectives.get(self.objective).flags)
+        if self.is_mixture:  # a mixture's components take their own forms (the one-stream mixture)
+            own |= {flag for name in self._component_names() for flag in objectives.get(name).flags}
         for f in dataclasses.fields(self):
             if f.name.endswith("_form") and f.name not in own and getattr(self, f.name) != f.default:
                 owners = [name for name, o in objectives.OBJECTIVES.items() if f.name in o.flags]
@@ -172,6 +169,7 @@ class ObjectiveArgumentsBase:
         given = {f.name: getattr(self, f.name) for f in dataclasses.fields(o.Params) if f.metadata.get("cli", True)}
         if o.family == objectives.MIXTURE:
             given["components"] = {c: self._component(c).plan_params() for c in self._component_names()}
+            given["component_collators"] = {c: self._component(c).collator_params() for c in self._component_names()}
         return o.Params(**given)
 
     def _component_names(self) -> list[str]:
@@ -576,7 +574,9 @@ def prepare_tokenizer(model_args: ModelArguments, data_args: DataArguments, trai
 
 
 def check_tokenizer(tokenizer, objective_args: ObjectiveArguments) -> None:
-    if objective_args.single_stream_head == objectives.MASKED_HEAD and tokenizer.mask_token_id is None:
+    feeds_mask = objective_args.single_stream_head == objectives.MASKED_HEAD or (
+        objective_args.is_mixture and objective_args.single_stream)  # the one-stream mixture's masked rows
+    if feeds_mask and tokenizer.mask_token_id is None:
         raise ValueError(
             f"--objective {objective_args.objective} --masked_form single_stream feeds [MASK] inputs, but the tokenizer "
             "has no mask token: use a tokenizer with one (e.g. --train_tokenizer) or --masked_form two_stream"

@@ -225,6 +225,7 @@ def create_plan_mask(
     query_rows_alone: bool = False,
     prepared: PreparedAttention | None = None,
     static_group_size: int | None = None,
+    row_kind: torch.Tensor | None = None,
 ) -> PreparedAttention | None:
     """The masks of one forward, in the form ``implementation`` takes; None for the causal fast path.
 
@@ -235,6 +236,8 @@ def create_plan_mask(
     prepared: masks built beforehand by ``model.prepare_attention`` (outside a compiled step) for this batch.
     static_group_size: a block-causal forward with no padding and no cache offset: its masks depend on the length
         alone, so they are built once per shape (:func:`block_causal_masks`).
+    row_kind: (B,) a one-stream mixture batch (with ``static_group_size``): each row block-causal or bidirectional
+        (:func:`mixed_row_masks`).
     """
     if prepared is not None:
         check_prepared_attention(prepared, plan, num_content)
@@ -244,6 +247,8 @@ def create_plan_mask(
         return prepared
     if plain_causal and implementation in ("sdpa", AUTO_ATTENTION):
         return None
+    if row_kind is not None:
+        return mixed_row_masks(row_kind, static_group_size, num_content, implementation, dtype)
     if static_group_size is not None:
         return block_causal_masks(static_group_size, num_content, implementation, dtype, plan.key_rank.device)
     return build_prepared_attention(plan, implementation, dtype, num_content, with_query_rows=query_rows_alone)
@@ -269,3 +274,120 @@ def block_causal_masks(group_size: int, length: int, implementation: str, dtype:
                              key_rank=rank, key_valid=torch.ones_like(rank, dtype=torch.bool))
         _BLOCK_CAUSAL_MASKS[key] = build_prepared_attention(plan, kernel, dtype, length, with_query_rows=False)
     return _BLOCK_CAUSAL_MASKS[key]
+
+
+# ----------------------------------------------------------------------------------------------
+# The one-stream mixture: dar's one-stream rows (block-causal) and BERT's [MASK] rows (bidirectional) in one batch.
+# ----------------------------------------------------------------------------------------------
+# the kind of each row of a one-stream mixture batch (``row_kind``, (B,) int)
+BLOCK_CAUSAL_ROW, BIDIRECTIONAL_ROW = 0, 1
+
+
+def mixed_row_rank(kind, index, group_size: int):
+    """The rank of slot ``index`` in a row of ``kind``: its group's index in a block-causal row (dar's one-stream
+    form), 0 everywhere in a bidirectional one (BERT's form). Element-wise, for dense masks and mask_mod alike."""
+    return torch.where(kind == BLOCK_CAUSAL_ROW, torch.div(index, group_size, rounding_mode="floor"), 0)
+
+
+def mixed_key_valid(kind, key_index, text_width: int):
+    """A block-causal row may read every slot (what lies after a row's text is read only by rows that predict
+    nothing); a bidirectional row reads its text, never the start-row slots the dar layout adds at the end."""
+    return (kind == BLOCK_CAUSAL_ROW) | (key_index < text_width)
+
+
+def mixed_text_width(group_size: int, width: int) -> int:
+    """The text of a bidirectional row of a one-stream mixture batch: the block, without dar's start rows."""
+    return width - one_stream_start_rows(group_size, 1)
+
+
+def mixed_rows_plan(row_kind: torch.Tensor, group_size: int, width: int) -> AttentionPlan:
+    """The attention plan of a one-stream mixture batch: each row's ranks from its kind (:func:`mixed_row_rank`)."""
+    index = torch.arange(width, device=row_kind.device)[None, :]
+    kind = row_kind[:, None]
+    rank = mixed_row_rank(kind, index, group_size)
+    return AttentionPlan(query_rank=rank, query_is_strict=torch.zeros_like(rank, dtype=torch.bool), key_rank=rank,
+                         key_valid=mixed_key_valid(kind, index, mixed_text_width(group_size, width)))
+
+
+def mixed_mask_mod(row_kind: torch.Tensor, group_size: int, width: int):
+    """FlexAttention's ``mask_mod`` of a one-stream mixture batch: the row's kind, read from ``row_kind`` (int32:
+    inductor's CPU code generation fails on bool/int64 loads inside mask_mod), selects its ranks; then
+    :func:`may_attend`, the one rule."""
+    text_width = mixed_text_width(group_size, width)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        kind = row_kind[b]
+        q_rank, k_rank = mixed_row_rank(kind, q_idx, group_size), mixed_row_rank(kind, kv_idx, group_size)
+        return may_attend(q_rank, k_rank, q_idx < 0, mixed_key_valid(kind, kv_idx, text_width))
+
+    return mask_mod
+
+
+# (group size, width, device) -> the BlockMask of each row kind (batch 1), in the order of the kinds
+_FAMILY_BLOCK_MASKS: dict[tuple, tuple] = {}
+
+
+def family_block_masks(group_size: int, width: int, device) -> tuple:
+    """One BlockMask per row kind (batch 1): built once per shape, as :func:`block_causal_masks` is."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    key = (group_size, width, str(device))
+    if key not in _FAMILY_BLOCK_MASKS:
+        masks = []
+        for kind in (BLOCK_CAUSAL_ROW, BIDIRECTIONAL_ROW):
+            row_kind = torch.full((1,), kind, dtype=torch.int32, device=device)
+            compile_builder = torch.device(device).type == "cuda" and not torch.compiler.is_compiling()
+            masks.append(create_block_mask(mixed_mask_mod(row_kind, group_size, width), 1, None, width, width,
+                                           device=device, _compile=compile_builder))
+        _FAMILY_BLOCK_MASKS[key] = tuple(masks)
+    return _FAMILY_BLOCK_MASKS[key]
+
+
+def mixed_block_mask(row_kind: torch.Tensor, group_size: int, width: int):
+    """The BlockMask of a one-stream mixture batch, without ``create_block_mask``: each row takes the block tables of
+    its kind's mask (built once, :func:`family_block_masks`) by a ``torch.where`` on the device, and the mask_mod
+    reads the row's kind inside partial blocks. A few small tensor ops per batch instead of evaluating the
+    (rows x keys) grid (~4 ms a batch on an H100, issue 33)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    block_causal, bidirectional = family_block_masks(group_size, width, row_kind.device)
+    is_block_causal = (row_kind == BLOCK_CAUSAL_ROW)[:, None, None]  # (B, 1, 1): broadcasts over heads, q blocks
+
+    def pick(block_causal_table, bidirectional_table):
+        extra = (None,) * (block_causal_table.dim() - 3)  # kv_indices have a kv-block dimension more
+        return torch.where(is_block_causal[(...,) + extra], block_causal_table, bidirectional_table)
+
+    return BlockMask.from_kv_blocks(
+        pick(block_causal.kv_num_blocks, bidirectional.kv_num_blocks),
+        pick(block_causal.kv_indices, bidirectional.kv_indices),
+        pick(block_causal.full_kv_num_blocks, bidirectional.full_kv_num_blocks),
+        pick(block_causal.full_kv_indices, bidirectional.full_kv_indices),
+        BLOCK_SIZE=block_causal.BLOCK_SIZE,
+        mask_mod=mixed_mask_mod(row_kind.int(), group_size, width),
+        seq_lengths=(width, width),
+    )
+
+
+def check_row_kind(row_kind: torch.Tensor, batch: int) -> None:
+    if row_kind.dim() != 1 or row_kind.shape[0] != batch:
+        raise ValueError(f"row_kind must have shape ({batch},): one kind per row, got {tuple(row_kind.shape)}")
+    if not torch.compiler.is_compiling() and not torch.isin(
+            row_kind, torch.tensor([BLOCK_CAUSAL_ROW, BIDIRECTIONAL_ROW], device=row_kind.device)).all():
+        raise ValueError(f"row_kind holds {BLOCK_CAUSAL_ROW} (a block-causal row, dar's one-stream form) or "
+                         f"{BIDIRECTIONAL_ROW} (a bidirectional row, BERT's [MASK] form), got {row_kind.tolist()}")
+
+
+def mixed_row_masks(row_kind: torch.Tensor, group_size: int, width: int, implementation: str,
+                    dtype: torch.dtype) -> PreparedAttention:
+    """The masks of a one-stream mixture batch (no padding, no cache): a BlockMask assembled from the two family masks
+    on the GPU (FlexAttention, and ``lookaround_auto`` on CUDA as for :func:`block_causal_masks`), a dense mask from
+    the same ranks otherwise (SDPA, eager)."""
+    check_row_kind(row_kind, row_kind.shape[0])
+    kernel = resolve_attention_implementation(implementation, width)
+    if implementation == AUTO_ATTENTION and row_kind.device.type == "cuda":
+        kernel = "flex_attention"
+    if kernel == "flex_attention":
+        row_factor = torch.ones(1, width, 1, 1, dtype=dtype, device=row_kind.device)  # every row sees a key
+        return PreparedAttention(mixed_block_mask(row_kind, group_size, width), row_factor, width, width)
+    return build_prepared_attention(mixed_rows_plan(row_kind, group_size, width), kernel, dtype, width,
+                                    with_query_rows=False)

@@ -55,9 +55,11 @@ from .masking_lookaround import (
     PreparedAttention,
     block_causal_masks,
     build_prepared_attention,
+    check_row_kind,
     create_plan_mask,
     infilling_ranks,
     may_attend,
+    mixed_row_masks,
     register_auto_attention,
     resolve_attention_implementation,
 )
@@ -448,6 +450,7 @@ class LookAroundModel(LookAroundPreTrainedModel):
         output_attentions: bool | None = None,
         prepared_attention: PreparedAttention | None = None,
         content_output: bool = True,
+        row_kind: torch.LongTensor | None = None,
         **kwargs,
     ) -> LookAroundModelOutput:
         r"""
@@ -472,6 +475,9 @@ class LookAroundModel(LookAroundPreTrainedModel):
             the same batch (e.g. outside a compiled step, so that no BlockMask is built inside the graph).
         content_output (`bool`, default True): False when nothing reads the content stream's output (a loss on the
             query stream): the last layer then runs the query rows alone and `last_hidden_state` is None.
+        row_kind (`(B,)` int, optional): a one-stream mixture batch (a block-causal config, no padding, no cache):
+            `BLOCK_CAUSAL_ROW` (0) rows are dar's one-stream form, `BIDIRECTIONAL_ROW` (1) rows BERT's `[MASK]`
+            form, whose text ends before dar's start rows (`masking_lookaround.mixed_rows_plan`).
         """
         inputs_embeds = self.embed(input_ids, inputs_embeds)
         batch, seq_len, _ = inputs_embeds.shape
@@ -484,9 +490,11 @@ class LookAroundModel(LookAroundPreTrainedModel):
         query_rows_alone = not content_output and rows.num_query > 0 and not output_hidden_states \
             and not output_attentions
         unpadded = not rows.two_stream and attention_mask is None and rows.key_len == seq_len and not output_attentions
+        static_group_size = self._static_group_size(rows, unpadded)
+        self._check_row_kind(row_kind, static_group_size, batch)
         masks = create_plan_mask(rows.plan, self.config._attn_implementation, inputs_embeds.dtype, seq_len,
                                  plain_causal=unpadded and rows.pattern == "causal", query_rows_alone=query_rows_alone,
-                                 prepared=prepared_attention, static_group_size=self._static_group_size(rows, unpadded))
+                                 prepared=prepared_attention, static_group_size=static_group_size, row_kind=row_kind)
 
         hidden = inputs_embeds
         if rows.two_stream:  # the query stream starts from a learned vector
@@ -523,6 +531,15 @@ class LookAroundModel(LookAroundPreTrainedModel):
         """The group size of a block-causal forward whose masks are the same for every batch (no padding, no cache)."""
         return self.config.attention_group_size if unpadded and rows.pattern == "block_causal" else None
 
+    def _check_row_kind(self, row_kind, static_group_size: int | None, batch: int) -> None:
+        """A one-stream mixture batch needs the block-causal single stream with neither padding nor cache."""
+        if row_kind is None:
+            return
+        if static_group_size is None:
+            raise ValueError("row_kind (a one-stream mixture batch) needs a block-causal config "
+                             "(default_attention='block_causal') and a batch without attention_mask, cache or plan")
+        check_row_kind(row_kind, batch)
+
     def embed(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.FloatTensor | None) -> torch.Tensor:
         """The content stream's input: token embeddings (or the given ones), checked."""
         if (input_ids is None) == (inputs_embeds is None):
@@ -550,6 +567,7 @@ class LookAroundModel(LookAroundPreTrainedModel):
         query_group_ids: torch.LongTensor | None = None,
         content_output: bool = True,
         dtype: torch.dtype | None = None,
+        row_kind: torch.LongTensor | None = None,
         **unused,
     ) -> PreparedAttention:
         """The masks of a forward without a cache, built now (on the inputs' device) for `forward(...,
@@ -565,6 +583,9 @@ class LookAroundModel(LookAroundPreTrainedModel):
                           attention_pattern, None, query_position_ids, query_group_ids)
         dtype = dtype or self.embed_tokens.weight.dtype
         static = self._static_group_size(rows, unpadded=not rows.two_stream and attention_mask is None)
+        self._check_row_kind(row_kind, static, batch)
+        if row_kind is not None:  # a one-stream mixture: each row's mask selected by its kind
+            return mixed_row_masks(row_kind, static, seq_len, self.config._attn_implementation, dtype)
         if static is not None:  # the same masks as forward's: built once per shape
             return block_causal_masks(static, seq_len, self.config._attn_implementation, dtype, inputs.device)
         return build_prepared_attention(rows.plan, self.config._attn_implementation, dtype, seq_len,
@@ -1086,11 +1107,14 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         prepared_attention: PreparedAttention | None = None,
+        row_kind: torch.LongTensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         r"""labels (`(B, T)`): the input ids themselves; they are shifted inside, -100 is ignored. (A block-causal
         checkpoint's collator writes at `labels[:, i + 1]` the token row `i` predicts, `t` places ahead.)
-        prepared_attention: the masks from `model.prepare_attention(**batch)`, built outside a compiled step."""
+        prepared_attention: the masks from `model.prepare_attention(**batch)`, built outside a compiled step.
+        row_kind (`(B,)`, optional): a one-stream mixture batch (the `mixture` collator's single-stream form): rows
+        of kind 1 are BERT's `[MASK]` rows, bidirectional, whose label at `i + 1` is the token masked at `i`."""
         refuse_plan_inputs(self, kwargs)
         inputs = input_ids if input_ids is not None else inputs_embeds
         shape, device = inputs.shape[:2], inputs.device
@@ -1105,6 +1129,11 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
             prepared_attention=prepared_attention,
         )
+        if row_kind is not None:
+            if self.predicts_with_query_stream:
+                raise ValueError("row_kind (a one-stream mixture batch) needs a single-stream checkpoint "
+                                 "(prediction_stream='content'); this one predicts with the query stream")
+            common["row_kind"] = row_kind
         if self.predicts_with_query_stream:
             # with labels every row is needed for the loss; otherwise only the kept ones run
             rows = torch.arange(shape[1], device=device)
@@ -1135,7 +1164,8 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         """The content stream's pattern: block-causal for dar's one-stream form, else causal."""
         return "block_causal" if self.config.default_attention == "block_causal" else "causal"
 
-    def prepare_attention(self, input_ids=None, attention_mask=None, inputs_embeds=None, position_ids=None, **unused):
+    def prepare_attention(self, input_ids=None, attention_mask=None, inputs_embeds=None, position_ids=None,
+                          row_kind=None, **unused):
         """The masks of a single-stream batch (the content stream's pattern), built outside a compiled step: pass
         the result as `prepared_attention`."""
         if self.predicts_with_query_stream:
@@ -1143,7 +1173,7 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
                              "builds its query rows inside forward")
         return self.model.prepare_attention(input_ids=input_ids, attention_mask=attention_mask,
                                             inputs_embeds=inputs_embeds, position_ids=position_ids,
-                                            attention_pattern=self.content_pattern)
+                                            attention_pattern=self.content_pattern, row_kind=row_kind)
 
     def _next_token_rows(self, rows, position_ids, past_key_values, shape):
         """Query rows of the AR plan: the row after current token `r` has position `pos[r] + 1`, rank `index + 1`."""

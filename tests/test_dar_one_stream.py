@@ -136,7 +136,8 @@ def test_flex_forward_ignores_what_a_target_must_not_see(static_flex_shapes, tin
         later = [p + shift for p in range(1, 14) if plan_rank(p, s1, t) >= plan_rank(q, s1, t)]
         changed = batch["input_ids"].clone()
         changed[b, later] = (changed[b, later] + 7) % (VOCAB - 4) + 4
-        torch.testing.assert_close(model(input_ids=changed, one_stream_layout=True).logits[b, row], base[b, row], rtol=0, atol=1e-6)
+        torch.testing.assert_close(model(input_ids=changed, one_stream_layout=True).logits[b, row], base[b, row],
+                                   rtol=0, atol=1e-6)
         earlier = [p + shift for p in range(1, 14) if plan_rank(p, s1, t) < plan_rank(q, s1, t)]
         if earlier:
             changed[b, earlier] = (changed[b, earlier] + 3) % (VOCAB - 4) + 4

@@ -2,7 +2,9 @@
 
 Checked from the outside: the loss at each target has zero gradient from every token outside the groups before
 its own and a non-zero gradient from every token inside them (the two-stream plan's conditioning set), on every
-backend; decoding a group per forward gives the tokens of a brute-force re-forward; the command trains it.
+backend; decoding a group per forward gives the tokens of a brute-force re-forward; the command trains it; plain
+token ids get a causal LM's next-token logits (the t layouts of the input), laid-out ones (`one_stream_layout=True`,
+the Trainer's batches) each row's.
 """
 
 import json
@@ -10,6 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from transformers import DynamicCache
 
 import hf_lookaround as H
 from hf_lookaround import objectives
@@ -103,7 +106,7 @@ def test_each_target_reads_exactly_the_earlier_groups(t, impl, tiny_model):
     model = one_stream_model(tiny_model, t, impl)
     batch = collate(t, [14, 9, 14, 5], seed=2)
     embeds = model.model.embed_tokens(batch["input_ids"]).detach().requires_grad_(True)
-    log_probs = model(inputs_embeds=embeds).logits.log_softmax(-1)
+    log_probs = model(inputs_embeds=embeds, one_stream_layout=True).logits.log_softmax(-1)
     checked = 0
     for b, row, q, shift, s1 in targets(batch, t):
         token = batch["labels"][b, row + 1]
@@ -126,18 +129,19 @@ def test_flex_forward_ignores_what_a_target_must_not_see(static_flex_shapes, tin
     t = 2
     model = one_stream_model(tiny_model, t, "flex_attention")
     batch = collate(t, [14, 14, 14], seed=3)
-    base = model(input_ids=batch["input_ids"]).logits
-    sdpa = one_stream_model(tiny_model, t, "sdpa")(input_ids=batch["input_ids"]).logits
+    base = model(input_ids=batch["input_ids"], one_stream_layout=True).logits
+    sdpa = one_stream_model(tiny_model, t, "sdpa")(input_ids=batch["input_ids"], one_stream_layout=True).logits
     torch.testing.assert_close(base, sdpa, rtol=1e-5, atol=1e-5)
     for b, row, q, shift, s1 in targets(batch, t)[5::9]:
         later = [p + shift for p in range(1, 14) if plan_rank(p, s1, t) >= plan_rank(q, s1, t)]
         changed = batch["input_ids"].clone()
         changed[b, later] = (changed[b, later] + 7) % (VOCAB - 4) + 4
-        torch.testing.assert_close(model(input_ids=changed).logits[b, row], base[b, row], rtol=0, atol=1e-6)
+        torch.testing.assert_close(model(input_ids=changed, one_stream_layout=True).logits[b, row], base[b, row],
+                                   rtol=0, atol=1e-6)
         earlier = [p + shift for p in range(1, 14) if plan_rank(p, s1, t) < plan_rank(q, s1, t)]
         if earlier:
             changed[b, earlier] = (changed[b, earlier] + 3) % (VOCAB - 4) + 4
-            assert (model(input_ids=changed).logits[b, row] - base[b, row]).abs().max() > 1e-4
+            assert (model(input_ids=changed, one_stream_layout=True).logits[b, row] - base[b, row]).abs().max() > 1e-4
 
 
 def brute_force_decode(model, prompt: list[int], t: int, new_tokens: int) -> list[int]:
@@ -149,7 +153,7 @@ def brute_force_decode(model, prompt: list[int], t: int, new_tokens: int) -> lis
     while len(out) < new_tokens:
         assert len(seq) % t == 0
         with torch.no_grad():
-            logits = model(input_ids=torch.tensor([seq])).logits[0, -t:]
+            logits = model(input_ids=torch.tensor([seq]), one_stream_layout=True).logits[0, -t:]
         group = logits.argmax(-1).tolist()[: new_tokens - len(out)]
         out += group
         seq += group
@@ -240,7 +244,7 @@ def test_ar_perplexity_scores_each_token_from_all_tokens_before_it(t, tiny_model
             s1 = (len(prefix) - 2) % t + 1
             seq = [tokenizer.bos_token_id] * one_stream_start_rows(t, s1) + prefix
             with torch.no_grad():
-                logits = model(input_ids=torch.tensor([seq])).logits[0, -t]
+                logits = model(input_ids=torch.tensor([seq]), one_stream_layout=True).logits[0, -t]
             want.append(-torch.log_softmax(logits, -1)[context[k]].item())
     assert np.allclose(result.nlls, want, atol=1e-4)
 
@@ -276,3 +280,81 @@ def test_decoding_streams_stops_at_eos_and_samples_reproducibly(tiny_model):
     first = model.generate(prompt, max_new_tokens=8, do_sample=True, top_k=5, eos_token_id=[])
     torch.manual_seed(0)
     assert torch.equal(model.generate(prompt, max_new_tokens=8, do_sample=True, top_k=5, eos_token_id=[]), first)
+
+
+def brute_force_next_token_log_probs(model, row: list[int], t: int) -> torch.Tensor:
+    """log p(row[i + 1] | row[<= i]) for every i: each prefix laid out as a prompt on its own (a BOS in front if
+    the row has none); the first of its last t rows predicts the next token. (len(row) - 1, V)"""
+    from hf_lookaround.models.lookaround.generation_lookaround import one_stream_prompt
+
+    sequence = row if row[0] == BOS else [BOS, *row]
+    lead = len(sequence) - len(row)
+    out = []
+    for i in range(len(row) - 1):
+        prefix = torch.tensor([sequence[: i + 1 + lead]])
+        ids, _, _ = one_stream_prompt(prefix, torch.ones_like(prefix), t, BOS, PAD)
+        with torch.no_grad():
+            out.append(model(input_ids=ids, one_stream_layout=True).logits[0, -t].log_softmax(-1))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.parametrize("t", [2, 3])
+def test_plain_token_ids_get_the_next_token_logits_of_a_causal_lm(t, padding, tiny_model):
+    """The causal LM contract on plain ids (what lm-evaluation-harness and any AutoModelForCausalLM caller pass):
+    logits[:, i] = log p(x_(i+1) | x_<=i), equal to a brute force per position, for rows with and without a
+    leading BOS, left- or right-padded; with labels, the mean NLL of the next tokens."""
+    model = one_stream_model(tiny_model, t, "sdpa", seed=7, max_position_embeddings=64)
+    rng = np.random.default_rng(7)
+    rows = [[BOS, *rng.integers(4, VOCAB, 11).tolist()], rng.integers(4, VOCAB, 12).tolist(),
+            [BOS, *rng.integers(4, VOCAB, 5).tolist()]]
+    width = max(map(len, rows))
+    ids, mask = torch.full((len(rows), width), PAD), torch.zeros((len(rows), width), dtype=torch.long)
+    for b, row in enumerate(rows):
+        columns = slice(0, len(row)) if padding == "right" else slice(width - len(row), width)
+        ids[b, columns], mask[b, columns] = torch.tensor(row), 1
+    with torch.no_grad():
+        log_probs = model(input_ids=ids, attention_mask=mask).logits.log_softmax(-1)
+    for b, row in enumerate(rows):
+        first = 0 if padding == "right" else width - len(row)
+        want = brute_force_next_token_log_probs(model, row, t)
+        torch.testing.assert_close(log_probs[b, first : first + len(row) - 1], want, rtol=0, atol=1e-5)
+    one = torch.tensor([rows[1]])
+    with torch.no_grad():
+        out = model(input_ids=one, labels=one)
+    want = brute_force_next_token_log_probs(model, rows[1], t)
+    torch.testing.assert_close(out.logits[0, :-1].log_softmax(-1), want, rtol=0, atol=1e-5)
+    nll = -want.gather(1, one[0, 1:, None]).mean()
+    torch.testing.assert_close(out.loss, nll, rtol=0, atol=1e-5)
+
+
+def test_the_causal_view_refuses_what_it_cannot_take(tiny_model):
+    model = one_stream_model(tiny_model, 2, max_position_embeddings=16)
+    assert model.config.n_positions == 16 - 3  # start rows (up to 2t - 2) and a BOS in front
+    ids = torch.tensor([[BOS, 5, 6, 7]])
+    with pytest.raises(ValueError, match="input_ids .* only, not inputs_embeds"):
+        model(inputs_embeds=model.model.embed_tokens(ids))
+    with pytest.raises(ValueError, match="not past_key_values, use_cache"):
+        model(input_ids=ids, past_key_values=DynamicCache(config=model.config), use_cache=True)
+    with pytest.raises(ValueError, match="one run of real tokens"):
+        model(input_ids=ids, attention_mask=torch.tensor([[1, 0, 1, 1]]))
+    with pytest.raises(ValueError, match="more than this checkpoint's causal view takes"):
+        model(input_ids=torch.full((1, 14), 5))
+    assert model(input_ids=torch.full((1, 13), 5)).logits.shape == (1, 13, VOCAB)
+    ar = tiny_model(H.LookAroundForCausalLM, default_attention="causal", prediction_stream="content")
+    with pytest.raises(ValueError, match="one_stream_layout=True is for dar's one-stream form"):
+        ar(input_ids=ids, one_stream_layout=True)
+
+
+def test_the_pretraining_trainer_passes_the_collators_layout(tmp_path, tiny_model):
+    """Training reads the collator's batch as the layout it is: the Trainer's loss is the layout's."""
+    from transformers import TrainingArguments
+
+    from hf_lookaround.training.pretraining import LookAroundTrainer
+
+    model = one_stream_model(tiny_model, 2).train()
+    batch = collate(2, [14, 9, 14, 5], seed=8)
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    loss = LookAroundTrainer(model=model, args=args).compute_loss(model, dict(batch))
+    torch.testing.assert_close(loss, model(**batch, one_stream_layout=True).loss)
+    assert not torch.allclose(loss, model(**batch).loss)  # the same ids read as plain text: another loss

@@ -33,6 +33,7 @@ CHOICES = [
     {"context": "The baker always asked whether the gulls had come", "choices": [" back", " home early", " in"], "label": 0},
 ]
 POSITIONS = 48  # max_position_embeddings of the tiny checkpoints: every document needs several windows
+KINDS = ["dar", "dar-one-stream", "ar-single-stream"]
 TASKS = {
     "lookaround_rolling": dict(
         output_type="loglikelihood_rolling", doc_to_text="", doc_to_target="{{text}}",
@@ -75,8 +76,9 @@ def _config(tokenizer, **kw):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, make_args, tokenizer_dir):
-    """A dar checkpoint trained by `pretrain` (two-stream: its causal view is the AR plan's query stream) and a
-    GPT-form single-stream ar checkpoint, each saved with its tokenizer and remote code."""
+    """dar checkpoints trained by `pretrain`, two-stream (its causal view is the AR plan's query stream) and in
+    SAT's one-stream form (its causal view reads the t layouts of the input), and a GPT-form single-stream ar
+    checkpoint, each saved with its tokenizer and remote code."""
     from hf_lookaround.cli.pretrain import parse_args
     from hf_lookaround.training.pretraining import run
 
@@ -85,13 +87,15 @@ def checkpoints(tmp_path_factory, make_args, tokenizer_dir):
                  f"max_position_embeddings={POSITIONS}")
     run(*parse_args(make_args(root / "dar", "--objective", "dar", "--group_size", "2", "--config_overrides",
                               overrides, "--save_strategy", "no", max_steps=3)))
+    run(*parse_args(make_args(root / "dar-one-stream", "--objective", "dar", "--group_size", "2", "--dar_form",
+                              "single_stream", "--config_overrides", overrides, "--save_strategy", "no", max_steps=3)))
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(0)
     single = LookAroundForCausalLM(_config(tokenizer, objective="ar", prediction_stream="content",
                                            default_attention="causal"))
     single.save_pretrained(root / "ar-single-stream")
     tokenizer.save_pretrained(root / "ar-single-stream")
-    return {"dar": root / "dar", "ar-single-stream": root / "ar-single-stream"}
+    return {kind: root / kind for kind in KINDS}
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +108,10 @@ def harness(checkpoints, task_dir):
         if (kind, batch_size) not in runs:
             # our tokenizers add `<s>` and the harness puts its own prefix token (`<s>`) before every rolling document:
             # add_bos_token=False keeps it from also scoring `<s>` after `<s>`. A single-stream causal LM takes
-            # max_position_embeddings inputs; one less here, so that `ar_perplexity`'s windows (inputs and the last
-            # target) fit in the positions too
-            extra = {} if kind == "dar" else {"max_length": POSITIONS - 1}
+            # n_positions inputs; one less here, so that `ar_perplexity`'s windows (inputs and the last target) fit
+            # in the positions too
+            positions = LookAroundConfig.from_pretrained(checkpoints[kind]).n_positions
+            extra = {} if kind == "dar" else {"max_length": positions - 1}
             lm = HFLM(pretrained=str(checkpoints[kind]), trust_remote_code=True, device="cpu", dtype="float32",
                       batch_size=batch_size, add_bos_token=False, **extra)
             out = simple_evaluate(model=lm, tasks=list(TASKS), task_manager=tasks, log_samples=True,
@@ -122,14 +127,15 @@ def _rolling_loglikelihoods(samples):
     return torch.tensor([s["resps"][0][0] for s in samples["lookaround_rolling"]], dtype=torch.float64)
 
 
-@pytest.mark.parametrize("kind", ["dar", "ar-single-stream"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_rolling_loglikelihood_is_the_packages_ar_perplexity_at_any_batch_size(kind, checkpoints, harness):
     """bits/byte of a wikitext-style task: equal at batch 1 and 8, and the total NLL `ar_perplexity` gives over the
     same tokens (lm-eval's windows of L inputs predict L tokens: `ar_perplexity` windows of L + 1, stride L)."""
     lm, one, samples_one = harness(kind, 1)
     _, eight, samples_eight = harness(kind, 8)
-    # the two-stream causal view predicts token i + 1 at position i + 1: lm-eval must feed one token less
-    assert lm.max_length == POSITIONS - 1
+    # the two-stream causal view predicts token i + 1 at position i + 1: lm-eval must feed one token less (the
+    # harness reads n_positions); the one-stream form's lays out 2t - 2 start rows and a BOS (t = 2), one less here
+    assert lm.max_length == {"dar": POSITIONS - 1, "dar-one-stream": POSITIONS - 4}.get(kind, POSITIONS - 1)
     bits = [r["lookaround_rolling"]["bits_per_byte,none"] for r in (one, eight)]
     assert bits[0] == pytest.approx(bits[1], rel=1e-6, abs=0)
     torch.testing.assert_close(_rolling_loglikelihoods(samples_one), _rolling_loglikelihoods(samples_eight),
@@ -154,9 +160,14 @@ def test_a_single_stream_causal_lm_takes_every_position():
     config = LookAroundConfig(max_position_embeddings=POSITIONS, objective="ar", prediction_stream="content")
     assert config.n_positions == POSITIONS
     assert LookAroundConfig(max_position_embeddings=POSITIONS, objective="dar").n_positions == POSITIONS - 1
+    # dar's one-stream form lays its input out after up to 2t - 2 start rows and a BOS
+    one_stream = dict(objective="dar", prediction_stream="content", default_attention="block_causal")
+    for t in (2, 3):
+        config = LookAroundConfig(max_position_embeddings=POSITIONS, attention_group_size=t, **one_stream)
+        assert config.n_positions == POSITIONS - (2 * t - 1)
 
 
-@pytest.mark.parametrize("kind", ["dar", "ar-single-stream"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_multiple_choice_loglikelihoods_do_not_depend_on_the_batch_size(kind, harness):
     per_choice = []
     for batch_size in (1, 8):

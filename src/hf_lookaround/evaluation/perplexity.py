@@ -380,7 +380,7 @@ def _one_stream_ar(model, windows, batch_size, pad, bos) -> list[torch.Tensor]:
             opens = (torch.arange(ids.shape[1]) - 1 - s1) % t == 0
             is_target = (mask.bool() & opens & (torch.arange(ids.shape[1]) >= 1)).numpy()
             inputs, labels = one_stream_layout(ids.numpy(), is_target, np.full(len(batch), s1), t, bos, pad)
-            logits = model(input_ids=torch.from_numpy(inputs).to(device)).logits
+            logits = model(input_ids=torch.from_numpy(inputs).to(device), one_stream_layout=True).logits
             b, j = np.nonzero(labels != -100)
             scored = _nll(logits[b, j - 1], torch.from_numpy(labels[b, j]).to(device)).cpu()
             nll[b, j + t - 1 - start_rows(t, s1)] = scored

@@ -61,6 +61,7 @@ from ..data.text import (
     rank_local_prepare,
     split_for_rank,
 )
+from ..models.lookaround.generation_lookaround import is_one_stream_group_model
 from . import checkpointing
 
 logger = logging.getLogger(__name__)
@@ -490,10 +491,14 @@ class LookAroundTrainer(Trainer):
         return super()._get_num_items_in_batch(samples, device)
 
     def compute_loss(self, model, inputs, *args, **kwargs):
+        inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
+        if is_one_stream_group_model(getattr(inner, "config", None)):
+            # dar's one-stream batches are laid out by the collator; without the flag the causal LM would read them
+            # as plain token ids (its next-token view)
+            inputs = {**inputs, "one_stream_layout": True}
         # under --torch_compile the attention masks (a FlexAttention BlockMask above all) are built here, once per
         # batch (a block-causal one once per run) and outside the compiled graph, which cannot build a BlockMask
         if self.args.torch_compile and "prepared_attention" not in inputs:
-            inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
             block_causal = getattr(inner.config, "default_attention", None) == "block_causal"
             if ("group_ids" in inputs or block_causal) and hasattr(inner, "prepare_attention"):
                 inputs = {**inputs, "prepared_attention": inner.prepare_attention(**inputs)}

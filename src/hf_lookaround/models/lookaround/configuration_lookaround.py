@@ -4,6 +4,8 @@ import copy
 
 from transformers import PreTrainedConfig
 
+from .masking_lookaround import one_stream_start_rows
+
 NORM_TYPES = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
 GLU_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu"}
@@ -140,8 +142,14 @@ class LookAroundConfig(PreTrainedConfig):
     def n_positions(self) -> int:
         """The longest input whose every next token the causal LM predicts (GPT-2's name, which
         lm-evaluation-harness reads before `max_position_embeddings`). The query stream predicts token `i + 1` at
-        position `i + 1`, so the causal view of a two-stream checkpoint takes one token less than the positions."""
-        return self.max_position_embeddings - (1 if self.prediction_stream == "query" else 0)
+        position `i + 1`, so the causal view of a two-stream checkpoint takes one token less than the positions.
+        dar's one-stream form (block-causal, `t > 1`) lays its input out after start rows (up to `2t - 2` BOS
+        copies) and a BOS when the input has none in front: `2t - 1` positions less."""
+        if self.prediction_stream == "query":
+            return self.max_position_embeddings - 1
+        if self.default_attention == "block_causal" and self.attention_group_size > 1:
+            return self.max_position_embeddings - one_stream_start_rows(self.attention_group_size, 1) - 1
+        return self.max_position_embeddings
 
     def check_positive_ints(self, *names: str) -> None:
         for name in names:

@@ -740,6 +740,39 @@ def one_stream_prompt(input_ids, attention_mask, group_size: int, bos: int, pad:
     return ids, (from_end < row_len).long(), positions
 
 
+def one_stream_next_token_layouts(input_ids, attention_mask, group_size: int, bos: int, pad: int):
+    """Plain token ids ``(B, T)`` in dar's one-stream layouts, for the next-token (causal) view: ``(layouts, rows)``.
+
+    A row predicts the token ``t`` slots after it, and it has seen every earlier token only when that token opens
+    a group. Token ``k`` of a sequence (BOS at ``k = 0``) opens a group when the first text group has
+    ``s1 = (k - 2) mod t + 1`` tokens, the rule :func:`one_stream_prompt` applies to a prompt ending at ``k - 1``.
+    So each row is laid out ``t`` times, once per ``s1`` in ``1..t``: :func:`one_stream_start_rows` BOS copies,
+    then the row (with a BOS in front if it does not start with one: the start rows are its copies, as in
+    training). ``layouts`` ``(t * B, W)`` stacks them in the batch dimension, layout ``s1 - 1`` first; position ids
+    are the slot indices, as in training. ``rows`` ``(B, T)`` indexes the flattened ``(t * B * W)`` rows: the
+    one whose state predicts ``input_ids[:, i + 1]`` (past the input, the next token). ``attention_mask`` (or None)
+    marks the real tokens, one run per row (left or right padding); a padding column's row is a real one."""
+    t, device = group_size, input_ids.device
+    batch, length = input_ids.shape
+    columns = torch.arange(length, device=device)
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask != 0
+    start = torch.where(real.any(-1), real.long().argmax(-1), 0)[:, None]  # (B, 1): the first real column
+    lead = (input_ids.gather(1, start) != bos).long()  # 1: a BOS goes in front of the row
+    first_group = torch.arange(1, t + 1, device=device)[:, None, None]  # (t, 1, 1): s1 of each layout
+    before = one_stream_start_rows(t, first_group) + lead - start  # (t, B, 1): slot of column c is c + before
+    width = length + int(before.max())
+    source = torch.arange(width, device=device) - before  # (t, B, W): the column each slot holds
+    tokens = input_ids.expand(t, batch, length).gather(2, source.clamp(0, length - 1))
+    layouts = torch.where(source < start, bos, torch.where(source < length, tokens, pad))
+    # the token after column i is k = i + 1 - start + lead of its sequence; its layout and its predicting row
+    k = (columns + 1 - start + lead).clamp(min=1)  # (B, T); padding columns before the row get any valid row
+    layout = torch.remainder(k - 2, t)  # s1 - 1
+    sequence = torch.arange(batch, device=device)[:, None]
+    slot = (columns + 1 + before[layout, sequence, 0] - t).clamp(min=0)  # (B, T): its slot, less t
+    rows = (layout * batch + sequence) * width + slot
+    return layouts.reshape(t * batch, width), rows
+
+
 
 def _group_decode(model, input_ids, attention_mask, group_size: int, options: DecodingOptions):
     """Group decoding: each forward predicts the next group of ``t`` tokens (the last one may be cut by

@@ -46,7 +46,8 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_lookaround import (GLU_ACTIVATIONS, LEGACY_QUERY_STREAM_OBJECTIVES, LookAroundConfig,
                                      with_prediction_stream)
-from .generation_lookaround import GroupDecodingMixin  # generate(..., group_size=t): semi-AR group decoding
+# generate(..., group_size=t): semi-AR group decoding; the next-token view of dar's one-stream form
+from .generation_lookaround import GroupDecodingMixin, one_stream_next_token_layouts
 from .masking_lookaround import (
     AUTO_ATTENTION,
     FLEX_ATTENTION_MIN_KEYS,
@@ -1068,9 +1069,15 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
     """Causal LM (GPT-style) with a KV cache for `generate()` (dynamic or static cache).
 
     - `config.prediction_stream == "content"`: the single-stream causal view; `logits[:, i]` is the content stream
-      at `i`. With `config.default_attention == "block_causal"` (dar's one-stream form) a token sees its own group of
-      `config.attention_group_size` tokens and every earlier group, and `logits[:, i]` predicts the token `t` places
-      ahead (the labels a `dar` collator of that form emits); `generate()` decodes a group per forward.
+      at `i`.
+    - dar's one-stream form (`config.default_attention == "block_causal"`, groups of `t =
+      config.attention_group_size`): a row sees its own group and every earlier one and predicts the token `t`
+      places ahead, in a layout with start rows (BOS copies). Plain token ids get the causal view all the same:
+      `logits[:, i]` predicts token `i + 1` from the tokens `<= i`, read from the `t` layouts of the input (one
+      batched forward over `t` times the rows, so it costs `t` forwards' worth; `one_stream_next_token_layouts`).
+      `one_stream_layout=True` says the input is already laid out (the collator's batches, which the pretraining
+      Trainer passes so): `logits[:, j]` is then row `j`, which predicts the token `t` slots ahead. `generate()`
+      decodes a group per forward through the backbone, not through this forward.
     - `"query"` (two-stream checkpoints): the AR plan, the pathway pretraining trained. The content stream is causal
       (a token's rank is its index among the keys) and a query row at position `i + 1` with rank `i + 1` gives
       `logits[:, i]`: it predicts token `i + 1` from the tokens `<= i`, exactly as the AR plan's query stream does.
@@ -1108,13 +1115,17 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         output_attentions: bool | None = None,
         prepared_attention: PreparedAttention | None = None,
         row_kind: torch.LongTensor | None = None,
+        one_stream_layout: bool = False,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        r"""labels (`(B, T)`): the input ids themselves; they are shifted inside, -100 is ignored. (A block-causal
-        checkpoint's collator writes at `labels[:, i + 1]` the token row `i` predicts, `t` places ahead.)
+        r"""labels (`(B, T)`): the input ids themselves; they are shifted inside, -100 is ignored. (With
+        `one_stream_layout`, the collator writes at `labels[:, j + 1]` the token row `j` predicts, `t` places ahead.)
         prepared_attention: the masks from `model.prepare_attention(**batch)`, built outside a compiled step.
         row_kind (`(B,)`, optional): a one-stream mixture batch (the `mixture` collator's single-stream form): rows
-        of kind 1 are BERT's `[MASK]` rows, bidirectional, whose label at `i + 1` is the token masked at `i`."""
+        of kind 1 are BERT's `[MASK]` rows, bidirectional, whose label at `i + 1` is the token masked at `i`. A
+        training layout: it implies `one_stream_layout`.
+        one_stream_layout (`bool`, dar's one-stream form only): the input is in the training layout (start rows,
+        groups filling blocks of `t`), not plain token ids; `logits[:, j]` is then row `j`'s."""
         refuse_plan_inputs(self, kwargs)
         inputs = input_ids if input_ids is not None else inputs_embeds
         shape, device = inputs.shape[:2], inputs.device
@@ -1144,6 +1155,14 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
                                  query_group_ids=query_ranks, content_output=False)
             full_logits = self.lm_head(outputs.query_hidden_state)
             logits = full_logits[:, keep] if labels is not None else full_logits
+        elif row_kind is None and self.reads_next_token_from_layouts(one_stream_layout):  # row_kind: a layout
+            # dar's one-stream form on plain ids: the row of each next token, from the t layouts of the input
+            layouts, rows = self._next_token_layouts(common, position_ids)
+            outputs = self.model(input_ids=layouts, attention_pattern="block_causal")
+            hidden = outputs.last_hidden_state.flatten(0, 1)[rows]
+            logits = self.lm_head(hidden[:, keep])
+            if labels is not None:
+                full_logits = logits if logits.shape[1] == labels.shape[1] else self.lm_head(hidden)
         else:
             outputs = self.model(**common, position_ids=position_ids)
             hidden = outputs.last_hidden_state
@@ -1158,6 +1177,43 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
             loss=loss, logits=logits, past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,
         )
+
+    def reads_next_token_from_layouts(self, one_stream_layout: bool) -> bool:
+        """dar's one-stream form with groups of `t > 1`, given plain token ids: its rows predict `t` places ahead, so
+        the next-token view reads the `t` layouts of the input. (`t = 1` is the causal pattern: no layout.)"""
+        one_stream = self.content_pattern == "block_causal" and not self.predicts_with_query_stream
+        if one_stream_layout and not one_stream:
+            raise ValueError("one_stream_layout=True is for dar's one-stream form (default_attention='block_causal', "
+                             "prediction_stream='content'); this checkpoint takes plain token ids: drop it")
+        return one_stream and not one_stream_layout and self.config.attention_group_size > 1
+
+    def _next_token_layouts(self, common: dict, position_ids):
+        """`(layouts, rows)` of plain token ids (`one_stream_next_token_layouts`), after refusing what the view
+        cannot take: it lays out its own rows, positions and masks, and keeps no cache."""
+        given = [name for name, value in (("inputs_embeds", common["inputs_embeds"]), ("position_ids", position_ids),
+                                          ("past_key_values", common["past_key_values"]),
+                                          ("prepared_attention", common["prepared_attention"])) if value is not None]
+        given += [name for name in ("use_cache", "output_hidden_states", "output_attentions") if common[name]]
+        if given:
+            raise ValueError(f"dar's one-stream causal view takes input_ids (and an attention_mask) only, not "
+                             f"{', '.join(given)}: it lays out its own rows, positions and masks; pass inputs already "
+                             "laid out with one_stream_layout=True, or decode with generate()")
+        input_ids, attention_mask = common["input_ids"], common["attention_mask"]
+        if self.config.bos_token_id is None:
+            raise ValueError("dar's one-stream form lays out every row after BOS copies, but config.bos_token_id is "
+                             "None: set it to the tokenizer's bos_token_id")
+        if input_ids.shape[1] > self.config.n_positions:
+            raise ValueError(f"{input_ids.shape[1]} tokens are more than this checkpoint's causal view takes "
+                             f"(config.n_positions = {self.config.n_positions}: max_position_embeddings less its "
+                             "start rows and a BOS); split or shorten the input (nothing is truncated for you)")
+        if attention_mask is not None:
+            real = attention_mask != 0
+            run = real.long().diff(dim=-1, prepend=torch.zeros_like(real[:, :1], dtype=torch.long))
+            if bool((run > 0).long().sum(-1).gt(1).any()):
+                raise ValueError("the attention_mask must mark one run of real tokens per row (left or right padding)")
+        config = self.config
+        return one_stream_next_token_layouts(input_ids, attention_mask, config.attention_group_size,
+                                             config.bos_token_id, config.pad_token_id or 0)
 
     @property
     def content_pattern(self) -> str:

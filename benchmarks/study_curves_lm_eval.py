@@ -82,7 +82,7 @@ def score(model, tokenizer, checkpoint: Path, spec: dict, log) -> dict:
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    out = {"scorer": "lm_eval", "version": lm_eval_version}
+    out = {"scorer": "lm_eval", "version": lm_eval_version, "agreement": AGREEMENT}
     reason = skip_reason(model.config)
     if reason:
         log(f"second scorer: skipped ({reason})")

@@ -336,8 +336,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="also score each checkpoint's AR-protocol held-out passages with lm-evaluation-harness "
                           "(rolling log-likelihood) beside the package's ar_perplexity on the same windows; the "
                           "record's second_scorer says whether they agree within 0.3%%. Needs lm-eval 0.4.13: the "
-                          "device machines have none, carry its wheels in .devdata/whl (listed in "
-                          "benchmarks/study_curves_device_call.sh)")
+                          "device machines have none; carry in .devdata/whl the wheels of lm_eval 0.4.13, "
+                          "sacrebleu 2.6.0, portalocker 4.4.2, tabulate 0.10.0 and lxml 6.1.3 (cp312) "
+                          "(benchmarks/study_curves_device_call.sh)")
     run.add_argument("--poll_s", type=float, default=2.0)
     run.add_argument("--device", default=None, choices=("cpu", "cuda"))
     for key, value in {**DEFAULTS, **LIST_DEFAULTS}.items():

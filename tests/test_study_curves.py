@@ -195,7 +195,8 @@ def test_the_second_scorer_scores_every_checkpoint_with_lm_eval_and_agrees(tmp_p
     stamp.write_text(json.dumps({"commit": "abc123", "dirty": False, "protocol_sha256": protocol["sha256"]}))
     corpus, data, bbc = study_data.write_synthetic_data(tmp_path / "data")
     argv = ["run", "--part", "1", "--tiny", "--only_objectives", "ar", "--only_seeds", "0", "--corpus_dir", str(corpus),
-            "--data_root", str(data), "--bbc_dir", str(bbc), "--device", "cpu", "--records_dir", str(tmp_path / "records"),
+            "--data_root", str(data), "--bbc_dir", str(bbc), "--device", "cpu",
+            "--records_dir", str(tmp_path / "records"),
             "--work_dir", str(tmp_path / "work"), "--bundle_dir", str(tmp_path / "out"), "--command_label", "c1",
             "--minutes", "4", "--exit_margin_s", "10", "--eval_minutes_guess", "0.2", "--tiny_tokens", "1024",
             "--stamp", str(stamp), "--poll_s", "0.5", "--no-finetune", "--second_scorer", "lm_eval"]

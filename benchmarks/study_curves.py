@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -193,7 +194,7 @@ def _spec(protocol, stamp, args, objective, seed, gpu, prep, settings, deadline_
             "command_label": args.command_label, "part": str(args.part), "gpu": gpu, "device": args.device,
             "threads": threads, "cell_dir": str(cell_dir), "records_dir": str(args.records_dir),
             "deadline_unix": deadline_unix, "eval_minutes_guess": args.eval_minutes_guess,
-            "steps_this_command": args.steps_this_command}
+            "steps_this_command": args.steps_this_command, "second_scorer": args.second_scorer}
 
 
 def _start(spec: dict, env: dict) -> subprocess.Popen:
@@ -331,6 +332,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--steps_this_command", type=int, default=None,
                      help="at most this many pretraining steps per cell in this command, then save and leave as at "
                           "the deadline (a stop that does not depend on the machine's speed: the CPU dry run)")
+    run.add_argument("--second_scorer", choices=("lm_eval",), default=None,
+                     help="also score each checkpoint's AR-protocol held-out passages with lm-evaluation-harness "
+                          "(rolling log-likelihood) beside the package's ar_perplexity on the same windows; the "
+                          "record's second_scorer says whether they agree within 0.3%%. Needs lm-eval 0.4.13: the "
+                          "device machines have none; carry in .devdata/whl the wheels of lm_eval 0.4.13, "
+                          "sacrebleu 2.6.0, portalocker 4.4.2, tabulate 0.10.0 and lxml 6.1.3 (cp312) "
+                          "(benchmarks/study_curves_device_call.sh)")
     run.add_argument("--poll_s", type=float, default=2.0)
     run.add_argument("--device", default=None, choices=("cpu", "cuda"))
     for key, value in {**DEFAULTS, **LIST_DEFAULTS}.items():
@@ -379,6 +387,9 @@ def main(argv=None) -> int:
             print(f"{cell_key(o, s)}\tGPU {gpu}")
         return 0
     _apply_run_defaults(args, protocol)
+    if args.second_scorer == "lm_eval" and importlib.util.find_spec("lm_eval") is None:
+        raise SystemExit("study curves: --second_scorer lm_eval needs lm-eval 0.4.13 (pip install -e '.[lm_eval]'; "
+                         "on a device machine carry its wheels, benchmarks/study_curves_device_call.sh lists them)")
     if args.tiny:  # the dry run reads the committed file (its SHA-256 recorded), then shrinks its sizes
         protocol = dict(tiny_protocol(protocol, args.tiny_tokens or [2 * 8 * 64, 4 * 8 * 64]), sha256=protocol["sha256"])
     if args.only_objectives or args.only_seeds:

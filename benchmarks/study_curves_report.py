@@ -356,6 +356,33 @@ def _coverage_lines(protocol, checkpoints, excluded) -> list[str]:
     return lines + [""]
 
 
+def _second_scorer_lines(protocol, kept: dict) -> list[str]:
+    """Per cell, how the second scorer (``--second_scorer``) agreed with the package; nothing without its records."""
+    scored = [r for r in kept.values() if "second_scorer" in r]
+    if not scored:
+        return []
+    tolerance = max(r["second_scorer"].get("agreement", 0.0) for r in scored)
+    lines = ["## The second scorer (lm-evaluation-harness)", "",
+             "Each checkpoint's AR-protocol held-out passages scored by lm-evaluation-harness (rolling "
+             "log-likelihood) and by the package's `ar_perplexity` on the same passages and windows; a set agrees "
+             f"where the total NLLs differ by at most {tolerance:.1%}.", "",
+             "| cell | checkpoints scored | max relative difference | disagreements (set × checkpoint) |",
+             "| --- | --- | --- | --- |"]
+    order = list(dict.fromkeys(o for part in protocol["parts"].values() for o in part["objectives"]))
+    cells = sorted({(r["objective"], r["seed"]) for r in scored},
+                   key=lambda c: (order.index(c[0]) if c[0] in order else len(order), c[0], c[1]))
+    for objective, seed in cells:
+        entries = [r["second_scorer"] for r in scored if (r["objective"], r["seed"]) == (objective, seed)]
+        done = [e for e in entries if "skipped" not in e]
+        skipped = sorted({e["skipped"].split(":")[0] for e in entries if "skipped" in e})
+        sets = [s for e in done for s in e["sets"].values()]
+        worst = f"{max(s['relative_difference'] for s in sets):.1e}" if sets else "–"
+        wrong = str(sum(not s["agrees"] for s in sets)) if sets else "–"
+        note = f" (skipped {len(entries) - len(done)}: {'; '.join(skipped)})" if skipped else ""
+        lines.append(f"| {objective}/seed{seed} | {len(done)} of {len(entries)}{note} | {worst} | {wrong} |")
+    return lines + [""]
+
+
 def build_report(bundles, output: Path, plots_dir: Path | None, protocol_path: Path = PROTOCOL_PATH,
                  n_boot: int = N_BOOT, dry_run: dict | None = None) -> dict:
     """``dry_run``: {"tokens": [...], "objectives": [...], "seeds": [...]} of a CPU dry run (the driver's --tiny)."""
@@ -374,6 +401,7 @@ def build_report(bundles, output: Path, plots_dir: Path | None, protocol_path: P
              ""]
     lines += _throughput_lines(kept)
     lines += _coverage_lines(protocol, checkpoints, excluded)
+    lines += _second_scorer_lines(protocol, kept)
     lines += summary_lines(protocol, analysis)
     for claim in dict.fromkeys(t[0] for t in protocol["tests"]["list"]):
         lines += claim_lines(claim, analysis)

@@ -28,10 +28,6 @@ from study_common import HELDOUT_SETS, round_sig
 
 AGREEMENT = 3e-3  # the relative difference of the total NLLs within which the two scorers agree
 TASK_PREFIX = "curves_heldout_"
-NO_NEXT_TOKEN_VIEW = ("no next-token view yet: dar's one-stream form predicts the token t places ahead, which the "
-                      "harness reads as the next token (docs/evaluation.md)")
-
-
 def write_tasks(folder: Path, heldout: dict[str, list[str]]) -> dict[str, str]:
     """One rolling log-likelihood task per held-out set: ``{set: task name}``; YAML (JSON is YAML) and JSON Lines."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -47,14 +43,6 @@ def write_tasks(folder: Path, heldout: dict[str, list[str]]) -> dict[str, str]:
         (folder / f"{task}.yaml").write_text(json.dumps(spec, indent=1), encoding="utf-8")
         names[name] = task
     return names
-
-
-def skip_reason(config) -> str | None:
-    """Why the harness cannot score this checkpoint, or None. A single-stream ``[MASK]`` checkpoint is refused by
-    its causal view's own load (the reason is that message, recorded by ``score``)."""
-    if pkg.is_one_stream_group_model(config):
-        return NO_NEXT_TOKEN_VIEW
-    return None
 
 
 def num_windows(tokenizer, texts: list[str], length: int) -> int:
@@ -83,15 +71,13 @@ def score(model, tokenizer, checkpoint: Path, spec: dict, log) -> dict:
     from lm_eval.tasks import TaskManager
 
     out = {"scorer": "lm_eval", "version": lm_eval_version, "agreement": AGREEMENT}
-    reason = skip_reason(model.config)
-    if reason:
-        log(f"second scorer: skipped ({reason})")
-        return dict(out, skipped=reason)
     start = time.perf_counter()
     root = Path(spec["cell_dir"]) / "second_scorer"
     heldout = json.loads(Path(spec["prep"]["heldout"]).read_text())
     tasks = write_tasks(root / "tasks", heldout)
-    length = min(spec["settings"]["block_size"], model.config.max_position_embeddings) - 1
+    # a window of length + 1 ids; the one-stream form also needs room for its start rows (config.n_positions)
+    length = min(spec["settings"]["block_size"], model.config.max_position_embeddings,
+                 getattr(model.config, "n_positions", None) or model.config.max_position_embeddings + 1) - 1
     batch_size = spec["settings"]["eval_batch_size"]
     try:
         lm = HFLM(pretrained=str(checkpoint), trust_remote_code=True, device=spec["device"], dtype="float32",

@@ -187,22 +187,23 @@ def test_docs_results_md_is_the_report_of_the_committed_bundles(tmp_path):
     assert out.read_text(encoding="utf-8") == (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
 
 
-def test_the_second_scorer_scores_every_checkpoint_with_lm_eval_and_agrees(tmp_path, protocol):
+@pytest.mark.parametrize("objective", ["ar", "dar-t2-1s"])
+def test_the_second_scorer_scores_every_checkpoint_with_lm_eval_and_agrees(tmp_path, protocol, objective):
     """--second_scorer lm_eval: lm-evaluation-harness scores the AR protocol's held-out passages of each checkpoint
     (rolling log-likelihood, local tasks written into the cell folder) and the record holds its totals beside
     ar_perplexity's on the same passages and windows; they agree within 0.3 %."""
     stamp = tmp_path / "stamp.json"
     stamp.write_text(json.dumps({"commit": "abc123", "dirty": False, "protocol_sha256": protocol["sha256"]}))
     corpus, data, bbc = study_data.write_synthetic_data(tmp_path / "data")
-    argv = ["run", "--part", "1", "--tiny", "--only_objectives", "ar", "--only_seeds", "0", "--corpus_dir", str(corpus),
-            "--data_root", str(data), "--bbc_dir", str(bbc), "--device", "cpu",
+    argv = ["run", "--part", "1", "--tiny", "--only_objectives", objective, "--only_seeds", "0",
+            "--corpus_dir", str(corpus), "--data_root", str(data), "--bbc_dir", str(bbc), "--device", "cpu",
             "--records_dir", str(tmp_path / "records"),
             "--work_dir", str(tmp_path / "work"), "--bundle_dir", str(tmp_path / "out"), "--command_label", "c1",
             "--minutes", "4", "--exit_margin_s", "10", "--eval_minutes_guess", "0.2", "--tiny_tokens", "1024",
             "--stamp", str(stamp), "--poll_s", "0.5", "--no-finetune", "--second_scorer", "lm_eval"]
     assert sc.main(argv) == 0
     bundle = sc.read_bundle(next((tmp_path / "out").glob("curves__part1__*.json.gz")))
-    record = bundle["records"]["tiny__ar__seed0__0.001024M.json"]
+    record = bundle["records"][f"tiny__{objective}__seed0__0.001024M.json"]
     second = record["second_scorer"]
     assert second["scorer"] == "lm_eval" and "skipped" not in second
     assert set(second["sets"]) == set(rep.SETS)
@@ -219,15 +220,15 @@ def test_the_second_scorer_scores_every_checkpoint_with_lm_eval_and_agrees(tmp_p
     assert sum(e["package"]["num_windows"] for e in second["sets"].values()) > passages
     assert second["agrees"] is True and second["max_relative_difference"] <= 3e-3
     # the task files a user can rerun with `lm_eval --include_path`
-    tasks = tmp_path / "work" / "cells" / "tiny__ar__seed0" / "second_scorer" / "tasks"
+    tasks = tmp_path / "work" / "cells" / f"tiny__{objective}__seed0" / "second_scorer" / "tasks"
     assert sorted(p.name for p in tasks.glob("*.yaml")) == sorted(f"curves_heldout_{n}.yaml" for n in rep.SETS)
     # the report's table of the second scorer's agreement
     report = tmp_path / "RESULTS.md"
     rep.build_report([str(next((tmp_path / "out").glob("*.json.gz")))], report, None, n_boot=10,
-                     dry_run={"tokens": [1024], "objectives": ["ar"], "seeds": [0]})
+                     dry_run={"tokens": [1024], "objectives": [objective], "seeds": [0]})
     text = report.read_text(encoding="utf-8")
     assert "## The second scorer (lm-evaluation-harness)" in text and "at most 0.3%" in text
-    assert f"| ar/seed0 | 1 of 1 | {second['max_relative_difference']:.1e} | 0 |" in text
+    assert f"| {objective}/seed0 | 1 of 1 | {second['max_relative_difference']:.1e} | 0 |" in text
 
 
 def test_the_report_lists_skipped_and_disagreeing_second_scorer_entries(protocol):
@@ -243,13 +244,3 @@ def test_the_report_lists_skipped_and_disagreeing_second_scorer_entries(protocol
     assert lines[-3:] == ["| ar/seed0 | 2 of 2 | 1.0e-02 | 1 |",
                           "| dar-t2-1s/seed1 | 0 of 1 (skipped 1: no next-token view yet) | – | – |", ""]
     assert rep._second_scorer_lines(protocol, {"d": kept["d"]}) == []
-
-
-def test_the_second_scorer_names_why_dar_one_stream_is_skipped():
-    import study_curves_lm_eval as lm
-
-    from hf_lookaround import LookAroundConfig
-
-    one_stream = LookAroundConfig(objective="dar", prediction_stream="content", default_attention="block_causal")
-    assert lm.skip_reason(one_stream).startswith("no next-token view yet")
-    assert lm.skip_reason(LookAroundConfig(objective="dar")) is None

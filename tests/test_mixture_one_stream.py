@@ -252,7 +252,7 @@ def test_pretrain_trains_it_and_the_checkpoint_loads_as_causal_and_masked_lm(tmp
     losses = [h["loss"] for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h]
     assert len(losses) == 12 and np.mean(losses[-3:]) < np.mean(losses[:3])
 
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForPreTraining, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(out)
     ids = tok(tok.bos_token + "The economy", return_tensors="pt", add_special_tokens=False).input_ids
@@ -262,3 +262,9 @@ def test_pretrain_trains_it_and_the_checkpoint_loads_as_causal_and_masked_lm(tmp
     filled = ids.clone()
     filled[0, 2] = tok.mask_token_id
     assert masked(input_ids=filled).logits.shape == (1, ids.shape[1], len(tok))
+    # infilling reads the content stream bidirectionally over [MASK] inputs: what the vmlm rows trained
+    from hf_lookaround.decoding.infill import infill
+
+    result = infill(AutoModelForPreTraining.from_pretrained(out).eval(), tok, ["The economy[MASK][MASK] on Tuesday."],
+                    steps=2, order="confidence")
+    assert len(result.text) == 1 and tok.mask_token not in result.text[0] and "on Tuesday." in result.text[0]

@@ -144,11 +144,14 @@ def test_final_model_is_complete_before_the_end_of_run_scoring(tok, texts, tmp_p
 
 def test_loaders_refuse_a_run_folder_whose_final_model_is_unfinished(tok, texts, tmp_path):
     from hf_lookaround.hub.load import load_pretrained
-    from hf_lookaround.hub.weights import check_local_weights
+    from hf_lookaround.hub.weights import check_local_checkpoint
     from hf_lookaround.training import checkpointing
 
     out = tmp_path / "out"
     assert cli.main(_pretrain_argv(tok, texts, tmp_path)) == 0
+    def check_local_weights(folder):  # what every command runs before it loads a folder
+        check_local_checkpoint(folder, "hf-lookaround generate")
+
     check_local_weights(out)  # finished: loads
     # as during the final save: the run's lock is there, the marker (written last) is not
     (out / checkpointing.FINAL_MARKER).unlink()

@@ -888,7 +888,8 @@ def cut_to_tokens(texts: list[str], tokenizer, max_tokens: int) -> list[str]:
     left (at least one document is kept). The caller logs what was kept."""
     kept, used = [], 0
     for text in texts:
-        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        # verbose=False: a document longer than model_max_length is expected (perplexity cuts it into windows)
+        n = len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
         if used + n <= max_tokens:
             kept.append(text)
             used += n

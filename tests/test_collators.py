@@ -13,19 +13,9 @@ from hf_lookaround.objectives.dar import SemiAutoregressiveCollator
 from hf_lookaround.objectives.gvp import GVPCollator
 from hf_lookaround.objectives.mlm import MaskedCollator
 from hf_lookaround.objectives.vmlm import VariableMaskedCollator
+from conftest import BOS, EOS, MASK, PAD, ToyTokenizer
 
-PAD, BOS, EOS, MASK = 0, 1, 2, 3
 VOCAB = 100
-
-
-class ToyTokenizer:
-    """The few attributes collators read from a tokenizer."""
-
-    pad_token_id, bos_token_id, eos_token_id, mask_token_id = PAD, BOS, EOS, MASK
-    cls_token_id = sep_token_id = None
-
-    def __len__(self):
-        return VOCAB
 
 
 class NoMaskTokenizer(ToyTokenizer):

@@ -203,15 +203,10 @@ def test_left_padded_generation_matches_unpadded(tiny_model):
     assert torch.equal(out[:, 3:], alone)
 
 
-def test_fill_mask_pipeline(tmp_path, tiny_model):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, pipeline
+def test_fill_mask_pipeline(tmp_path, tiny_model, word_tokenizer):
+    from transformers import pipeline
 
-    words = ["[PAD]", "<s>", "</s>", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 4)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", mask_token="[MASK]",
-                                        bos_token="<s>", eos_token="</s>")
+    tokenizer = word_tokenizer
     model = tiny_model(H.LookAroundForMaskedLM)
     fill = pipeline("fill-mask", model=model, tokenizer=tokenizer, top_k=3)
     preds = fill("w1 w2 [MASK] w4")

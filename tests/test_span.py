@@ -18,20 +18,10 @@ from hf_lookaround.leakcheck import audit_two_stream
 from hf_lookaround.objectives import mixture, span
 from hf_lookaround.plans import make_plan
 from hf_lookaround.training.pretraining import ObjectiveArguments
+from conftest import BOS, EOS, MASK, PAD, ToyTokenizer
 
-PAD, BOS, EOS, MASK = 0, 1, 2, 3
 VOCAB = 100
 TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
-
-
-class ToyTokenizer:
-    """The few attributes collators read from a tokenizer."""
-
-    pad_token_id, bos_token_id, eos_token_id, mask_token_id = PAD, BOS, EOS, MASK
-    cls_token_id = sep_token_id = None
-
-    def __len__(self):
-        return VOCAB
 
 
 def t5_counts(n: int, mean: float, rate: float) -> tuple[int, int]:

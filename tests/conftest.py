@@ -136,6 +136,45 @@ TINY_TEXT = dict(vocab_size=61, max_position_embeddings=64, **TINY_SIZES)
 TINY_VIT = dict(image_size=28, patch_size=7, num_channels=1, **TINY_SIZES)  # 16 patches of 7x7
 
 
+# ---------------------------------------------------------------------------------------------
+# word lists and tokenizers that tests build batches and corpora from (one copy each, here)
+# ---------------------------------------------------------------------------------------------
+# the words of a made-up corpus for CLI runs (a tokenizer trained on it, pretraining, perplexity)
+WORDS = "river stone light window garden morning paper story market winter music number table city road".split()
+# the words of the distributed runs' corpus
+PLAN_WORDS = "the a model plan group rank stream token mask query content look around ahead".split()
+# the ids the toy tokenizers give the special tokens
+PAD, BOS, EOS, MASK = 0, 1, 2, 3
+# tiny_config's 61 ids as words, for a word-level tokenizer: the special tokens (at their ids), then w0 .. w56
+TINY_WORDS = ["[PAD]", "<s>", "</s>", "[MASK]"] + [f"w{i}" for i in range(TINY_TEXT["vocab_size"] - 4)]
+
+
+class ToyTokenizer:
+    """The few attributes collators read from a tokenizer: pad, BOS, EOS and mask ids (no CLS, no SEP) and the
+    vocabulary size (``len``, which the single-stream form draws random replacements from)."""
+
+    pad_token_id, bos_token_id, eos_token_id, mask_token_id = PAD, BOS, EOS, MASK
+    cls_token_id = sep_token_id = None
+
+    def __init__(self, vocab_size: int = 100):
+        self.vocab_size = vocab_size
+
+    def __len__(self):
+        return self.vocab_size
+
+
+@pytest.fixture(scope="session")
+def word_tokenizer():
+    """A fast word-level tokenizer over ``TINY_WORDS`` (``"w1 w2 [MASK]"``: ids 5, 6, 3), built once per session."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(TINY_WORDS)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", mask_token="[MASK]",
+                                   bos_token="<s>", eos_token="</s>")
+
+
 @pytest.fixture(scope="session")
 def tiny_config():
     """``tiny_config(**overrides)``: a 2-layer, 32-wide text config (vocabulary 61, 64 positions)."""

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from hf_lookaround import cli
+from conftest import WORDS
 
-WORDS = "river stone light window garden morning paper story market winter music number table city road".split()
 TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64"
 
 

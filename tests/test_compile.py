@@ -13,6 +13,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 import hf_lookaround as H
+from hf_lookaround import objectives
 import hf_lookaround.models.lookaround.masking_lookaround as masking  # the one mask rule
 import hf_lookaround.models.lookaround.modeling_lookaround as modeling
 from hf_lookaround.leakcheck import audit_two_stream
@@ -147,14 +148,14 @@ def test_compiled_step_without_target_positions_has_no_graph_break(make):
 
 
 # ------------------------------------------------------------------------------------ leaks on the prepared/compiled path
-@pytest.mark.parametrize("objective", ["ar", "dar", "mlm", "vmlm", "gvp"])
+@pytest.mark.parametrize("objective", objectives.names())
 def test_compiled_step_leaks_nothing(objective, make):
     model = make(seq_len=40).eval()
     g = torch.Generator().manual_seed(1)
     lengths = [40, 33]
     ids = torch.randint(4, VOCAB, (2, 40), generator=g)
     mask = (torch.arange(40)[None] < torch.tensor(lengths)[:, None]).long()
-    plan = make_plan(objective, lengths, 40, generator=g, **PARAMS[objective])
+    plan = make_plan(objective, lengths, 40, generator=g, **PARAMS.get(objective, {}))  # others: their defaults
     report = audit_two_stream(model, ids, mask, plan.group_ids, plan.is_target, compiled=True,
                               compile_kwargs=dict(backend="aot_eager", dynamic=False))
     assert report.leaks == [] and report.blind == [], (report.leaks[:3], report.blind[:3])

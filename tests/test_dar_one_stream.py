@@ -20,17 +20,9 @@ from hf_lookaround.cli import main as cli_main
 from hf_lookaround.models.lookaround.masking_lookaround import one_stream_start_rows
 from hf_lookaround.objectives import dar
 from hf_lookaround.training.pretraining import ObjectiveArguments
+from conftest import BOS, EOS, PAD, ToyTokenizer
 
-PAD, BOS, EOS, MASK = 0, 1, 2, 3
 VOCAB = 61
-
-
-class ToyTokenizer:
-    pad_token_id, bos_token_id, eos_token_id, mask_token_id = PAD, BOS, EOS, MASK
-    cls_token_id = sep_token_id = None
-
-    def __len__(self):
-        return VOCAB
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +46,7 @@ def ragged_rows(lengths, seed=0):
 
 
 def collate(t, lengths, seed=0):
-    collator = objectives.make_collator("dar", ToyTokenizer(), group_size=t, form="single_stream", seed=seed)
+    collator = objectives.make_collator("dar", ToyTokenizer(VOCAB), group_size=t, form="single_stream", seed=seed)
     return collator(ragged_rows(lengths, seed))
 
 
@@ -182,7 +174,7 @@ def test_it_refuses_what_it_cannot_do(tiny_model):
     with pytest.raises(ValueError, match="one group size"):
         ObjectiveArguments(objective="dar", group_size=[1, 2], dar_form="single_stream")
     with pytest.raises(ValueError, match="start with the BOS"):
-        collator = objectives.make_collator("dar", ToyTokenizer(), group_size=2, form="single_stream")
+        collator = objectives.make_collator("dar", ToyTokenizer(VOCAB), group_size=2, form="single_stream")
         collator([{"input_ids": [5, 6, 7, 8]}])
     model = one_stream_model(tiny_model, 2)
     with pytest.raises(ValueError, match="group_size=2 only"):

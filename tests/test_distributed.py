@@ -21,7 +21,7 @@ from hf_lookaround.training import checkpointing
 from hf_lookaround.data.collators import make_collator
 from hf_lookaround.training.pretraining import gradient_accumulation_for, run
 from hf_lookaround.cli.pretrain import parse_args
-from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
+from conftest import HUNG_CHILD_SECONDS, PLAN_WORDS  # a guard against a hung child, not a speed test
 
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
 TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,hidden_dropout_prob=0.1"
@@ -49,8 +49,7 @@ def corpus(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("corpus")
     rng = random.Random(0)
-    words = [w for w in "the a model plan group rank stream token mask query content look around ahead".split()]
-    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(40, 90))) + "." for _ in range(60)]
+    docs = [" ".join(rng.choice(PLAN_WORDS) for _ in range(rng.randint(40, 90))) + "." for _ in range(60)]
     path = root / "train.jsonl"
     path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     train_tokenizer(docs, vocab_size=300, output_dir=root / "tok")

@@ -9,13 +9,12 @@ import subprocess
 import sys
 
 from hf_lookaround.training import checkpointing
-from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
+from conftest import HUNG_CHILD_SECONDS, PLAN_WORDS  # a guard against a hung child, not a speed test
 
 
 def test_torchrun_on_a_cpu_machine_makes_one_world_of_two(tmp_path, tokenizer_dir):
     rng = random.Random(0)
-    words = "the a model plan group rank stream token mask query content look around ahead".split()
-    docs = [" ".join(rng.choice(words) for _ in range(60)) for _ in range(40)]
+    docs = [" ".join(rng.choice(PLAN_WORDS) for _ in range(60)) for _ in range(40)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     out = tmp_path / "run"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",

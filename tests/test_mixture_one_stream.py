@@ -20,18 +20,10 @@ from hf_lookaround.models.lookaround import masking_lookaround as masking
 from hf_lookaround.models.lookaround.masking_lookaround import BIDIRECTIONAL_ROW, BLOCK_CAUSAL_ROW
 from hf_lookaround.objectives import dar
 from hf_lookaround.training.pretraining import ObjectiveArguments
+from conftest import BOS, MASK, PAD, ToyTokenizer
 
-PAD, BOS, EOS, MASK = 0, 1, 2, 3
 VOCAB = 61
 MIXTURE = {"dar": 0.5, "vmlm": 0.5}
-
-
-class ToyTokenizer:
-    pad_token_id, bos_token_id, eos_token_id, mask_token_id = PAD, BOS, EOS, MASK
-    cls_token_id = sep_token_id = None
-
-    def __len__(self):
-        return VOCAB
 
 
 def blocks(batch: int, length: int, seed: int = 0):
@@ -40,7 +32,7 @@ def blocks(batch: int, length: int, seed: int = 0):
 
 
 def collate(t: int, batch: int = 16, length: int = 14, seed: int = 0):
-    collator = objectives.make_collator("mixture", ToyTokenizer(), mixture=MIXTURE,
+    collator = objectives.make_collator("mixture", ToyTokenizer(VOCAB), mixture=MIXTURE,
                                         components={"dar": {"t": t}, "vmlm": {"mask_ratio_range": (0.15, 0.3)}},
                                         form="single_stream", seed=seed)
     return collator(blocks(batch, length, seed))
@@ -216,7 +208,7 @@ def test_what_the_one_stream_mixture_refuses(tiny_model):
         args(mixture=["mlm=1", "vmlm=1"], masked_form="single_stream")
     with pytest.raises(ValueError, match=r"\['gvp'\] have no such form"):
         objectives.mixture.check_one_stream_mixture({"dar": 1, "gvp": 1}, {})
-    collator = objectives.make_collator("mixture", ToyTokenizer(), mixture=MIXTURE, components={"dar": {"t": 2}},
+    collator = objectives.make_collator("mixture", ToyTokenizer(VOCAB), mixture=MIXTURE, components={"dar": {"t": 2}},
                                         form="single_stream")
     with pytest.raises(ValueError, match="rows of one length"):
         collator([{"input_ids": [BOS, 5, 6, 7]}, {"input_ids": [BOS, 5]}])

@@ -14,6 +14,7 @@ from transformers import (
 )
 
 import hf_lookaround as H
+from hf_lookaround import objectives
 from hf_lookaround.leakcheck import audit_two_stream
 from hf_lookaround.plans import make_plan
 
@@ -46,6 +47,9 @@ def random_plans(lengths, seq_len, seed):
     ranks = torch.stack([torch.randperm(seq_len, generator=g) + 1 for _ in lengths])
     valid = torch.arange(seq_len)[None] < torch.as_tensor(lengths)[:, None]
     plans["permuted"] = H.Plan(torch.where(valid, ranks, 0), valid.clone())
+    for name in objectives.names():  # every other objective of the table (span, mixture, ...), with its defaults
+        if name not in plans:
+            plans[name] = make_plan(name, lengths, seq_len, generator=g)
     return plans
 
 
@@ -58,7 +62,7 @@ def batch_inputs(seq_len=12, lengths=(12, 9), seed=0):
 
 # ------------------------------------------------------------------------------------------ leaks
 @pytest.mark.parametrize("impl", CPU_BACKENDS_WITH_BACKWARD)
-@pytest.mark.parametrize("plan_name", ["ar", "dar", "mlm", "vmlm", "gvp", "ar+prefix", "permuted"])
+@pytest.mark.parametrize("plan_name", [*objectives.names(), "ar+prefix", "permuted"])
 def test_two_stream_loss_sees_exactly_lower_ranks(impl, plan_name, tiny_model):
     model = tiny_model(H.LookAroundForPreTraining, impl)
     ids, mask, lengths = batch_inputs()
@@ -203,15 +207,10 @@ def test_left_padded_generation_matches_unpadded(tiny_model):
     assert torch.equal(out[:, 3:], alone)
 
 
-def test_fill_mask_pipeline(tmp_path, tiny_model):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, pipeline
+def test_fill_mask_pipeline(tmp_path, tiny_model, word_tokenizer):
+    from transformers import pipeline
 
-    words = ["[PAD]", "<s>", "</s>", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 4)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", mask_token="[MASK]",
-                                        bos_token="<s>", eos_token="</s>")
+    tokenizer = word_tokenizer
     model = tiny_model(H.LookAroundForMaskedLM)
     fill = pipeline("fill-mask", model=model, tokenizer=tokenizer, top_k=3)
     preds = fill("w1 w2 [MASK] w4")

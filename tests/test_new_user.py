@@ -9,8 +9,7 @@ import torch
 
 from hf_lookaround import LookAroundConfig, LookAroundModel, cli
 from hf_lookaround.data.tokenization import train_tokenizer
-
-WORDS = "river stone light window garden morning paper story market winter music number table city road".split()
+from conftest import WORDS
 
 
 @pytest.fixture(scope="module")

@@ -98,16 +98,20 @@ def test_the_package_has_no_import_circle():
 
 
 def objective_lists(source: str, names: set[str]) -> list[int]:
-    """Lines of ``source`` where a tuple, list, set or dict (its keys or its values) names two objectives or more."""
+    """Lines of ``source`` where a tuple, list, set or dict (its keys or its values, a literal or ``dict(ar=...)``)
+    names two objectives or more."""
     found = []
     for node in ast.walk(ast.parse(source)):
+        keywords = set()
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             elements = node.elts
         elif isinstance(node, ast.Dict):
             elements = [*node.keys, *node.values]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+            elements, keywords = [kw.value for kw in node.keywords], {kw.arg for kw in node.keywords}
         else:
             continue
-        literals = {e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        literals = keywords | {e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)}
         if len(names & literals) >= 2:
             found.append(node.lineno)
     return found
@@ -119,6 +123,8 @@ def test_the_guard_sees_dict_tables_too():
     assert objective_lists('x = {"ar": {"t": 1}, "k": "dar"}', names) == [1]
     assert objective_lists('ORDER = ("ar", "dar")', names) == [1]
     assert objective_lists('one = {"ar": 1}; other = "dar"', names) == []
+    assert objective_lists('TABLE = dict(ar=A, dar=B)', names) == [1]
+    assert objective_lists('f(ar=1, dar=2)', names) == []  # keywords of a call: not a table
 
 
 def test_the_package_spells_no_objective_list_of_its_own():

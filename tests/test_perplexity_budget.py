@@ -10,8 +10,7 @@ import torch
 from hf_lookaround import LookAroundConfig, LookAroundForPreTraining, cli
 from hf_lookaround.data.tokenization import train_tokenizer
 from hf_lookaround.evaluation.perplexity import masked_perplexity
-
-WORDS = "river stone light window garden morning paper story market winter music number table city road".split()
+from conftest import WORDS
 
 
 @pytest.fixture(scope="module")

@@ -10,18 +10,11 @@ from hf_lookaround.objectives.ar import plan as autoregressive_plan
 
 VOCAB = 61  # tiny_config's vocabulary (tests/conftest.py)
 
-WORDS = ["[PAD]", "<s>", "</s>", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 4)]
-
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", mask_token="[MASK]",
-                                   bos_token="<s>", eos_token="</s>")
+def tokenizer(word_tokenizer):
+    """Here: the word-level tokenizer over the tiny config's ids (tests/conftest.py), not the session's BPE one."""
+    return word_tokenizer
 
 
 @pytest.fixture(scope="module", params=[{}, dict(position_embedding_type="absolute")], ids=["rope", "absolute"])

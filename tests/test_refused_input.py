@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hf_lookaround import LookAroundConfig, LookAroundForPreTraining, cli
+from conftest import WORDS
 
-WORDS = "river stone light window garden morning paper story market winter music number table city road".split()
 TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64"
 
 

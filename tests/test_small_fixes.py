@@ -8,7 +8,7 @@ import random
 import pytest
 
 from hf_lookaround import cli
-from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
+from conftest import HUNG_CHILD_SECONDS, WORDS  # a guard against a hung child, not a speed test
 
 
 def test_trainer_commands_keep_debug_with_a_value(monkeypatch, tmp_path):
@@ -37,7 +37,7 @@ def test_end_of_run_perplexity_with_a_trained_tokenizer_warns_nothing(tmp_path):
     import sys
 
     rng = random.Random(0)
-    words = "river stone light window garden morning paper story market winter music".split()
+    words = WORDS[:11]  # river .. music
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"text": " ".join(rng.choice(words) for _ in range(200))}) + "\n"
                             for _ in range(20)))

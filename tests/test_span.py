@@ -14,24 +14,13 @@ from hf_lookaround import objectives
 from hf_lookaround.cli import main as cli_main
 from hf_lookaround.data.collators import make_collator, max_targets
 from hf_lookaround.demo import DEMO_OBJECTIVES
-from hf_lookaround.leakcheck import audit_two_stream
 from hf_lookaround.objectives import mixture, span
 from hf_lookaround.plans import make_plan
 from hf_lookaround.training.pretraining import ObjectiveArguments
+from conftest import BOS, EOS, MASK, PAD, ToyTokenizer
 
-PAD, BOS, EOS, MASK = 0, 1, 2, 3
 VOCAB = 100
 TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
-
-
-class ToyTokenizer:
-    """The few attributes collators read from a tokenizer."""
-
-    pad_token_id, bos_token_id, eos_token_id, mask_token_id = PAD, BOS, EOS, MASK
-    cls_token_id = sep_token_id = None
-
-    def __len__(self):
-        return VOCAB
 
 
 def t5_counts(n: int, mean: float, rate: float) -> tuple[int, int]:
@@ -209,8 +198,6 @@ def test_two_stream_collator():
     assert torch.equal(batch["labels"][target], original[target])
     assert torch.equal(target, batch["group_ids"] == 2)  # BOS rank 0, visible 1, corrupted 2
     assert (batch["group_ids"][:, 0] == 0).all() and batch["target_positions"].shape == (4, width)
-    with pytest.raises(ValueError, match="takes no parameter"):
-        make_collator("span", ToyTokenizer(), mask_ratio=0.3)  # mlm's parameter: a typo here, not ignored
 
 
 def test_single_stream_collator_masks_every_token_of_every_span():
@@ -285,19 +272,8 @@ def test_flags_presets_and_the_table():
 
 
 # ---------------------------------------------------------------------------------------------
-# the model: leak audit, pretraining, mixtures
+# the model: pretraining, mixtures (the leak audit: test_objective_collators.py)
 # ---------------------------------------------------------------------------------------------
-def test_the_leak_audit_passes(tokenizer, tiny_model):
-    rows = [[tokenizer.bos_token_id] + list(range(10, 10 + n)) + [tokenizer.eos_token_id] for n in (18, 12, 18, 7)]
-    collator = make_collator("span", tokenizer, mean_span_length=2.0, corruption_rate=0.4, seed=5)
-    out = collator([{"input_ids": r} for r in rows])
-    target = out["labels"] != -100
-    assert (target.sum(1) >= 2).all() and (out["group_ids"].max(-1).values == 2).all()
-    model = tiny_model(H.LookAroundForPreTraining, vocab_size=len(tokenizer), max_position_embeddings=32)
-    report = audit_two_stream(model, out["input_ids"], out["attention_mask"], out["group_ids"], target)
-    assert report.leaks == [] and report.blind == [] and report.targets_checked == int(target.sum())
-
-
 def _pretrain(tmp_path, bbc_text_dir, tokenizer_dir, name, objective_flags):
     out = tmp_path / name
     code = cli_main([

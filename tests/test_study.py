@@ -1,4 +1,4 @@
-"""The seeded study (benchmarks/study.py): resume, the grid, held-out passages, bundles. (The statistics and the report:
+"""The seeded study (study/study.py): resume, the grid, held-out passages, bundles. (The statistics and the report:
 tests/test_study_report.py.)
 
 The fixtures in tests/fixtures/study/ are the JSON files of a real `--smoke` grid (tiny preset, CPU, 5 objectives x
@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
+import study
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import study  # noqa: E402
-
 FIXTURES = ROOT / "tests" / "fixtures" / "study"
 
 

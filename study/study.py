@@ -6,8 +6,11 @@ The command line only; the work is done by
 - ``study_cell.py``: one cell's worker (pretraining, perplexity, probes, fine-tuning) or one sweep run;
 - ``study_grid.py``: the driver (learning-rate sweep, the grid over every visible GPU, resume, deadline);
 - ``study_report.py`` / ``study_stats.py``: the report and its statistics, from the JSON files alone;
-- ``study_common.py``: names, sizes, the study's objective table, settings, keys, JSON helpers;
-- ``study_package.py``: the one module that imports ``hf_lookaround``.
+- ``study_common.py``: names, sizes, the study's objective table, settings, keys, JSON helpers.
+
+The package is used through its public API, imported inside the functions that need it (``study_data.py``,
+``study_cell.py``): the driver and the report start without torch. Install it (``pip install -e .``) or set
+``PYTHONPATH=src``. study/README.md lists every file of the study.
 
 Pretraining text: ``--corpus_dir`` (default ``.studydata/gutenberg``, any folder of ``train``/``validation``/``test``
 JSONL(.gz) with a ``text`` field). Held-out perplexity: its test split and (second domain) the test splits of BBC

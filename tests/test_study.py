@@ -1,4 +1,4 @@
-"""The seeded study (benchmarks/study.py): resume, the grid, held-out passages, bundles. (The statistics and the report:
+"""The seeded study (study/study.py): resume, the grid, held-out passages, bundles. (The statistics and the report:
 tests/test_study_report.py.)
 
 The fixtures in tests/fixtures/study/ are the JSON files of a real `--smoke` grid (tiny preset, CPU, 5 objectives x
@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
+import study
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import study  # noqa: E402
-
 FIXTURES = ROOT / "tests" / "fixtures" / "study"
 
 
@@ -71,3 +68,39 @@ def test_bundle_round_trip(tmp_path):
     text = study.build_report([tmp_path / "r"], tmp_path / "R.md", plots=False)
     assert text == (FIXTURES / "expected_RESULTS.md").read_text(encoding="utf-8")
 
+
+
+# ---------------------------------------------------------------------------------------------
+# the study uses the package as a user does
+# ---------------------------------------------------------------------------------------------
+def _private_uses_of_the_package(source: str) -> list[str]:
+    """``from hf_lookaround... import _name`` and ``alias._name`` where ``alias`` was imported from hf_lookaround."""
+    import ast
+
+    found, aliases = [], set()
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "hf_lookaround":
+            for name in node.names:
+                if name.name.startswith("_"):
+                    found.append(f"from {node.module} import {name.name}")
+                aliases.add(name.asname or name.name)
+        elif isinstance(node, ast.Import):
+            aliases.update(n.asname or n.name.split(".")[0] for n in node.names if n.name.startswith("hf_lookaround"))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_the_study_uses_the_packages_public_api_without_a_facade():
+    modules = sorted((ROOT / "study").glob("*.py"))
+    assert {"study.py", "study_cell.py", "study_curves_cell.py"} <= {p.name for p in modules}
+    assert not (ROOT / "study" / "study_package.py").exists()
+    private = {p.name: _private_uses_of_the_package(p.read_text(encoding="utf-8")) for p in modules}
+    assert not {name: uses for name, uses in private.items() if uses}, "the study reaches into the package's privates"
+    # the checker sees both forms
+    assert _private_uses_of_the_package("from hf_lookaround.evaluation import perplexity as M\nM._pad_id(1, 2)\n"
+                                        "from hf_lookaround.x import _y\n") == ["from hf_lookaround.x import _y",
+                                                                                 "M._pad_id"]

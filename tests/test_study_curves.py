@@ -7,19 +7,17 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import study_curves as sc
+import study_curves_report as rep
+import study_data
 
-import study_curves as sc  # noqa: E402
-import study_curves_report as rep  # noqa: E402
-import study_data  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The seeded study's statistics and report (benchmarks/study_stats.py, benchmarks/study_report.py).
+"""The seeded study's statistics and report (study/study_stats.py, study/study_report.py).
 
 Offline and fast: the statistics on hand-computed and simulated values; the report on synthetic cells of the
 issue-18 schema (per-passage NLL, per-example probe and fine-tuning predictions, the sweep, run summaries), on the
@@ -12,18 +12,16 @@ import json
 import math
 import shutil
 import statistics
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import study_report as report  # noqa: E402
-from study_stats import (accuracy_metric, bootstrap_indices, holm, mean, paired_bootstrap,  # noqa: E402
+import study_report as report
+from study_stats import (accuracy_metric, bootstrap_indices, holm, mean, paired_bootstrap,
                          paired_comparison, pearson_metric, power_paired_t, ratio_metric, sd, seeds_for_power)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FIXTURES = ROOT / "tests" / "fixtures" / "study"
 FIRST_GRID = ROOT / "docs" / "results" / "study"  # the first GPU grid (old schema)

@@ -1,4 +1,4 @@
-"""The runtime side of the seeded study (benchmarks/study_{data,cell,grid}.py): data preparation, the learning-rate
+"""The runtime side of the seeded study (study/study_{data,cell,grid}.py): data preparation, the learning-rate
 sweep and the rate the grid takes from it, the GPU assignment, fine-tuning rates selected on validation, the
 per-example scores of a cell, ``--only_cell`` and resume. One real run on a tiny synthetic corpus (CPU, about a
 minute): two sweep runs, then one cell.
@@ -8,20 +8,15 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import study  # noqa: E402
-import study_cell  # noqa: E402
-import study_common  # noqa: E402
-import study_data  # noqa: E402
-import study_grid  # noqa: E402
-import study_package  # noqa: E402
+import study
+import study_cell
+import study_common
+import study_data
+import study_grid
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,10 +135,10 @@ def test_mixture_objective_is_in_the_table_and_fails_only_when_run():
     from hf_lookaround import objectives
 
     if "mixture" in objectives.PLAN_NAMES:
-        assert study_package.objective_arguments(kwargs).objective == "mixture"
+        assert study_cell.objective_arguments(kwargs).objective == "mixture"
     else:
         with pytest.raises(ValueError, match="'mixture' is not in this version"):
-            study_package.objective_arguments(kwargs)
+            study_cell.objective_arguments(kwargs)
 
 
 def test_the_grid_refuses_to_run_without_a_sweep_or_a_learning_rate(tmp_path):

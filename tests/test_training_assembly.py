@@ -4,7 +4,6 @@ its own. Each caller is stopped right after the assembly returns: nothing is tra
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,9 +12,6 @@ import pytest
 
 from hf_lookaround.training import pretraining
 from hf_lookaround.training.unread_content import DropUnreadContent
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
 BLOCK = 32

@@ -53,6 +53,7 @@ __all__ = [
     "sliding_windows",
     "ar_perplexity",
     "masked_perplexity",
+    "full_length_masked_nlls",
     "default_masked_mode",
     "is_two_stream",
     "bucket_by_prefix_length",
@@ -316,6 +317,35 @@ def masked_perplexity(
     result = _result("masked", nlls, [w.prefix_lengths() for w in windows], num_bytes, max_length, stride)
     result.extra["masked_mode"] = mode
     return result
+
+
+@torch.inference_mode()
+def full_length_masked_nlls(model, tokenizer, texts, max_length=512, stride=256, batch_size=8, add_bos=None):
+    """The masked protocol with full-length inputs, for a two-stream ``LookAroundForPreTraining``: each row is the
+    whole window, the positions ``>= k`` hidden (the target's group, ``infilling_ranks``), scored at ``k``. The
+    learning-curves study's ``full_length`` measure; the same ``p(x_k | x_<k)`` as
+    ``two_stream_prefix``, whose rows end at ``k``. Returns ``(nlls, prefix lengths)`` (numpy) in text order."""
+    if not is_two_stream(model):
+        raise ValueError(f"the full-length masked protocol needs a LookAroundForPreTraining model, got "
+                         f"{type(model).__name__}")
+    docs, _, has_bos = encode_documents(tokenizer, texts, add_bos)
+    windows = _windows_of(docs, max_length, stride, has_bos)
+    pad, device = _pad_id(model, tokenizer), _device(model)
+    nlls, prefixes = [], []
+    for w in windows:
+        ks = list(range(w.first_scored, len(w.input_ids)))
+        for i in range(0, len(ks), batch_size):
+            chunk = torch.tensor(ks[i : i + batch_size])
+            ids, mask = _pad([w.input_ids] * len(chunk), pad)
+            hidden = torch.arange(ids.shape[1])[None, :] >= chunk[:, None]
+            is_condition = torch.zeros_like(hidden)
+            is_condition[:, 0] = bool(w.offset)  # the window starts with the document's BOS
+            group_ids = infilling_ranks(hidden, is_condition)
+            logits = _two_stream_logits(model, ids, mask, group_ids, chunk[:, None], device)[:, 0]
+            gold = ids[torch.arange(len(chunk)), chunk].to(device)
+            nlls.append(_nll(logits, gold).cpu().double().numpy())
+        prefixes.append(np.asarray(ks) - w.offset)
+    return np.concatenate(nlls), np.concatenate(prefixes)
 
 
 def _positions(window: Window, per_window: int | None) -> list[int]:

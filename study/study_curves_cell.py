@@ -16,11 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import study_package as pkg  # noqa: E402
-from study_common import TASKS, round_sig, versions, write_json  # noqa: E402
+from study_common import TASKS, round_sig, versions, write_json
 
 DONE_MARK = "curves_checkpoint_complete"
 
@@ -59,8 +55,9 @@ def objective_arguments(pretrain_args: list[str]):
     """The protocol's ``hf-lookaround pretrain`` objective arguments, parsed as the CLI parses them."""
     from transformers import HfArgumentParser
 
-    P = pkg.pretraining()
-    (objective_args,) = HfArgumentParser(P.ObjectiveArguments).parse_args_into_dataclasses(
+    from hf_lookaround.training.pretraining import ObjectiveArguments
+
+    (objective_args,) = HfArgumentParser(ObjectiveArguments).parse_args_into_dataclasses(
         args=list(pretrain_args), return_remaining_strings=False)
     return objective_args
 
@@ -85,7 +82,8 @@ def build_trainer(spec, tokenizer, target_step: int):
 
     from study_cell import _training_args
 
-    P = pkg.pretraining()
+    # the module, not its names: the assembly test replaces ``pretraining.build_trainer``
+    from hf_lookaround.training import pretraining as P
     s, seed = spec["settings"], spec["seed"]
     objective_args = objective_arguments(spec["pretrain_args"])
     model_args = P.ModelArguments(preset=s["preset"])
@@ -134,8 +132,9 @@ def pretrain_segment(spec, tokenizer, target_step: int, log) -> dict:
 # evaluation of one checkpoint
 # ---------------------------------------------------------------------------------------------
 def load_model(folder: Path, spec):
-    P = pkg.pretraining()
     from transformers import AutoTokenizer
+
+    from hf_lookaround.training import pretraining as P
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     objective_args = objective_arguments(spec["pretrain_args"])
@@ -145,50 +144,20 @@ def load_model(folder: Path, spec):
     return model.to(spec["device"]).eval(), tokenizer
 
 
-def full_length_nlls(model, tokenizer, texts, max_length: int, stride: int, batch_size: int):
-    """The masked protocol with full-length inputs: each row is the whole window, positions >= k hidden (the
-    target's group, ``plans.infilling_ranks``), scored at k. Returns (nlls, prefix lengths) in text order."""
-    import numpy as np
-    import torch
-
-    from hf_lookaround.models.lookaround.masking_lookaround import infilling_ranks
-
-    M = pkg.perplexity()
-    docs, _, has_bos = M.encode_documents(tokenizer, texts)
-    windows = M._windows_of(docs, max_length, stride, has_bos)
-    pad, device = M._pad_id(model, tokenizer), M._device(model)
-    nlls, prefixes = [], []
-    with torch.inference_mode():
-        for w in windows:
-            ks = list(range(w.first_scored, len(w.input_ids)))
-            for i in range(0, len(ks), batch_size):
-                chunk = torch.tensor(ks[i: i + batch_size])
-                ids, mask = M._pad([w.input_ids] * len(chunk), pad)
-                hidden = torch.arange(ids.shape[1])[None, :] >= chunk[:, None]
-                is_condition = torch.zeros_like(hidden)
-                is_condition[:, 0] = bool(w.offset)
-                group_ids = infilling_ranks(hidden, is_condition)
-                logits = M._two_stream_logits(model, ids, mask, group_ids, chunk[:, None], device)[:, 0]
-                gold = ids[torch.arange(len(chunk)), chunk].to(device)
-                nlls.append(M._nll(logits, gold).cpu().double().numpy())
-            prefixes.append(np.asarray(ks) - w.offset)
-    return np.concatenate(nlls), np.concatenate(prefixes)
-
-
 def full_length_perplexity(model, tokenizer, spec) -> dict:
     from study_cell import per_passage, scored_tokens_per_text
-
     from study_common import HELDOUT_SETS, PREFIX_BUCKETS
 
-    M = pkg.perplexity()
+    from hf_lookaround.evaluation.perplexity import bucket_by_prefix_length, full_length_masked_nlls
+
     s = spec["settings"]
     heldout = json.loads(Path(spec["prep"]["heldout"]).read_text())
     out = {}
     for name in HELDOUT_SETS:
-        nlls, prefixes = full_length_nlls(model, tokenizer, heldout[name], s["block_size"], s["block_size"] // 2,
-                                          s["eval_batch_size"])
+        nlls, prefixes = full_length_masked_nlls(model, tokenizer, heldout[name], max_length=s["block_size"],
+                                                 stride=s["block_size"] // 2, batch_size=s["eval_batch_size"])
         out[name] = round_sig({"nll": float(nlls.mean()), "num_tokens": int(nlls.size),
-                               "by_prefix_length": M.bucket_by_prefix_length(nlls, prefixes, PREFIX_BUCKETS),
+                               "by_prefix_length": bucket_by_prefix_length(nlls, prefixes, PREFIX_BUCKETS),
                                "per_passage": per_passage(nlls, prefixes, scored_tokens_per_text(tokenizer, heldout[name]))})
     return out
 
@@ -197,10 +166,11 @@ def one_stream_perplexity(model, tokenizer, spec, log) -> dict:
     """dar's one-stream form under the AR protocol, p(x_k | x_<k) (``ar_perplexity``: one layout per first-group
     size), recorded as ``ar_plan`` in the same form as the two-stream cells' (``study_cell.perplexity``)."""
     from study_cell import per_passage, scored_tokens_per_text
-
     from study_common import HELDOUT_SETS, PREFIX_BUCKETS
 
-    M, s = pkg.perplexity(), spec["settings"]
+    from hf_lookaround.evaluation import perplexity as M
+
+    s = spec["settings"]
     heldout = json.loads(Path(spec["prep"]["heldout"]).read_text())
     out = {"natural_protocol": "ar_plan", "sets": {}}
     for name in HELDOUT_SETS:
@@ -222,11 +192,14 @@ def evaluate(model, tokenizer, spec, log, folder: Path | None = None) -> dict:
     protocol's held-out passages from the checkpoint ``folder`` (``study_curves_lm_eval``)."""
     import study_cell
 
+    from hf_lookaround.evaluation.perplexity import is_two_stream
+    from hf_lookaround.models.lookaround.generation_lookaround import is_one_stream_group_model
+
     out, skipped = {}, {}
-    if pkg.is_one_stream_group_model(model.config):
+    if is_one_stream_group_model(model.config):
         out["perplexity"] = one_stream_perplexity(model, tokenizer, spec, log)
         skipped["masked_prefix"] = "dar's one-stream form is block-causal: it has no bidirectional prefix to mask"
-    elif pkg.perplexity().is_two_stream(model):
+    elif is_two_stream(model):
         out["perplexity"] = study_cell.perplexity(model, tokenizer, spec, log)
         if spec["full_length"]:
             for name, entry in full_length_perplexity(model, tokenizer, spec).items():

@@ -6,8 +6,11 @@ The command line only; the work is done by
 - ``study_cell.py``: one cell's worker (pretraining, perplexity, probes, fine-tuning) or one sweep run;
 - ``study_grid.py``: the driver (learning-rate sweep, the grid over every visible GPU, resume, deadline);
 - ``study_report.py`` / ``study_stats.py``: the report and its statistics, from the JSON files alone;
-- ``study_common.py``: names, sizes, the study's objective table, settings, keys, JSON helpers;
-- ``study_package.py``: the one module that imports ``hf_lookaround``.
+- ``study_common.py``: names, sizes, the study's objective table, settings, keys, JSON helpers.
+
+The package is used through its public API, imported inside the functions that need it (``study_data.py``,
+``study_cell.py``): the driver and the report start without torch. Install it (``pip install -e .``) or set
+``PYTHONPATH=src``. study/README.md lists every file of the study.
 
 Pretraining text: ``--corpus_dir`` (default ``.studydata/gutenberg``, any folder of ``train``/``validation``/``test``
 JSONL(.gz) with a ``text`` field). Held-out perplexity: its test split and (second domain) the test splits of BBC
@@ -15,12 +18,12 @@ News, State of the Union and Brown (``--data_root``). Probes and fine-tuning: ro
 (regression), sms_spam from ``--data_root``/classification.
 
     # 1. the learning-rate sweep (one seed per objective and rate, --sweep_tokens each)
-    python benchmarks/study.py --sweep --results_dir docs/results/study --run_label sweep1 --cells_per_gpu 4
+    python study/study.py --sweep --results_dir docs/results/study --run_label sweep1 --cells_per_gpu 4
     # 2. the grid: per objective the sweep's best rate; every visible GPU; run again to resume
-    python benchmarks/study.py --results_dir docs/results/study --run_label gpu1 --cells_per_gpu 4 --max_minutes 9
+    python study/study.py --results_dir docs/results/study --run_label gpu1 --cells_per_gpu 4 --max_minutes 9
     # 3. the report
-    python benchmarks/study.py --report --results_dir docs/results/study18 --output docs/results/study18/RESULTS.md
-    python benchmarks/study.py --smoke          # tiny, CPU, synthetic data: a sweep of 2 x 2 runs, 2 cells, report
+    python study/study.py --report --results_dir docs/results/study18 --output docs/results/study18/RESULTS.md
+    python study/study.py --smoke          # tiny, CPU, synthetic data: a sweep of 2 x 2 runs, 2 cells, report
 
 One cell or sweep run alone (a cluster job per cell; see ``study_grid.py``): ``--only_cell small__ar__seed0``.
 """
@@ -34,10 +37,7 @@ import sys
 import traceback
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from study_common import (  # noqa: E402
+from study_common import (
     DEFAULTS,
     LIST_DEFAULTS,
     OBJECTIVES,
@@ -47,9 +47,9 @@ from study_common import (  # noqa: E402
     unbundle,
     write_bundle,  # noqa: F401  (tests)
 )
-from study_data import _evenly_spaced, passages  # noqa: E402,F401  (tests)
-from study_grid import find_done, grid_cells  # noqa: E402,F401  (tests)
-from study_report import build_report, outcome, verdict  # noqa: E402,F401  (the report half: study_report.py)
+from study_data import _evenly_spaced, passages  # noqa: F401  (tests)
+from study_grid import find_done, grid_cells  # noqa: F401  (tests)
+from study_report import build_report, outcome, verdict  # noqa: F401  (the report half: study_report.py)
 
 # the tiny CPU run: synthetic data (unless --corpus_dir/--data_root are given), 2 objectives, 1 seed
 SMOKE = dict(

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One GPU call of the study, as run on the project's lent H100 machines (torch and transformers preinstalled,
 # no network): install the carried wheels, try CUDA MPS so that the cells sharing a GPU run their small kernels
-# side by side, then run benchmarks/study.py with the arguments given. Results go to $OUT/study (a bundle).
-#   bash benchmarks/study_device_call.sh --sweep --run_label sweep1 --cells_per_gpu 12 --max_minutes 8
+# side by side, then run study/study.py with the arguments given. Results go to $OUT/study (a bundle).
+#   bash study/study_device_call.sh --sweep --run_label sweep1 --cells_per_gpu 12 --max_minutes 8
 set -uo pipefail
-source "$(dirname "$0")/device_env.sh"
+source "$(dirname "$0")/../benchmarks/device_env.sh"  # sets up the lent machine, cd to the repository root
 if [ "${STUDY_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d 2>/dev/null; then
     # keep MPS only if a CUDA process still works under it
     if python3 -c "import torch; x = torch.ones(4, device='cuda'); assert float(x.sum()) == 4" 2>/dev/null; then
@@ -15,7 +15,7 @@ if [ "${STUDY_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null &&
 else
     echo "MPS: off"
 fi
-python3 benchmarks/study.py --corpus_dir .studydata/gutenberg --data_root .devdata \
+python3 study/study.py --corpus_dir .studydata/gutenberg --data_root .devdata \
     --results_dir docs/results/study18 --copy_to "$OUT/study" "$@"
 status=$?
 echo quit | nvidia-cuda-mps-control 2>/dev/null

@@ -13,6 +13,9 @@ Inputs:
 
 The result is cached in ``<work_dir>/prep-<hash of the settings>/prep.json``: a second call with the same
 settings returns at once. ``write_synthetic_data`` writes a tiny made-up corpus and data root (``--smoke``, tests).
+
+The package (loading, tokenizer training, packing, BBC News's split) is imported inside the functions that use it:
+the driver and the report start without torch.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import random
 import time
 from pathlib import Path
 
-import study_package as pkg
 from study_common import HELDOUT_SETS, REPO, TASKS, _hash, data_settings, write_json
 
 SPLITS = ("train", "validation", "test")
@@ -83,12 +85,14 @@ def _evenly_spaced(items: list, k: int) -> list:
 # ---------------------------------------------------------------------------------------------
 def split_files(corpus_dir: Path, split: str) -> list[Path]:
     """The files of one split of a corpus folder: ``<split>.<ext>`` or the files under ``<split>/``."""
+    from hf_lookaround.data.text import find_files
+
     corpus_dir = Path(corpus_dir)
     if not corpus_dir.is_dir():
         raise ValueError(f"--corpus_dir {corpus_dir} is not a folder (it should hold train/validation/test JSONL(.gz))")
     found = [p for p in sorted(corpus_dir.iterdir()) if p.is_file() and p.name.split(".")[0] == split]
     if (corpus_dir / split).is_dir():
-        found += pkg.find_files(corpus_dir / split)
+        found += find_files(corpus_dir / split)
     if not found:
         raise ValueError(f"--corpus_dir {corpus_dir} has no {split} split ({split}.jsonl[.gz] or a folder {split}/)")
     return found
@@ -116,13 +120,16 @@ def bbc_from_wheel(work_dir: Path) -> str | None:
 
 
 def second_domain_tests(data_root: Path, bbc_dir: str | None) -> dict[str, list[str]]:
-    """The test documents of BBC News (the demo's fixed split), State of the Union and Brown."""
-    out = {"bbc": pkg.bbc_news_splits(bbc_dir)["test"]}
+    """The test documents of BBC News (the demo's fixed split, seed 0), State of the Union and Brown."""
+    from hf_lookaround.demo import read_bbc_news, split_articles
+    from hf_lookaround.evaluation.tasks import load_texts
+
+    out = {"bbc": [text for _, _, text in split_articles(read_bbc_news(bbc_dir), seed=0)["test"]]}
     for name in ("sotu", "brown"):
         folder = data_root / "text" / name
         if not folder.is_dir():
             raise ValueError(f"no {folder}: pass --data_root, the folder holding text/{{sotu,brown}}/ and classification/")
-        out[name] = pkg.load_split_texts(str(folder), "test")
+        out[name] = load_texts(str(folder), "test")
     return out
 
 
@@ -144,6 +151,9 @@ def prepare(settings: dict, corpus_dir: str, data_root: str, work_dir: Path, bbc
     """Tokenizer, packed training / validation blocks, held-out passages and task files; cached by settings."""
     import datasets
 
+    from hf_lookaround.data.text import build_blocks, load_text_dataset
+    from hf_lookaround.data.tokenization import train_tokenizer
+
     corpus_dir, root, work_dir = Path(corpus_dir), Path(data_root), Path(work_dir)
     files = {split: split_files(corpus_dir, split) for split in SPLITS}
     dsettings = data_settings(settings, str(corpus_dir), str(root))
@@ -159,7 +169,7 @@ def prepare(settings: dict, corpus_dir: str, data_root: str, work_dir: Path, bbc
     cap, chars = settings["max_train_docs"], settings["train_doc_chars"]
 
     def load(split):
-        ds = pkg.load_text_dataset(files[split], cache_dir=cache)
+        ds = load_text_dataset([str(f) for f in files[split]], text_column="text", cache_dir=cache)
         if split == "train" and cap:
             ds = ds.select(range(min(cap, len(ds))))
         if split == "train" and chars:
@@ -173,15 +183,15 @@ def prepare(settings: dict, corpus_dir: str, data_root: str, work_dir: Path, bbc
         for batch in ds.iter(batch_size=16):
             yield from batch["text"]
 
-    tokenizer = pkg.train_tokenizer(texts(train), vocab_size=settings["vocab_size"],
-                                    model_max_length=settings["block_size"], output_dir=str(prep_dir / "tokenizer"))
+    tokenizer = train_tokenizer(texts(train), vocab_size=settings["vocab_size"],
+                                model_max_length=settings["block_size"], output_dir=str(prep_dir / "tokenizer"))
     t_tok = time.perf_counter() - t0
     log(f"[prep] tokenizer ({len(tokenizer)} tokens) on {len(train)} documents in {t_tok:.0f} s")
     block = settings["block_size"]
     # whole books: small .map batches so that every core gets work
-    train_blocks = pkg.build_blocks(train, tokenizer, block, num_proc=_num_proc(len(train), cores), batch_size=4)
-    val_all = pkg.build_blocks(validation, tokenizer, block, num_proc=_num_proc(len(validation), cores), batch_size=4,
-                               what="validation data")
+    train_blocks, _ = build_blocks(train, tokenizer, block, num_proc=_num_proc(len(train), cores), batch_size=4)
+    val_all, _ = build_blocks(validation, tokenizer, block, num_proc=_num_proc(len(validation), cores), batch_size=4,
+                              what="validation data")
     # validation blocks spread evenly over the split (not the first book only)
     n_val = min(settings["val_blocks"], len(val_all))
     val_blocks = val_all.select(_evenly_spaced(list(range(len(val_all))), n_val))

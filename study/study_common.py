@@ -1,6 +1,6 @@
 """What every part of the seeded study shares: names, sizes, the objective table, settings, keys and JSON files.
 
-No import of ``hf_lookaround`` here (``study_package`` is the one module that imports the package).
+No import of ``hf_lookaround`` here: the driver and the report import this module and start without torch.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The study's learning curves (issue 32): each claim against tokens seen, under a protocol fixed before the grid.
 
     # on the development machine, right before a part's device commands (refuses a dirty tree)
-    python benchmarks/study_curves.py preflight
+    python study/study_curves.py preflight
     # on the GPU machine, once per device command (resumes the part's unfinished cells from the machine's disk)
-    python benchmarks/study_curves.py run --part 1 --command_label p1c1 --minutes 9 --bundle_dir $OUT
+    python study/study_curves.py run --part 1 --command_label p1c1 --minutes 9 --bundle_dir $OUT
     # back here: the report from the returned bundles
-    python benchmarks/study_curves_report.py --bundles device_out/curves__*.json.gz --output docs/RESULTS.md --plots_dir docs/results/study32
+    python study/study_curves_report.py --bundles device_out/curves__*.json.gz --output docs/RESULTS.md --plots_dir docs/results/study32
 
-The protocol is ``benchmarks/study_protocol_curves.json``; ``run`` refuses to start without it, without the
+The protocol is ``study/study_protocol_curves.json``; ``run`` refuses to start without it, without the
 commit stamp the pre-flight wrote (``.devdata/curves/code_commit.json``, carried with the data) or with a stamp
 that says dirty or names another protocol. Every record holds the stamp's commit and the protocol's SHA-256.
 
@@ -31,11 +31,9 @@ import sys
 import time
 from pathlib import Path
 
+from study_common import REPO, utc_now, write_json
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from study_common import REPO, utc_now, write_json  # noqa: E402
-
 PROTOCOL_PATH = HERE / "study_protocol_curves.json"
 STAMP_PATH = REPO / ".devdata" / "curves" / "code_commit.json"
 CELL_PY = HERE / "study_curves_cell.py"
@@ -78,7 +76,7 @@ def preflight(stamp_path: Path = STAMP_PATH, repo: Path = REPO, protocol_path: P
 def read_stamp(protocol: dict, stamp_path: Path = STAMP_PATH) -> dict:
     """On the device: the pre-flight's stamp, refused if missing, dirty or written for another protocol."""
     if not Path(stamp_path).is_file():
-        raise SystemExit(f"study curves: no commit stamp {stamp_path}: run `python benchmarks/study_curves.py "
+        raise SystemExit(f"study curves: no commit stamp {stamp_path}: run `python study/study_curves.py "
                          "preflight` on the development machine and carry .devdata")
     stamp = json.loads(Path(stamp_path).read_text())
     if stamp.get("dirty") is not False or not stamp.get("commit") or "dirty" in str(stamp.get("commit")):
@@ -338,7 +336,7 @@ def _parser() -> argparse.ArgumentParser:
                           "record's second_scorer says whether they agree within 0.3%%. Needs lm-eval 0.4.13: the "
                           "device machines have none; carry in .devdata/whl the wheels of lm_eval 0.4.13, "
                           "sacrebleu 2.6.0, portalocker 4.4.2, tabulate 0.10.0 and lxml 6.1.3 (cp312) "
-                          "(benchmarks/study_curves_device_call.sh)")
+                          "(study/study_curves_device_call.sh)")
     run.add_argument("--poll_s", type=float, default=2.0)
     run.add_argument("--device", default=None, choices=("cpu", "cuda"))
     for key, value in {**DEFAULTS, **LIST_DEFAULTS}.items():
@@ -389,7 +387,7 @@ def main(argv=None) -> int:
     _apply_run_defaults(args, protocol)
     if args.second_scorer == "lm_eval" and importlib.util.find_spec("lm_eval") is None:
         raise SystemExit("study curves: --second_scorer lm_eval needs lm-eval 0.4.13 (pip install -e '.[lm_eval]'; "
-                         "on a device machine carry its wheels, benchmarks/study_curves_device_call.sh lists them)")
+                         "on a device machine carry its wheels, study/study_curves_device_call.sh lists them)")
     if args.tiny:  # the dry run reads the committed file (its SHA-256 recorded), then shrinks its sizes
         protocol = dict(tiny_protocol(protocol, args.tiny_tokens or [2 * 8 * 64, 4 * 8 * 64]), sha256=protocol["sha256"])
     if args.only_objectives or args.only_seeds:

@@ -1,4 +1,4 @@
-"""Statistics for the seeded study (benchmarks/study_report.py): pure functions, no I/O.
+"""Statistics for the seeded study (study/study_report.py): pure functions, no I/O.
 
 - ``mean``, ``sd``;
 - ``paired_comparison``: the paired t-test over seeds (mean difference, its 95 % t interval, two-sided p);

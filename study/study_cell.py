@@ -13,8 +13,8 @@ Two kinds of spec:
     (and test predictions) reported at that rate only.
 - ``kind: "sweep"``: pretraining and the validation objective loss only (the learning-rate sweep).
 
-Every use of ``hf_lookaround`` goes through ``study_package``. The Trainer comes from the package's one training
-assembly (``build_trainer``, as ``hf-lookaround pretrain`` builds it), with the unread-content policy off: the
+The package is used through its public API, imported inside the functions that need it (the driver and the
+report start without torch). The Trainer comes from the package's one training assembly (``build_trainer``, as ``hf-lookaround pretrain`` builds it), with the unread-content policy off: the
 recorded cells trained every batch whole. A cell whose settings hold ``drop_unread_content: true`` applies the
 command's policy instead (the same loss up to float rounding; a different computation, so its numbers are new ones).
 """
@@ -27,7 +27,6 @@ import shutil
 import time
 from pathlib import Path
 
-import study_package as pkg
 from study_common import (
     HELDOUT_SETS,
     LONG_PREFIX_MIN,
@@ -48,7 +47,9 @@ def _training_args(out_dir, seed, device, pretraining: bool = False, **extra):
     import torch
     from transformers import TrainingArguments
 
-    cls = pkg.pretraining().LookAroundTrainingArguments if pretraining else TrainingArguments
+    from hf_lookaround.training.pretraining import LookAroundTrainingArguments
+
+    cls = LookAroundTrainingArguments if pretraining else TrainingArguments
     return cls(
         output_dir=str(out_dir), seed=seed, data_seed=seed, report_to="none", save_strategy="no",
         eval_strategy="no", disable_tqdm=True, use_cpu=device == "cpu", dataloader_num_workers=0,
@@ -59,15 +60,31 @@ def _training_args(out_dir, seed, device, pretraining: bool = False, **extra):
 # ---------------------------------------------------------------------------------------------
 # pretraining
 # ---------------------------------------------------------------------------------------------
+def objective_arguments(kwargs: dict):
+    """``ObjectiveArguments(**kwargs)``, with a clear error when the installed package lacks the objective."""
+    from hf_lookaround import PLAN_NAMES
+    from hf_lookaround.training.pretraining import ObjectiveArguments
+
+    name = kwargs.get("objective")
+    if name not in PLAN_NAMES:
+        raise ValueError(f"objective {name!r} is not in this version of hf_lookaround (its objectives: "
+                         f"{list(PLAN_NAMES)}); update the package to run this cell")
+    try:
+        return ObjectiveArguments(**kwargs)
+    except TypeError as err:
+        raise ValueError(f"this version of hf_lookaround cannot configure {kwargs}: {err}") from err
+
+
 def pretrain(spec, tokenizer, log, save_model: bool = True):
     """Pretrain one model; returns ``(model, checkpoint folder or None, info)``."""
     import datasets
 
-    P = pkg.pretraining()
+    # the module, not its names: the assembly test replaces ``pretraining.build_trainer``
+    from hf_lookaround.training import pretraining as P
     s, prep, seed, lr = spec["settings"], spec["prep"], spec["seed"], spec["learning_rate"]
     if spec["objective"] not in STUDY_OBJECTIVES:
         raise ValueError(f"unknown study objective {spec['objective']!r}; the study's objectives: {list(STUDY_OBJECTIVES)}")
-    objective_args = pkg.objective_arguments(STUDY_OBJECTIVES[spec["objective"]])
+    objective_args = objective_arguments(STUDY_OBJECTIVES[spec["objective"]])
     model_args = P.ModelArguments(preset=s["preset"])
     config = P.build_config(model_args, objective_args, tokenizer, s["block_size"])
     train_blocks = datasets.load_from_disk(prep["train_blocks"])
@@ -119,11 +136,12 @@ def pretrain(spec, tokenizer, log, save_model: bool = True):
 def scored_tokens_per_text(tokenizer, texts) -> list[int]:
     """How many tokens the perplexity protocols score in each text (in order): all of them after a BOS, or all
     but the first without one (the package's ``encode_documents``)."""
-    encode = pkg.perplexity().encode_documents
+    from hf_lookaround.evaluation.perplexity import encode_documents
+
     out = []
     for text in texts:
         try:
-            docs, _, _ = encode(tokenizer, [text])
+            docs, _, _ = encode_documents(tokenizer, [text])
             out.append(len(docs[0]) - 1)
         except ValueError:  # nothing to score in this text
             out.append(0)
@@ -152,7 +170,7 @@ def per_passage(nlls, prefix_lengths, counts) -> dict:
 
 
 def perplexity(model, tokenizer, spec, log) -> dict:
-    M = pkg.perplexity()
+    from hf_lookaround.evaluation import perplexity as M
     s = spec["settings"]
     heldout = json.loads(Path(spec["prep"]["heldout"]).read_text())
     model.eval()
@@ -184,7 +202,9 @@ def _class_ids(values, classes):
 
 
 def probes(model, tokenizer, spec, log) -> dict:
-    pr, T = pkg.probing(), pkg.tasks()
+    from hf_lookaround.evaluation import probing as pr
+    from hf_lookaround.evaluation import tasks as T
+
     s, out = spec["settings"], {}
     for task in TASKS:
         raw = T.load_labeled_splits(dataset=spec["prep"]["task_dirs"][task])
@@ -254,7 +274,9 @@ def _read_predictions(folder: Path, labels) -> list:
 
 
 def finetune_one(ckpt, spec, task, mode, lr, log) -> dict:
-    G, T = pkg.glue(), pkg.tasks()
+    from hf_lookaround.evaluation import glue as G
+    from hf_lookaround.evaluation import tasks as T
+
     s = spec["settings"]
     folder = Path(spec["cell_dir"]) / "finetune" / f"{task}-{mode}-lr{lr:g}"
     task_dir = spec["prep"]["task_dirs"][task]

@@ -23,7 +23,6 @@ import json
 import time
 from pathlib import Path
 
-import study_package as pkg
 from study_common import HELDOUT_SETS, round_sig
 
 AGREEMENT = 3e-3  # the relative difference of the total NLLs within which the two scorers agree
@@ -47,9 +46,10 @@ def write_tasks(folder: Path, heldout: dict[str, list[str]]) -> dict[str, str]:
 
 def num_windows(tokenizer, texts: list[str], length: int) -> int:
     """How many windows of ``length`` inputs the passages take (more than the passages: some span several)."""
-    M = pkg.perplexity()
-    docs, _, has_bos = M.encode_documents(tokenizer, texts)
-    return len(M._windows_of(docs, length + 1, length, has_bos))
+    from hf_lookaround.evaluation.perplexity import encode_documents, sliding_windows
+
+    docs, _, has_bos = encode_documents(tokenizer, texts)
+    return sum(len(sliding_windows(doc, length + 1, length, has_bos)) for doc in docs)
 
 
 def harness_totals(result: dict, samples: list[dict]) -> dict:
@@ -69,6 +69,8 @@ def score(model, tokenizer, checkpoint: Path, spec: dict, log) -> dict:
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
+
+    from hf_lookaround.evaluation.perplexity import ar_perplexity
 
     out = {"scorer": "lm_eval", "version": lm_eval_version, "agreement": AGREEMENT}
     start = time.perf_counter()
@@ -93,11 +95,10 @@ def score(model, tokenizer, checkpoint: Path, spec: dict, log) -> dict:
                               random_seed=None, numpy_random_seed=None, torch_random_seed=None,
                               fewshot_random_seed=None)
     del lm
-    M = pkg.perplexity()
     sets = {}
     for name, task in tasks.items():
         harness = harness_totals(results["results"][task], results["samples"][task])
-        r = M.ar_perplexity(model, tokenizer, heldout[name], max_length=length + 1, stride=length,
+        r = ar_perplexity(model, tokenizer, heldout[name], max_length=length + 1, stride=length,
                             batch_size=batch_size)
         package = {"nll": r.mean_nll * r.num_tokens, "bits_per_byte": r.bits_per_byte, "num_tokens": r.num_tokens,
                    "num_bytes": int(r.num_bytes), "num_windows": num_windows(tokenizer, heldout[name], length)}

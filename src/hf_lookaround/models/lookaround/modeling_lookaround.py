@@ -41,7 +41,8 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import can_return_tuple, logging
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, logging
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_lookaround import (GLU_ACTIVATIONS, LEGACY_QUERY_STREAM_OBJECTIVES, LookAroundConfig,
@@ -454,12 +455,10 @@ class LookAroundModel(LookAroundPreTrainedModel):
         use_cache: bool | None = None,
         query_position_ids: torch.LongTensor | None = None,
         query_group_ids: torch.LongTensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
         prepared_attention: PreparedAttention | None = None,
         content_output: bool = True,
         row_kind: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> LookAroundModelOutput:
         r"""
         Ranks of the keys. The keys are the cached tokens (if `past_key_values` holds any, `past_len` of them) then
@@ -486,7 +485,10 @@ class LookAroundModel(LookAroundPreTrainedModel):
         row_kind (`(B,)` int, optional): a one-stream mixture batch (a block-causal config, no padding, no cache):
             `BLOCK_CAUSAL_ROW` (0) rows are dar's one-stream form, `BIDIRECTIONAL_ROW` (1) rows BERT's `[MASK]`
             form, whose text ends before dar's start rows (`masking_lookaround.mixed_rows_plan`).
+        kwargs: transformers' output flags (`output_hidden_states`, `output_attentions`, `return_dict`), read by
+            `capture_outputs`.
         """
+        output_hidden_states, output_attentions = self._output_flags(kwargs)
         use_cache = bool(use_cache) and not self.training
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
@@ -540,6 +542,12 @@ class LookAroundModel(LookAroundPreTrainedModel):
             target_positions=rows.target_positions,
             past_key_values=past_key_values if use_cache else None,
         )
+
+    def _output_flags(self, kwargs) -> tuple[bool, bool]:
+        """(output_hidden_states, output_attentions) as `capture_outputs` resolves them (the call's, else the config's):
+        either needs every layer to run every row."""
+        return tuple(bool(kwargs.get(name, getattr(self.config, name, False)))
+                     for name in ("output_hidden_states", "output_attentions"))
 
     def _static_group_size(self, rows, unpadded: bool) -> int | None:
         """The group size of a block-causal forward whose masks are the same for every batch (no padding, no cache)."""
@@ -746,12 +754,10 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         use_cache: bool | None = None,
         query_position_ids: torch.LongTensor | None = None,
         query_group_ids: torch.LongTensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
         prepared_attention: PreparedAttention | None = None,
         return_last_hidden_state: bool | None = None,
         query_target_ids: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> LookAroundForPreTrainingOutput:
         r"""
         group_ids (`(B, T)`, or `(B, past_len + T)` with a cache): the plan (required). labels (`(B, T)`): the token
@@ -780,9 +786,8 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
             input_ids=input_ids, attention_mask=attention_mask, group_ids=group_ids,
             target_positions=target_positions, position_ids=position_ids, inputs_embeds=inputs_embeds,
             past_key_values=past_key_values, use_cache=use_cache, query_position_ids=query_position_ids,
-            query_group_ids=query_group_ids, output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions, prepared_attention=prepared_attention,
-            content_output=return_last_hidden_state,
+            query_group_ids=query_group_ids, prepared_attention=prepared_attention,
+            content_output=return_last_hidden_state, **kwargs,
         )
         logits = self.lm_head(outputs.query_hidden_state)
         loss = None
@@ -859,14 +864,12 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         labels: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput:
         check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels)
         common = dict(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+            **kwargs,
         )
         if self.predicts_with_query_stream:
             is_target = self._positions_to_predict(input_ids, attention_mask, labels)
@@ -958,12 +961,10 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
         prepared_attention: PreparedAttention | None = None,
         row_kind: torch.LongTensor | None = None,
         one_stream_layout: bool = False,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         r"""labels (`(B, T)`): the input ids themselves; they are shifted inside, -100 is ignored. (With
         `one_stream_layout`, the collator writes at `labels[:, j + 1]` the token row `j` predicts, `t` places ahead.)
@@ -983,8 +984,7 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         common = dict(
             input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
             attention_pattern=self.content_pattern, past_key_values=past_key_values, use_cache=use_cache,
-            output_hidden_states=output_hidden_states, output_attentions=output_attentions,
-            prepared_attention=prepared_attention,
+            prepared_attention=prepared_attention, **kwargs,
         )
         if row_kind is not None:
             common["row_kind"] = row_kind
@@ -1037,8 +1037,8 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         check_next_token_view_inputs(
             self.config, input_ids, attention_mask, inputs_embeds=common["inputs_embeds"], position_ids=position_ids,
             past_key_values=common["past_key_values"], prepared_attention=common["prepared_attention"],
-            use_cache=common["use_cache"], output_hidden_states=common["output_hidden_states"],
-            output_attentions=common["output_attentions"],
+            use_cache=common["use_cache"], output_hidden_states=common.get("output_hidden_states"),
+            output_attentions=common.get("output_attentions"),
         )
         config = self.config
         return one_stream_next_token_layouts(input_ids, attention_mask, config.attention_group_size,
@@ -1138,15 +1138,12 @@ class LookAroundForSequenceClassification(LookAroundPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         attention_pattern: str | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput:
         check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels=None)  # class labels: `_loss`
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            inputs_embeds=inputs_embeds, attention_pattern=attention_pattern,
-            output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+            inputs_embeds=inputs_embeds, attention_pattern=attention_pattern, **kwargs,
         )
         pooled = pool(outputs.last_hidden_state, attention_mask, self.config.classifier_pooling)
         logits = self.score(self.dropout(pooled))

@@ -165,9 +165,13 @@ def refuse_plan_inputs(model, kwargs: dict) -> None:
                          "head, or drop them")
 
 
-def check_single_stream_head_inputs(model, kwargs: dict, input_ids, inputs_embeds, labels) -> None:
-    """The causal, masked LM and classification heads: no plan, and labels over the input tokens."""
+def check_single_stream_head_inputs(model, kwargs: dict, input_ids, inputs_embeds, labels, row_kind=None) -> None:
+    """The causal, masked LM and classification heads: no plan, and labels over the input tokens. A one-stream
+    mixture batch (`row_kind`) is for a single-stream checkpoint."""
     refuse_plan_inputs(model, kwargs)
+    if row_kind is not None and model.config.prediction_stream == "query":
+        raise ValueError("row_kind (a one-stream mixture batch) needs a single-stream checkpoint "
+                         "(prediction_stream='content'); this one predicts with the query stream")
     if labels is not None:
         shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         check_labels(labels, model.config.vocab_size, shape)

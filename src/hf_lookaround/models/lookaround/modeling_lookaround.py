@@ -974,10 +974,7 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         training layout: it implies `one_stream_layout`.
         one_stream_layout (`bool`, dar's one-stream form only): the input is in the training layout (start rows,
         groups filling blocks of `t`), not plain token ids; `logits[:, j]` is then row `j`'s."""
-        check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels)
-        if row_kind is not None and self.predicts_with_query_stream:
-            raise ValueError("row_kind (a one-stream mixture batch) needs a single-stream checkpoint "
-                             "(prediction_stream='content'); this one predicts with the query stream")
+        check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels, row_kind)
         inputs = input_ids if input_ids is not None else inputs_embeds
         shape, device = inputs.shape[:2], inputs.device
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

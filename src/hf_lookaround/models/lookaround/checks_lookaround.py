@@ -39,9 +39,9 @@ def check_backbone_inputs(config, *, input_ids, inputs_embeds, attention_mask, g
         raise ValueError("target_positions select query-stream rows and need group_ids (a plan)")
     check_total_length(past_len, seq_len, config.max_position_embeddings)
     if attention_mask is not None:
-        check_key_width("attention_mask", attention_mask, batch, past_len, seq_len, key_len,
-                        f"attention_mask must have shape ({batch}, {int(past_len) + seq_len}) (past + current tokens), "
-                        f"got {tuple(attention_mask.shape)}")
+        check_key_width(attention_mask, batch, past_len, seq_len, key_len, lambda: (
+            f"attention_mask must have shape ({batch}, {int(past_len) + seq_len}) (past + current tokens), "
+            f"got {tuple(attention_mask.shape)}"))
     if position_ids is not None and position_ids.shape != (batch, seq_len) and position_ids.shape[-1] != seq_len:
         raise ValueError(f"position_ids must have shape ({batch}, {seq_len})")
     pattern = attention_pattern or config.default_attention
@@ -49,9 +49,9 @@ def check_backbone_inputs(config, *, input_ids, inputs_embeds, attention_mask, g
         raise ValueError(f"attention_pattern must be 'causal', 'bidirectional' or 'block_causal', got {pattern!r}")
     if group_ids is not None:
         expected = seq_len if isinstance(past_len, int) and past_len == 0 else f"past_len + {seq_len}"
-        check_key_width("group_ids", group_ids, batch, past_len, seq_len, key_len,
-                        f"group_ids must have the shape of the input, ({batch}, {expected}): a rank for every cached "
-                        f"and current token (past_len = {int(past_len)}); got {tuple(group_ids.shape)}")
+        check_key_width(group_ids, batch, past_len, seq_len, key_len, lambda: (
+            f"group_ids must have the shape of the input, ({batch}, {expected}): a rank for every cached "
+            f"and current token (past_len = {int(past_len)}); got {tuple(group_ids.shape)}"))
         check_rank_dtype("group_ids", group_ids)
     if target_positions is not None:
         check_target_positions(target_positions, batch, seq_len)
@@ -98,13 +98,14 @@ def check_total_length(past_len, seq_len: int, limit: int) -> None:
                          "the input (nothing is truncated for you)")
 
 
-def check_key_width(name, tensor, batch, past_len, seq_len, key_len, message: str) -> None:
-    """A key-indexed input covers the cached and current tokens (a static cache: up to all its slots)."""
+def check_key_width(tensor, batch, past_len, seq_len, key_len, message) -> None:
+    """A key-indexed input covers the cached and current tokens (a static cache: up to all its slots). `message`
+    is built only on failure: with a static cache `past_len` is a tensor, and reading it breaks a compiled graph."""
     width = tensor.shape[-1]
     if tensor.dim() != 2 or tensor.shape[0] != batch or width > key_len or (
         not torch.compiler.is_compiling() and width not in (key_len, int(past_len) + seq_len)
     ):
-        raise ValueError(message)
+        raise ValueError(message())
 
 
 def check_rank_dtype(name: str, ranks: torch.Tensor) -> None:

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 # A rank no real token has: padded target slots get it, so they see nothing.
@@ -391,3 +392,15 @@ def mixed_row_masks(row_kind: torch.Tensor, group_size: int, width: int, impleme
         return PreparedAttention(mixed_block_mask(row_kind, group_size, width), row_factor, width, width)
     return build_prepared_attention(mixed_rows_plan(row_kind, group_size, width), kernel, dtype, width,
                                     with_query_rows=False)
+
+
+def cache_lengths(past_key_values: Cache | None, seq_len: int):
+    """(tokens already cached, number of keys after appending `seq_len` more).
+
+    A dynamic cache holds exactly past + current keys; a static cache always returns all its slots, and its past
+    length is a 0-d tensor, so a compiled decoding step sees the same shapes and guards at every step."""
+    if past_key_values is None:
+        return 0, seq_len
+    past_len = past_key_values.get_seq_length()
+    key_len, _ = past_key_values.get_mask_sizes(seq_len, 0)
+    return past_len, int(key_len)

@@ -41,11 +41,19 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import can_return_tuple, logging
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, logging
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_lookaround import (GLU_ACTIVATIONS, LEGACY_QUERY_STREAM_OBJECTIVES, LookAroundConfig,
                                      with_prediction_stream)
+from .checks_lookaround import (
+    check_backbone_inputs,
+    check_masked_lm_query_inputs,
+    check_next_token_view_inputs,
+    check_pretraining_inputs,
+    check_single_stream_head_inputs,
+)
 # generate(..., group_size=t): semi-AR group decoding; the next-token view of dar's one-stream form
 from .generation_lookaround import GroupDecodingMixin, one_stream_next_token_layouts
 from .masking_lookaround import (
@@ -56,7 +64,7 @@ from .masking_lookaround import (
     PreparedAttention,
     block_causal_masks,
     build_prepared_attention,
-    check_row_kind,
+    cache_lengths,
     create_plan_mask,
     infilling_ranks,
     may_attend,
@@ -447,12 +455,10 @@ class LookAroundModel(LookAroundPreTrainedModel):
         use_cache: bool | None = None,
         query_position_ids: torch.LongTensor | None = None,
         query_group_ids: torch.LongTensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
         prepared_attention: PreparedAttention | None = None,
         content_output: bool = True,
         row_kind: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> LookAroundModelOutput:
         r"""
         Ranks of the keys. The keys are the cached tokens (if `past_key_values` holds any, `past_len` of them) then
@@ -479,12 +485,22 @@ class LookAroundModel(LookAroundPreTrainedModel):
         row_kind (`(B,)` int, optional): a one-stream mixture batch (a block-causal config, no padding, no cache):
             `BLOCK_CAUSAL_ROW` (0) rows are dar's one-stream form, `BIDIRECTIONAL_ROW` (1) rows BERT's `[MASK]`
             form, whose text ends before dar's start rows (`masking_lookaround.mixed_rows_plan`).
+        kwargs: transformers' output flags (`output_hidden_states`, `output_attentions`, `return_dict`), read by
+            `capture_outputs`.
         """
-        inputs_embeds = self.embed(input_ids, inputs_embeds)
-        batch, seq_len, _ = inputs_embeds.shape
+        output_hidden_states, output_attentions = self._output_flags(kwargs)
         use_cache = bool(use_cache) and not self.training
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
+        check_backbone_inputs(
+            self.config, input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+            group_ids=group_ids, target_positions=target_positions, position_ids=position_ids,
+            attention_pattern=attention_pattern, query_position_ids=query_position_ids,
+            query_group_ids=query_group_ids, past_key_values=past_key_values, row_kind=row_kind,
+            output_attentions=output_attentions,
+        )
+        inputs_embeds = self.embed(input_ids, inputs_embeds)
+        batch, seq_len, _ = inputs_embeds.shape
         rows = self._rows(batch, seq_len, inputs_embeds.device, attention_mask, group_ids, target_positions,
                           position_ids, attention_pattern, past_key_values, query_position_ids, query_group_ids)
         # nobody reads the content stream's output: the last layer runs the query rows alone
@@ -492,7 +508,6 @@ class LookAroundModel(LookAroundPreTrainedModel):
             and not output_attentions
         unpadded = not rows.two_stream and attention_mask is None and rows.key_len == seq_len and not output_attentions
         static_group_size = self._static_group_size(rows, unpadded)
-        self._check_row_kind(row_kind, static_group_size, batch)
         masks = create_plan_mask(rows.plan, self.config._attn_implementation, inputs_embeds.dtype, seq_len,
                                  plain_causal=unpadded and rows.pattern == "causal", query_rows_alone=query_rows_alone,
                                  prepared=prepared_attention, static_group_size=static_group_size, row_kind=row_kind)
@@ -528,32 +543,19 @@ class LookAroundModel(LookAroundPreTrainedModel):
             past_key_values=past_key_values if use_cache else None,
         )
 
+    def _output_flags(self, kwargs) -> tuple[bool, bool]:
+        """(output_hidden_states, output_attentions) as `capture_outputs` resolves them (the call's, else the config's):
+        either needs every layer to run every row."""
+        return tuple(bool(kwargs.get(name, getattr(self.config, name, False)))
+                     for name in ("output_hidden_states", "output_attentions"))
+
     def _static_group_size(self, rows, unpadded: bool) -> int | None:
         """The group size of a block-causal forward whose masks are the same for every batch (no padding, no cache)."""
         return self.config.attention_group_size if unpadded and rows.pattern == "block_causal" else None
 
-    def _check_row_kind(self, row_kind, static_group_size: int | None, batch: int) -> None:
-        """A one-stream mixture batch needs the block-causal single stream with neither padding nor cache."""
-        if row_kind is None:
-            return
-        if static_group_size is None:
-            raise ValueError("row_kind (a one-stream mixture batch) needs a block-causal config "
-                             "(default_attention='block_causal') and a batch without attention_mask, cache or plan")
-        check_row_kind(row_kind, batch)
-
     def embed(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.FloatTensor | None) -> torch.Tensor:
-        """The content stream's input: token embeddings (or the given ones), checked."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
-        if inputs_embeds is None:
-            self._check_token_ids(input_ids, "input_ids")
-            inputs_embeds = self.embed_tokens(input_ids)
-        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.hidden_size:
-            raise ValueError(
-                f"inputs_embeds must have shape (batch, seq_len, {self.config.hidden_size}), "
-                f"got {tuple(inputs_embeds.shape)}"
-            )
-        return inputs_embeds
+        """The content stream's input: token embeddings (or the given ones)."""
+        return self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
 
     def prepare_attention(
         self,
@@ -576,15 +578,18 @@ class LookAroundModel(LookAroundPreTrainedModel):
         `forward` (other keys, e.g. labels, are ignored). `content_output=False` also builds the query rows' own
         mask for a forward that does not return the content stream. `dtype`: the hidden states' (default: the
         embeddings'), which only the eager backend's additive mask depends on."""
+        check_backbone_inputs(
+            self.config, input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+            group_ids=group_ids, target_positions=target_positions, position_ids=position_ids,
+            attention_pattern=attention_pattern, query_position_ids=query_position_ids,
+            query_group_ids=query_group_ids, row_kind=row_kind,
+        )
         inputs = input_ids if input_ids is not None else inputs_embeds
-        if inputs is None or inputs.dim() < 2:
-            raise ValueError("prepare_attention needs input_ids (B, T) or inputs_embeds (B, T, D)")
         batch, seq_len = inputs.shape[:2]
         rows = self._rows(batch, seq_len, inputs.device, attention_mask, group_ids, target_positions, position_ids,
                           attention_pattern, None, query_position_ids, query_group_ids)
         dtype = dtype or self.embed_tokens.weight.dtype
         static = self._static_group_size(rows, unpadded=not rows.two_stream and attention_mask is None)
-        self._check_row_kind(row_kind, static, batch)
         if row_kind is not None:  # a one-stream mixture: each row's mask selected by its kind
             return mixed_row_masks(row_kind, static, seq_len, self.config._attn_implementation, dtype)
         if static is not None:  # the same masks as forward's: built once per shape
@@ -594,28 +599,20 @@ class LookAroundModel(LookAroundPreTrainedModel):
 
     def _rows(self, batch, seq_len, device, attention_mask, group_ids, target_positions, position_ids,
               attention_pattern, past_key_values, query_position_ids, query_group_ids) -> "_Rows":
-        """Ranks and positions of every row (content, then query stream) and key, and the attention plan."""
+        """Ranks and positions of every row (content, then query stream) and key, and the attention plan (of inputs
+        that `check_backbone_inputs` passed)."""
         explicit_rows = query_position_ids is not None or query_group_ids is not None
-        if explicit_rows and (query_position_ids is None or query_group_ids is None):
-            raise ValueError("pass query_position_ids and query_group_ids together: the position and rank of each query row")
-        if explicit_rows and target_positions is not None:
-            raise ValueError("pass either target_positions or query_position_ids/query_group_ids, not both")
-        if group_ids is None and target_positions is not None:
-            raise ValueError("target_positions select query-stream rows and need group_ids (a plan)")
         two_stream = group_ids is not None or explicit_rows
 
         # past_len is an int, or a 0-d tensor for a static cache (so that a compiled step does not recompile)
         past_len, key_len = cache_lengths(past_key_values, seq_len)
-        self._check_total_length(past_len, seq_len)
         key_valid = self._key_valid(attention_mask, batch, past_len, seq_len, key_len, device)
         # a materialised (B, T) index, not a stride-0 expand: it feeds gathers, cat and the position embedding
         content_index = (past_len + torch.arange(seq_len, device=device)).repeat(batch, 1)  # among the keys
         if position_ids is None:
             position_ids = content_index
         elif position_ids.shape != (batch, seq_len):
-            position_ids = position_ids.expand(batch, seq_len) if position_ids.shape[-1] == seq_len else None
-            if position_ids is None:
-                raise ValueError(f"position_ids must have shape ({batch}, {seq_len})")
+            position_ids = position_ids.expand(batch, seq_len)
         position_ids = position_ids.to(device)
 
         pattern = attention_pattern or self.config.default_attention
@@ -625,11 +622,9 @@ class LookAroundModel(LookAroundPreTrainedModel):
             key_rank = torch.arange(key_len, device=device).expand(batch, key_len)
         elif pattern == "bidirectional":
             key_rank = torch.zeros(batch, key_len, dtype=torch.long, device=device)
-        elif pattern == "block_causal":  # groups of t consecutive keys: a key's rank is its group's index
+        else:  # block_causal: groups of t consecutive keys, a key's rank is its group's index
             key_rank = torch.div(torch.arange(key_len, device=device), self.config.attention_group_size,
                                  rounding_mode="floor").expand(batch, key_len)
-        else:
-            raise ValueError(f"attention_pattern must be 'causal', 'bidirectional' or 'block_causal', got {pattern!r}")
         content_rank = key_rank.gather(1, content_index)
 
         row_positions, row_rank, num_query = position_ids, content_rank, 0
@@ -656,67 +651,25 @@ class LookAroundModel(LookAroundPreTrainedModel):
 
     def _rows_at_targets(self, target_positions, content_rank, position_ids, batch, seq_len):
         """Query rows at current tokens: each takes its token's rank and position (-1 slots get NO_TARGET_RANK)."""
-        if target_positions.dim() != 2 or target_positions.shape[0] != batch:
-            raise ValueError(f"target_positions must have shape ({batch}, M), got {tuple(target_positions.shape)}")
         target_positions = target_positions.to(content_rank.device)
-        self._check_target_positions(target_positions, seq_len)
         is_slot = target_positions >= 0
         gather_at = target_positions.clamp(min=0)
         ranks = torch.where(is_slot, content_rank.gather(1, gather_at), NO_TARGET_RANK)
         return position_ids.gather(1, gather_at), ranks
 
-    def _explicit_rows(self, query_position_ids, query_group_ids, batch, device):
-        if query_position_ids.dim() != 2 or query_position_ids.shape[0] != batch or \
-                query_group_ids.shape != query_position_ids.shape:
-            raise ValueError(
-                f"query_position_ids and query_group_ids must both have shape ({batch}, M); got "
-                f"{tuple(query_position_ids.shape)} and {tuple(query_group_ids.shape)}"
-            )
-        check_rank_dtype("query_group_ids", query_group_ids)
-        check_rank_dtype("query_position_ids", query_position_ids)
+    @staticmethod
+    def _explicit_rows(query_position_ids, query_group_ids, batch, device):
         query_position_ids = query_position_ids.to(device=device, dtype=torch.long)
         query_group_ids = query_group_ids.to(device=device, dtype=torch.long)
         is_slot = query_group_ids != NO_TARGET_RANK
-        limit = self.config.max_position_embeddings
-        if not torch.compiler.is_compiling() and is_slot.any():
-            used = query_position_ids[is_slot]
-            if used.min() < 0 or used.max() >= limit:
-                raise ValueError(
-                    f"query_position_ids must lie in [0, max_position_embeddings={limit}) where query_group_ids is not "
-                    f"{NO_TARGET_RANK}; got positions from {int(used.min())} to {int(used.max())}"
-                )
-            if query_group_ids.min() < NO_TARGET_RANK:
-                raise ValueError(f"query_group_ids must be ranks >= 0, or {NO_TARGET_RANK} for a padding slot")
         # padding slots see nothing; any valid position will do for them
         return torch.where(is_slot, query_position_ids, 0), query_group_ids
 
     def _plan_key_ranks(self, group_ids, batch, past_len, seq_len, key_len, device) -> torch.Tensor:
         """Ranks of all keys from `group_ids` (B, past_len + T); a static cache's empty slots get rank 0 (invalid)."""
         width = group_ids.shape[-1]
-        if group_ids.dim() != 2 or group_ids.shape[0] != batch or width > key_len or (
-            not torch.compiler.is_compiling() and width not in (key_len, int(past_len) + seq_len)
-        ):
-            expected = seq_len if isinstance(past_len, int) and past_len == 0 else f"past_len + {seq_len}"
-            raise ValueError(
-                f"group_ids must have the shape of the input, ({batch}, {expected}): a rank for every cached and "
-                f"current token (past_len = {int(past_len)}); got {tuple(group_ids.shape)}"
-            )
-        check_rank_dtype("group_ids", group_ids)
         group_ids = group_ids.to(device=device, dtype=torch.long)
         return F.pad(group_ids, (0, key_len - width)) if width < key_len else group_ids
-
-    def _check_total_length(self, past_len, seq_len: int) -> None:
-        if torch.compiler.is_compiling() or torch.is_tensor(past_len):
-            # needs a host sync; generate() checks the final length before it starts. A static cache (a tensor
-            # past_len) is bounded by its own slots, which may hold more than positions: self-speculative decoding
-            # appends padded drafts past the last position, and leaves holes of rejected ones
-            return
-        total_len = int(past_len) + seq_len
-        if total_len > self.config.max_position_embeddings:
-            raise ValueError(
-                f"sequence length {total_len} exceeds max_position_embeddings="
-                f"{self.config.max_position_embeddings}; split or shorten the input (nothing is truncated for you)"
-            )
 
     @staticmethod
     def _key_valid(attention_mask, batch, past_len, seq_len, key_len, device) -> torch.Tensor:
@@ -724,45 +677,8 @@ class LookAroundModel(LookAroundPreTrainedModel):
         if attention_mask is None:
             return (torch.arange(key_len, device=device) < past_len + seq_len).expand(batch, key_len)
         width = attention_mask.shape[-1]
-        if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or width > key_len or (
-            not torch.compiler.is_compiling() and width not in (key_len, int(past_len) + seq_len)
-        ):
-            raise ValueError(
-                f"attention_mask must have shape ({batch}, {int(past_len) + seq_len}) (past + current tokens), "
-                f"got {tuple(attention_mask.shape)}"
-            )
         valid = attention_mask.to(device) != 0
         return F.pad(valid, (0, key_len - width)) if width < key_len else valid
-
-    def _check_token_ids(self, ids: torch.Tensor, name: str) -> None:
-        if ids.dim() != 2:
-            raise ValueError(f"{name} must have shape (batch, seq_len), got {tuple(ids.shape)}")
-        if torch.compiler.is_compiling() or ids.numel() == 0:
-            return  # value checks need a host sync: skipped inside a compiled graph
-        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
-            raise ValueError(
-                f"{name} holds ids outside the vocabulary [0, {self.config.vocab_size}): "
-                f"min {int(ids.min())}, max {int(ids.max())}; check the tokenizer matches the model"
-            )
-
-    @staticmethod
-    def _check_target_positions(target_positions: torch.Tensor, seq_len: int) -> None:
-        if torch.compiler.is_compiling() or target_positions.numel() == 0:
-            return
-        if target_positions.min() < -1 or target_positions.max() >= seq_len:
-            raise ValueError(f"target_positions must lie in [0, {seq_len}) or be -1 for padding")
-
-
-def cache_lengths(past_key_values: Cache | None, seq_len: int):
-    """(tokens already cached, number of keys after appending `seq_len` more).
-
-    A dynamic cache holds exactly past + current keys; a static cache always returns all its slots, and its past
-    length is a 0-d tensor, so a compiled decoding step sees the same shapes and guards at every step."""
-    if past_key_values is None:
-        return 0, seq_len
-    past_len = past_key_values.get_seq_length()
-    key_len, _ = past_key_values.get_mask_sizes(seq_len, 0)
-    return past_len, int(key_len)
 
 
 def positions_of(is_target: torch.Tensor, width: int | None = None) -> torch.Tensor:
@@ -783,25 +699,6 @@ def positions_of(is_target: torch.Tensor, width: int | None = None) -> torch.Ten
 logger = logging.get_logger(__name__)
 
 
-def check_rank_dtype(name: str, ranks: torch.Tensor) -> None:
-    """Ranks are integers: a float tensor would be cut to integers silently (0.5 -> 0) by `.long()`."""
-    if ranks.dtype.is_floating_point or ranks.dtype.is_complex or ranks.dtype == torch.bool:
-        raise ValueError(f"{name} must be an integer (long) tensor of group ranks, got dtype {ranks.dtype}: a "
-                         f"{ranks.dtype} rank would be truncated; build it as integers (torch.long)")
-
-
-PLAN_INPUTS = ("group_ids", "target_positions", "query_group_ids", "query_position_ids")
-
-
-def refuse_plan_inputs(model, kwargs: dict) -> None:
-    """The single-stream heads take no plan: a `group_ids` passed to them would be swallowed by `**kwargs`."""
-    given = [name for name in PLAN_INPUTS if kwargs.get(name) is not None]
-    if given:
-        raise ValueError(f"{type(model).__name__} takes no {', '.join(given)} (it would ignore them): a plan is "
-                         "read by LookAroundForPreTraining (AutoModelForPreTraining); load the checkpoint with that "
-                         "head, or drop them")
-
-
 def loss_or_zero(loss: torch.Tensor | None, logits: torch.Tensor, labels: torch.Tensor, shifted: bool = False):
     """A batch without any target (every label -100) has no loss to average: cross-entropy gives nan (0 / 0),
     which would poison the weights. Its loss is defined as 0 (no gradient), with a warning."""
@@ -813,18 +710,6 @@ def loss_or_zero(loss: torch.Tensor | None, logits: torch.Tensor, labels: torch.
     logger.warning_once("a batch has no target (every label is -100): its loss is 0 instead of nan, and it trains "
                         "nothing; check the collator or the labels")
     return logits.sum() * 0.0
-
-
-def check_labels(labels: torch.Tensor, vocab_size: int) -> None:
-    """Labels are token ids in [0, vocab) or -100 (no loss)."""
-    if torch.compiler.is_compiling() or labels.numel() == 0:
-        return
-    bad = (labels != -100) & ((labels < 0) | (labels >= vocab_size))
-    if bad.any():
-        raise ValueError(
-            f"labels must be token ids in [0, {vocab_size}) or -100 (no loss); found "
-            f"{sorted(set(labels[bad].tolist()))[:5]}"
-        )
 
 
 class LookAroundLMHeadMixin:
@@ -869,12 +754,10 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         use_cache: bool | None = None,
         query_position_ids: torch.LongTensor | None = None,
         query_group_ids: torch.LongTensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
         prepared_attention: PreparedAttention | None = None,
         return_last_hidden_state: bool | None = None,
         query_target_ids: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> LookAroundForPreTrainingOutput:
         r"""
         group_ids (`(B, T)`, or `(B, past_len + T)` with a cache): the plan (required). labels (`(B, T)`): the token
@@ -891,37 +774,20 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         loss is taken over them (`drop_unread_content` makes such a batch). Not called "labels": `Trainer` takes
         every forward argument with "label" in its name for a label it must find in each batch.
         """
-        if group_ids is None:
-            raise ValueError("LookAroundForPreTraining needs group_ids (a plan); collators in hf_lookaround emit them")
-        explicit_rows = query_position_ids is not None or query_group_ids is not None
-        if query_target_ids is not None:
-            if not explicit_rows or labels is not None:
-                raise ValueError("query_target_ids are the tokens of explicit query rows (query_position_ids/"
-                                 "query_group_ids); with labels over the input tokens pass labels instead")
-            if query_target_ids.shape != query_group_ids.shape:
-                raise ValueError(f"query_target_ids must have the shape of query_group_ids "
-                                 f"{tuple(query_group_ids.shape)}, got {tuple(query_target_ids.shape)}")
-            check_labels(query_target_ids, self.config.vocab_size)
-        if labels is not None:
-            if explicit_rows:
-                raise ValueError("labels index the input tokens; with explicit query rows compute the loss from logits")
-            shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-            if labels.shape != shape:
-                raise ValueError(f"labels must have shape {tuple(shape)}, got {tuple(labels.shape)}")
-            check_labels(labels, self.config.vocab_size)
-            if target_positions is None:
-                # a compiled graph cannot size the slots by the data: it takes every position
-                width = shape[1] if torch.compiler.is_compiling() else None
-                target_positions = positions_of(labels != -100, width)
+        check_pretraining_inputs(self.config, input_ids, inputs_embeds, group_ids, labels, query_position_ids,
+                                 query_group_ids, query_target_ids)
+        if labels is not None and target_positions is None:
+            # a compiled graph cannot size the slots by the data: it takes every position
+            width = labels.shape[1] if torch.compiler.is_compiling() else None
+            target_positions = positions_of(labels != -100, width)
         if return_last_hidden_state is None:
             return_last_hidden_state = labels is None and query_target_ids is None
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, group_ids=group_ids,
             target_positions=target_positions, position_ids=position_ids, inputs_embeds=inputs_embeds,
             past_key_values=past_key_values, use_cache=use_cache, query_position_ids=query_position_ids,
-            query_group_ids=query_group_ids, output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions, prepared_attention=prepared_attention,
-            content_output=return_last_hidden_state,
+            query_group_ids=query_group_ids, prepared_attention=prepared_attention,
+            content_output=return_last_hidden_state, **kwargs,
         )
         logits = self.lm_head(outputs.query_hidden_state)
         loss = None
@@ -998,19 +864,12 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         labels: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput:
-        refuse_plan_inputs(self, kwargs)
-        if labels is not None:
-            shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-            if labels.shape != shape:
-                raise ValueError(f"labels must have shape {tuple(shape)}, got {tuple(labels.shape)}")
-            check_labels(labels, self.config.vocab_size)
+        check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels)
         common = dict(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+            **kwargs,
         )
         if self.predicts_with_query_stream:
             is_target = self._positions_to_predict(input_ids, attention_mask, labels)
@@ -1046,17 +905,8 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         return infilling_ranks(is_target, is_condition)
 
     def _positions_to_predict(self, input_ids, attention_mask, labels) -> torch.Tensor:
+        check_masked_lm_query_inputs(self.config, input_ids, labels)
         mask_id = self.config.mask_token_id
-        if input_ids is None and labels is None:
-            raise ValueError(
-                "this two-stream checkpoint (prediction_stream='query') predicts the positions holding the mask token "
-                "or carrying labels: pass input_ids (or labels), not only inputs_embeds"
-            )
-        if input_ids is not None and mask_id is None:
-            raise ValueError(
-                "this two-stream checkpoint (prediction_stream='query') fills the positions holding the mask token, "
-                "but config.mask_token_id is None: set it to the tokenizer's mask_token_id"
-            )
         is_target = input_ids == mask_id if input_ids is not None else torch.zeros_like(labels, dtype=torch.bool)
         if labels is not None:
             is_target = is_target | (labels.to(is_target.device) != -100)
@@ -1111,12 +961,10 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
         prepared_attention: PreparedAttention | None = None,
         row_kind: torch.LongTensor | None = None,
         one_stream_layout: bool = False,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         r"""labels (`(B, T)`): the input ids themselves; they are shifted inside, -100 is ignored. (With
         `one_stream_layout`, the collator writes at `labels[:, j + 1]` the token row `j` predicts, `t` places ahead.)
@@ -1126,24 +974,16 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         training layout: it implies `one_stream_layout`.
         one_stream_layout (`bool`, dar's one-stream form only): the input is in the training layout (start rows,
         groups filling blocks of `t`), not plain token ids; `logits[:, j]` is then row `j`'s."""
-        refuse_plan_inputs(self, kwargs)
+        check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels, row_kind)
         inputs = input_ids if input_ids is not None else inputs_embeds
         shape, device = inputs.shape[:2], inputs.device
-        if labels is not None:
-            if labels.shape != shape:
-                raise ValueError(f"labels must have shape {tuple(shape)}, got {tuple(labels.shape)}")
-            check_labels(labels, self.config.vocab_size)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         common = dict(
             input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
             attention_pattern=self.content_pattern, past_key_values=past_key_values, use_cache=use_cache,
-            output_hidden_states=output_hidden_states, output_attentions=output_attentions,
-            prepared_attention=prepared_attention,
+            prepared_attention=prepared_attention, **kwargs,
         )
         if row_kind is not None:
-            if self.predicts_with_query_stream:
-                raise ValueError("row_kind (a one-stream mixture batch) needs a single-stream checkpoint "
-                                 "(prediction_stream='content'); this one predicts with the query stream")
             common["row_kind"] = row_kind
         if self.predicts_with_query_stream:
             # with labels every row is needed for the loss; otherwise only the kept ones run
@@ -1190,27 +1030,13 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
     def _next_token_layouts(self, common: dict, position_ids):
         """`(layouts, rows)` of plain token ids (`one_stream_next_token_layouts`), after refusing what the view
         cannot take: it lays out its own rows, positions and masks, and keeps no cache."""
-        given = [name for name, value in (("inputs_embeds", common["inputs_embeds"]), ("position_ids", position_ids),
-                                          ("past_key_values", common["past_key_values"]),
-                                          ("prepared_attention", common["prepared_attention"])) if value is not None]
-        given += [name for name in ("use_cache", "output_hidden_states", "output_attentions") if common[name]]
-        if given:
-            raise ValueError(f"dar's one-stream causal view takes input_ids (and an attention_mask) only, not "
-                             f"{', '.join(given)}: it lays out its own rows, positions and masks; pass inputs already "
-                             "laid out with one_stream_layout=True, or decode with generate()")
         input_ids, attention_mask = common["input_ids"], common["attention_mask"]
-        if self.config.bos_token_id is None:
-            raise ValueError("dar's one-stream form lays out every row after BOS copies, but config.bos_token_id is "
-                             "None: set it to the tokenizer's bos_token_id")
-        if input_ids.shape[1] > self.config.n_positions:
-            raise ValueError(f"{input_ids.shape[1]} tokens are more than this checkpoint's causal view takes "
-                             f"(config.n_positions = {self.config.n_positions}: max_position_embeddings less its "
-                             "start rows and a BOS); split or shorten the input (nothing is truncated for you)")
-        if attention_mask is not None:
-            real = attention_mask != 0
-            run = real.long().diff(dim=-1, prepend=torch.zeros_like(real[:, :1], dtype=torch.long))
-            if bool((run > 0).long().sum(-1).gt(1).any()):
-                raise ValueError("the attention_mask must mark one run of real tokens per row (left or right padding)")
+        check_next_token_view_inputs(
+            self.config, input_ids, attention_mask, inputs_embeds=common["inputs_embeds"], position_ids=position_ids,
+            past_key_values=common["past_key_values"], prepared_attention=common["prepared_attention"],
+            use_cache=common["use_cache"], output_hidden_states=common.get("output_hidden_states"),
+            output_attentions=common.get("output_attentions"),
+        )
         config = self.config
         return one_stream_next_token_layouts(input_ids, attention_mask, config.attention_group_size,
                                              config.bos_token_id, config.pad_token_id or 0)
@@ -1309,15 +1135,12 @@ class LookAroundForSequenceClassification(LookAroundPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         attention_pattern: str | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput:
-        refuse_plan_inputs(self, kwargs)
+        check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels=None)  # class labels: `_loss`
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            inputs_embeds=inputs_embeds, attention_pattern=attention_pattern,
-            output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+            inputs_embeds=inputs_embeds, attention_pattern=attention_pattern, **kwargs,
         )
         pooled = pool(outputs.last_hidden_state, attention_mask, self.config.classifier_pooling)
         logits = self.score(self.dropout(pooled))

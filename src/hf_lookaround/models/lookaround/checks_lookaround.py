@@ -1,0 +1,231 @@
+"""Input checks of the LookAround models: each forward calls one ``check_*`` here at its top, so that the
+forward itself reads as the data path (as masks live in ``masking_lookaround``).
+
+Every check raises a one-line ``ValueError`` that says what to fix. Checks of values (not shapes) need a host
+sync, so they are skipped inside a compiled graph; a compiled step relies on its collator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .masking_lookaround import NO_TARGET_RANK, cache_lengths, check_row_kind
+
+ATTENTION_PATTERNS = ("causal", "bidirectional", "block_causal")
+PLAN_INPUTS = ("group_ids", "target_positions", "query_group_ids", "query_position_ids")
+
+
+def _skip_values(tensor: torch.Tensor) -> bool:
+    """Value checks need a host sync: skipped inside a compiled graph (and for empty tensors)."""
+    return torch.compiler.is_compiling() or tensor.numel() == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# The backbone (LookAroundModel)
+# ----------------------------------------------------------------------------------------------
+def check_backbone_inputs(config, *, input_ids, inputs_embeds, attention_mask, group_ids, target_positions,
+                          position_ids, attention_pattern, query_position_ids, query_group_ids,
+                          past_key_values=None, row_kind=None, output_attentions=False) -> None:
+    """Everything `LookAroundModel.forward` (and `prepare_attention`) takes, checked before any work."""
+    check_embedding_inputs(config, input_ids, inputs_embeds)
+    batch, seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+    past_len, key_len = cache_lengths(past_key_values, seq_len)
+    explicit_rows = query_position_ids is not None or query_group_ids is not None
+    if explicit_rows and (query_position_ids is None or query_group_ids is None):
+        raise ValueError("pass query_position_ids and query_group_ids together: the position and rank of each query row")
+    if explicit_rows and target_positions is not None:
+        raise ValueError("pass either target_positions or query_position_ids/query_group_ids, not both")
+    if group_ids is None and target_positions is not None:
+        raise ValueError("target_positions select query-stream rows and need group_ids (a plan)")
+    check_total_length(past_len, seq_len, config.max_position_embeddings)
+    if attention_mask is not None:
+        check_key_width(attention_mask, batch, past_len, seq_len, key_len, lambda: (
+            f"attention_mask must have shape ({batch}, {int(past_len) + seq_len}) (past + current tokens), "
+            f"got {tuple(attention_mask.shape)}"))
+    if position_ids is not None and position_ids.shape != (batch, seq_len) and position_ids.shape[-1] != seq_len:
+        raise ValueError(f"position_ids must have shape ({batch}, {seq_len})")
+    pattern = attention_pattern or config.default_attention
+    if group_ids is None and pattern not in ATTENTION_PATTERNS:
+        raise ValueError(f"attention_pattern must be 'causal', 'bidirectional' or 'block_causal', got {pattern!r}")
+    if group_ids is not None:
+        expected = seq_len if isinstance(past_len, int) and past_len == 0 else f"past_len + {seq_len}"
+        check_key_width(group_ids, batch, past_len, seq_len, key_len, lambda: (
+            f"group_ids must have the shape of the input, ({batch}, {expected}): a rank for every cached "
+            f"and current token (past_len = {int(past_len)}); got {tuple(group_ids.shape)}"))
+        check_rank_dtype("group_ids", group_ids)
+    if target_positions is not None:
+        check_target_positions(target_positions, batch, seq_len)
+    if explicit_rows:
+        check_explicit_rows(query_position_ids, query_group_ids, batch, config.max_position_embeddings)
+    if row_kind is not None:
+        # one mask per row kind, the same for every batch: no plan, padding, cache or attention weights
+        if (group_ids is not None or explicit_rows or attention_mask is not None or key_len != seq_len
+                or pattern != "block_causal" or output_attentions):
+            raise ValueError("row_kind (a one-stream mixture batch) needs a block-causal config "
+                             "(default_attention='block_causal') and a batch without attention_mask, cache or plan")
+        check_row_kind(row_kind, batch)
+
+
+def check_embedding_inputs(config, input_ids, inputs_embeds) -> None:
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("pass exactly one of input_ids or inputs_embeds")
+    if input_ids is not None:
+        check_token_ids(input_ids, "input_ids", config.vocab_size)
+    elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+        raise ValueError(f"inputs_embeds must have shape (batch, seq_len, {config.hidden_size}), "
+                         f"got {tuple(inputs_embeds.shape)}")
+
+
+def check_token_ids(ids: torch.Tensor, name: str, vocab_size: int) -> None:
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (batch, seq_len), got {tuple(ids.shape)}")
+    if _skip_values(ids):
+        return
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size}): min {int(ids.min())}, "
+                         f"max {int(ids.max())}; check the tokenizer matches the model")
+
+
+def check_total_length(past_len, seq_len: int, limit: int) -> None:
+    if torch.compiler.is_compiling() or torch.is_tensor(past_len):
+        # needs a host sync; generate() checks the final length before it starts. A static cache (a tensor
+        # past_len) is bounded by its own slots, which may hold more than positions: self-speculative decoding
+        # appends padded drafts past the last position, and leaves holes of rejected ones
+        return
+    total_len = int(past_len) + seq_len
+    if total_len > limit:
+        raise ValueError(f"sequence length {total_len} exceeds max_position_embeddings={limit}; split or shorten "
+                         "the input (nothing is truncated for you)")
+
+
+def check_key_width(tensor, batch, past_len, seq_len, key_len, message) -> None:
+    """A key-indexed input covers the cached and current tokens (a static cache: up to all its slots). `message`
+    is built only on failure: with a static cache `past_len` is a tensor, and reading it breaks a compiled graph."""
+    width = tensor.shape[-1]
+    if tensor.dim() != 2 or tensor.shape[0] != batch or width > key_len or (
+        not torch.compiler.is_compiling() and width not in (key_len, int(past_len) + seq_len)
+    ):
+        raise ValueError(message())
+
+
+def check_rank_dtype(name: str, ranks: torch.Tensor) -> None:
+    """Ranks are integers: a float tensor would be cut to integers silently (0.5 -> 0) by `.long()`."""
+    if ranks.dtype.is_floating_point or ranks.dtype.is_complex or ranks.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer (long) tensor of group ranks, got dtype {ranks.dtype}: a "
+                         f"{ranks.dtype} rank would be truncated; build it as integers (torch.long)")
+
+
+def check_target_positions(target_positions: torch.Tensor, batch: int, seq_len: int) -> None:
+    if target_positions.dim() != 2 or target_positions.shape[0] != batch:
+        raise ValueError(f"target_positions must have shape ({batch}, M), got {tuple(target_positions.shape)}")
+    if _skip_values(target_positions):
+        return
+    if target_positions.min() < -1 or target_positions.max() >= seq_len:
+        raise ValueError(f"target_positions must lie in [0, {seq_len}) or be -1 for padding")
+
+
+def check_explicit_rows(query_position_ids, query_group_ids, batch: int, limit: int) -> None:
+    if query_position_ids.dim() != 2 or query_position_ids.shape[0] != batch or \
+            query_group_ids.shape != query_position_ids.shape:
+        raise ValueError(f"query_position_ids and query_group_ids must both have shape ({batch}, M); got "
+                         f"{tuple(query_position_ids.shape)} and {tuple(query_group_ids.shape)}")
+    check_rank_dtype("query_group_ids", query_group_ids)
+    check_rank_dtype("query_position_ids", query_position_ids)
+    is_slot = query_group_ids != NO_TARGET_RANK
+    if torch.compiler.is_compiling() or not is_slot.any():
+        return
+    used = query_position_ids[is_slot.to(query_position_ids.device)]
+    if used.min() < 0 or used.max() >= limit:
+        raise ValueError(f"query_position_ids must lie in [0, max_position_embeddings={limit}) where query_group_ids "
+                         f"is not {NO_TARGET_RANK}; got positions from {int(used.min())} to {int(used.max())}")
+    if query_group_ids.min() < NO_TARGET_RANK:
+        raise ValueError(f"query_group_ids must be ranks >= 0, or {NO_TARGET_RANK} for a padding slot")
+
+
+# ----------------------------------------------------------------------------------------------
+# The heads
+# ----------------------------------------------------------------------------------------------
+def check_labels(labels: torch.Tensor, vocab_size: int, shape=None) -> None:
+    """Labels are token ids in [0, vocab) or -100 (no loss), of the input's `shape` if given."""
+    if shape is not None and labels.shape != shape:
+        raise ValueError(f"labels must have shape {tuple(shape)}, got {tuple(labels.shape)}")
+    if _skip_values(labels):
+        return
+    bad = (labels != -100) & ((labels < 0) | (labels >= vocab_size))
+    if bad.any():
+        raise ValueError(f"labels must be token ids in [0, {vocab_size}) or -100 (no loss); found "
+                         f"{sorted(set(labels[bad].tolist()))[:5]}")
+
+
+def refuse_plan_inputs(model, kwargs: dict) -> None:
+    """The single-stream heads take no plan: a `group_ids` passed to them would be swallowed by `**kwargs`."""
+    given = [name for name in PLAN_INPUTS if kwargs.get(name) is not None]
+    if given:
+        raise ValueError(f"{type(model).__name__} takes no {', '.join(given)} (it would ignore them): a plan is "
+                         "read by LookAroundForPreTraining (AutoModelForPreTraining); load the checkpoint with that "
+                         "head, or drop them")
+
+
+def check_single_stream_head_inputs(model, kwargs: dict, input_ids, inputs_embeds, labels, row_kind=None) -> None:
+    """The causal, masked LM and classification heads: no plan, and labels over the input tokens. A one-stream
+    mixture batch (`row_kind`) is for a single-stream checkpoint."""
+    refuse_plan_inputs(model, kwargs)
+    if row_kind is not None and model.config.prediction_stream == "query":
+        raise ValueError("row_kind (a one-stream mixture batch) needs a single-stream checkpoint "
+                         "(prediction_stream='content'); this one predicts with the query stream")
+    if labels is not None:
+        shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        check_labels(labels, model.config.vocab_size, shape)
+
+
+def check_pretraining_inputs(config, input_ids, inputs_embeds, group_ids, labels, query_position_ids,
+                             query_group_ids, query_target_ids) -> None:
+    """`LookAroundForPreTraining`: a plan, and its targets either as labels over the input tokens or as
+    `query_target_ids` of explicit query rows (the backbone checks the rest)."""
+    if group_ids is None:
+        raise ValueError("LookAroundForPreTraining needs group_ids (a plan); collators in hf_lookaround emit them")
+    explicit_rows = query_position_ids is not None or query_group_ids is not None
+    if query_target_ids is not None:
+        if not explicit_rows or labels is not None:
+            raise ValueError("query_target_ids are the tokens of explicit query rows (query_position_ids/"
+                             "query_group_ids); with labels over the input tokens pass labels instead")
+        if query_target_ids.shape != query_group_ids.shape:
+            raise ValueError(f"query_target_ids must have the shape of query_group_ids "
+                             f"{tuple(query_group_ids.shape)}, got {tuple(query_target_ids.shape)}")
+        check_labels(query_target_ids, config.vocab_size)
+    if labels is not None:
+        if explicit_rows:
+            raise ValueError("labels index the input tokens; with explicit query rows compute the loss from logits")
+        check_labels(labels, config.vocab_size, (input_ids if input_ids is not None else inputs_embeds).shape[:2])
+
+
+def check_masked_lm_query_inputs(config, input_ids, labels) -> None:
+    """A two-stream masked LM predicts where the mask token is (or labels are): it needs ids or labels."""
+    if input_ids is None and labels is None:
+        raise ValueError("this two-stream checkpoint (prediction_stream='query') predicts the positions holding the "
+                         "mask token or carrying labels: pass input_ids (or labels), not only inputs_embeds")
+    if input_ids is not None and config.mask_token_id is None:
+        raise ValueError("this two-stream checkpoint (prediction_stream='query') fills the positions holding the mask "
+                         "token, but config.mask_token_id is None: set it to the tokenizer's mask_token_id")
+
+
+def check_next_token_view_inputs(config, input_ids, attention_mask, **given) -> None:
+    """dar's one-stream causal view of plain token ids lays out its own rows, positions and masks and keeps no
+    cache: it takes `input_ids` and an `attention_mask` only (`given`: the other inputs, by name)."""
+    given = [name for name, value in given.items() if value is not None and value is not False]
+    if given:
+        raise ValueError(f"dar's one-stream causal view takes input_ids (and an attention_mask) only, not "
+                         f"{', '.join(given)}: it lays out its own rows, positions and masks; pass inputs already "
+                         "laid out with one_stream_layout=True, or decode with generate()")
+    if config.bos_token_id is None:
+        raise ValueError("dar's one-stream form lays out every row after BOS copies, but config.bos_token_id is "
+                         "None: set it to the tokenizer's bos_token_id")
+    if input_ids.shape[1] > config.n_positions:
+        raise ValueError(f"{input_ids.shape[1]} tokens are more than this checkpoint's causal view takes "
+                         f"(config.n_positions = {config.n_positions}: max_position_embeddings less its "
+                         "start rows and a BOS); split or shorten the input (nothing is truncated for you)")
+    if attention_mask is not None:
+        real = attention_mask != 0
+        run = real.long().diff(dim=-1, prepend=torch.zeros_like(real[:, :1], dtype=torch.long))
+        if bool((run > 0).long().sum(-1).gt(1).any()):
+            raise ValueError("the attention_mask must mark one run of real tokens per row (left or right padding)")

@@ -114,3 +114,24 @@ def test_a_skip_for_missing_data_fails_the_run(tmp_path):
     # a skipif mark skips during setup, so the report is an error there: either way the run fails
     assert result.returncode == 1 and "1 skipped" in result.stdout, result.stdout[-2000:]
     assert "skipped for missing data (Skipped: shared data not found)" in result.stdout
+
+
+# TrainingArguments' `--debug VALUE` reaches the Trainer commands; the CLI's own --traceback/--debug still work
+def test_trainer_commands_keep_debug_with_a_value(monkeypatch, tmp_path):
+    from hf_lookaround.cli import pretrain
+
+    seen = {}
+    monkeypatch.setattr(pretrain, "main", lambda argv: seen.setdefault("argv", argv) and 0)
+    assert cli.main(["pretrain", "--output_dir", str(tmp_path), "--debug", "underflow_overflow"]) == 0
+    assert seen["argv"][-2:] == ["--debug", "underflow_overflow"]
+    from hf_lookaround.cli.pretrain import parse_args
+
+    *_, training_args = parse_args(["--output_dir", str(tmp_path), "--debug", "underflow_overflow"])
+    assert [d.value for d in training_args.debug] == ["underflow_overflow"]
+
+
+def test_the_cli_traceback_flag_still_works(tmp_path):
+    for flag in ("--traceback", "--debug"):
+        with pytest.raises(ValueError, match="nothing to do"):
+            cli.main(["pretrain", "--train_files", str(tmp_path), "--output_dir", str(tmp_path / "o"),
+                      "--do_eval", "false", flag])

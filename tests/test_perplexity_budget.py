@@ -10,7 +10,7 @@ import torch
 from hf_lookaround import LookAroundConfig, LookAroundForPreTraining, cli
 from hf_lookaround.data.tokenization import train_tokenizer
 from hf_lookaround.evaluation.perplexity import masked_perplexity
-from conftest import WORDS
+from conftest import HUNG_CHILD_SECONDS, WORDS  # a guard against a hung child, not a speed test
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +77,28 @@ def test_pretrain_mlm_says_how_it_samples_and_shows_progress(tok, texts, tmp_pat
     assert "masked perplexity, one row per position" in capsys.readouterr().err  # the tqdm bar
     results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
     assert results["eval_masked_perplexity"] > 1
+
+
+# a trained tokenizer's model_max_length (the block size) does not flood the end-of-run perplexity with warnings
+def test_end_of_run_perplexity_with_a_trained_tokenizer_warns_nothing(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    rng = random.Random(0)
+    words = WORDS[:11]  # river .. music
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": " ".join(rng.choice(words) for _ in range(200))}) + "\n"
+                            for _ in range(20)))
+    argv = ["pretrain", "--train_files", str(data), "--train_tokenizer", "--tokenizer_vocab_size", "300",
+            "--preset", "tiny", "--config_overrides",
+            "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64", "--block_size", "16",
+            "--objective", "ar", "--do_train", "--do_eval", "--max_steps", "1", "--per_device_train_batch_size", "2",
+            "--max_eval_samples", "2", "--validation_split_percentage", "20", "--perplexity_max_documents", "3",
+            "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true", "--output_dir", str(tmp_path / "o")]
+    # a process of its own: transformers' warnings go to the stderr its logging was set up with
+    proc = subprocess.run([sys.executable, "-m", "hf_lookaround.cli", *argv], capture_output=True, text=True,
+                          timeout=HUNG_CHILD_SECONDS, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "eval_ar_perplexity" in proc.stdout + proc.stderr
+    assert "Token indices sequence length is longer" not in proc.stderr + proc.stdout

@@ -22,7 +22,7 @@ TEST_WORKERS ?= 2
 # then the package as a user installs it: the wheel (built from the sdist) in a fresh environment outside the tree,
 # every module imported, every command's --help, a tiny pretrain (the editable install above cannot show a missing file)
 test: $(BIN)/.installed
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests $(TEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests study/tests $(TEST_ARGS)
 	PY=$(PY) bash tools/check_install.sh
 
 .PHONY: install-check

@@ -25,9 +25,6 @@ import pytest
 import torch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-# The study (study/ at the repository root) is a folder of scripts whose modules import each other by name, as
-# `python study/study.py` runs them; its tests (tests/test_study*.py) import them the same way.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "study"))
 # Subprocesses in tests get this many seconds: a guard against a child that hangs (a deadlock, a prompt nobody
 # answers), not a speed test. Generous, because `make test` runs files in parallel and a loaded or slow machine
 # took more than 300 s for a fresh interpreter that imports torch and transformers (issue 30, section 4 item 6).

@@ -21,9 +21,9 @@ import study_report as report
 from study_stats import (accuracy_metric, bootstrap_indices, holm, mean, paired_bootstrap,
                          paired_comparison, pearson_metric, power_paired_t, ratio_metric, sd, seeds_for_power)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
-FIXTURES = ROOT / "tests" / "fixtures" / "study"
+FIXTURES = ROOT / "study" / "tests" / "fixtures"
 FIRST_GRID = ROOT / "docs" / "results" / "study"  # the first GPU grid (old schema)
 GPU_RESULTS = ROOT / "docs" / "results" / "study18"  # issue 18's grid: RESULTS.md there is its report
 

@@ -17,7 +17,7 @@ import study_curves as sc
 import study_curves_report as rep
 import study_data
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
 """The seeded study (study/study.py): resume, the grid, held-out passages, bundles. (The statistics and the report:
-tests/test_study_report.py.)
+study/tests/test_study_report.py.)
 
-The fixtures in tests/fixtures/study/ are the JSON files of a real `--smoke` grid (tiny preset, CPU, 5 objectives x
+The fixtures in study/tests/fixtures/ are the JSON files of a real `--smoke` grid (tiny preset, CPU, 5 objectives x
 2 seeds, a sixth objective with a cell killed at the time limit and a partial one whose fine-tuning was skipped); ``expected_RESULTS.md`` is the report they gave
-(regenerate both as tests/fixtures/study/README.md says after changing the report's format).
+(regenerate both as study/tests/fixtures/README.md says after changing the report's format).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import pytest
 
 import study
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "tests" / "fixtures" / "study"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "study" / "tests" / "fixtures"
 
 
 # ---------------------------------------------------------------------------------------------
 # resume
 # ---------------------------------------------------------------------------------------------
-# (resume of a finished grid: tests/test_study_runtime.py, on the new cells' JSON)
+# (resume of a finished grid: study/tests/test_study_runtime.py, on the new cells' JSON)
 
 
 def test_resume_refuses_other_settings(tmp_path):

@@ -211,6 +211,13 @@ def test_pretrain_trains_and_saves_a_causal_lm_that_decodes_groups(tmp_path, bbc
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["mode"].startswith("one stream, 2 tokens per forward")
     assert printed["outputs"] == [tok.decode(generated[0, ids.shape[1]:], skip_special_tokens=True)]
+    # perplexity's --max_length leaves room for the layout's 2t - 1 start rows: a one-line error that says the limit
+    limit = config["max_position_embeddings"] - 3
+    argv = ["perplexity", "--model_name_or_path", str(out), "--dataset", str(bbc_text_dir / "train.jsonl.gz"),
+            "--protocol", "ar", "--max_documents", "1", "--stride", "16", "--output_dir", str(tmp_path / "ppl")]
+    capsys.readouterr()
+    assert cli_main([*argv, "--max_length", str(limit + 1)]) == 2
+    assert f"use --max_length {limit} or less" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("t", [2, 3])

@@ -97,9 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     texts = seeded_sample(texts, args.max_documents, args.seed, what="documents", flag="--max_documents",
                           keep_order=True)
     max_positions = getattr(model.config, "max_position_embeddings", None) or 512
-    max_length = args.max_length if args.max_length is not None else min(512, max_positions)
-    if max_length > max_positions:
-        raise ValueError(f"--max_length {max_length} exceeds the model's max_position_embeddings ({max_positions})")
+    start_rows = 0
+    if getattr(model.config, "default_attention", None) == "block_causal" and \
+            getattr(model.config, "prediction_stream", None) == "content":
+        start_rows = 2 * model.config.attention_group_size - 1  # dar's one-stream layout adds them to each window
+    max_length = args.max_length if args.max_length is not None else min(512, max_positions - start_rows)
+    if max_length > max_positions - start_rows:
+        extra = f" less the {start_rows} start rows of dar's one-stream layout" if start_rows else ""
+        raise ValueError(f"--max_length {max_length} exceeds the model's max_position_embeddings ({max_positions})"
+                         f"{extra}: use --max_length {max_positions - start_rows} or less")
     stride = args.stride if args.stride is not None else max(1, max_length // 2)
     add_bos = False if args.no_bos else None
 

@@ -12,6 +12,7 @@ import torch
 from ..data.tokenization import auto_tokenizer
 from ..decoding.infill import ORDERS, SCHEDULES, infill
 from ..generation import default_group_size, make_logits_processor
+from ..models.lookaround.generation_lookaround import is_one_stream_group_model
 from ..hub.load import load_checkpoint
 from ..hub.weights import check_local_checkpoint
 from .common import resolve_device
@@ -136,7 +137,7 @@ def _continue_prompt(args, config, tokenizer, sampling, generator):
     if args.draft_group_size is not None:
         info = {"mode": "self_speculative", "draft_group_size": args.draft_group_size,
                 "acceptance_rate": result.acceptance_rate, "forwards": result.num_forwards}
-    elif config.prediction_stream == "content" and config.default_attention == "block_causal":
+    elif is_one_stream_group_model(config):
         info = {"mode": f"one stream, {config.attention_group_size} tokens per forward (block-causal)"}
     elif gpt_form and args.group_size is None:
         info = {"mode": "causal (single stream)"}

@@ -13,6 +13,7 @@ from ..evaluation import perplexity
 from ..data.subsets import seeded_sample
 from ..hub.load import load_checkpoint
 from ..hub.weights import check_local_checkpoint
+from ..models.lookaround.generation_lookaround import is_one_stream_group_model
 from .common import resolve_device
 from ..evaluation.perplexity import (
     MASKED_MODES,
@@ -97,15 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     texts = seeded_sample(texts, args.max_documents, args.seed, what="documents", flag="--max_documents",
                           keep_order=True)
     max_positions = getattr(model.config, "max_position_embeddings", None) or 512
-    start_rows = 0
-    if getattr(model.config, "default_attention", None) == "block_causal" and \
-            getattr(model.config, "prediction_stream", None) == "content":
-        start_rows = 2 * model.config.attention_group_size - 1  # dar's one-stream layout adds them to each window
-    max_length = args.max_length if args.max_length is not None else min(512, max_positions - start_rows)
-    if max_length > max_positions - start_rows:
-        extra = f" less the {start_rows} start rows of dar's one-stream layout" if start_rows else ""
+    # dar's one-stream form lays each window out after its start rows: its config's n_positions leaves room for them
+    one_stream = is_one_stream_group_model(model.config)
+    limit = model.config.n_positions if one_stream else max_positions
+    max_length = args.max_length if args.max_length is not None else min(512, limit)
+    if max_length > limit:
+        extra = f" less the {max_positions - limit} start rows of dar's one-stream layout" if one_stream else ""
         raise ValueError(f"--max_length {max_length} exceeds the model's max_position_embeddings ({max_positions})"
-                         f"{extra}: use --max_length {max_positions - start_rows} or less")
+                         f"{extra}: use --max_length {limit} or less")
     stride = args.stride if args.stride is not None else max(1, max_length // 2)
     add_bos = False if args.no_bos else None
 

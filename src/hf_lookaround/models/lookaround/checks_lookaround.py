@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from .configuration_lookaround import ATTENTION_PATTERNS
 from .masking_lookaround import NO_TARGET_RANK, cache_lengths, check_row_kind
 
-ATTENTION_PATTERNS = ("causal", "bidirectional", "block_causal")
 PLAN_INPUTS = ("group_ids", "target_positions", "query_group_ids", "query_position_ids")
 
 

@@ -55,7 +55,7 @@ from .checks_lookaround import (
     check_single_stream_head_inputs,
 )
 # generate(..., group_size=t): semi-AR group decoding; the next-token view of dar's one-stream form
-from .generation_lookaround import GroupDecodingMixin, one_stream_next_token_layouts
+from .generation_lookaround import GroupDecodingMixin, is_one_stream_group_model, one_stream_next_token_layouts
 from .masking_lookaround import (
     AUTO_ATTENTION,
     FLEX_ATTENTION_MIN_KEYS,
@@ -1021,7 +1021,7 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
     def reads_next_token_from_layouts(self, one_stream_layout: bool) -> bool:
         """dar's one-stream form with groups of `t > 1`, given plain token ids: its rows predict `t` places ahead, so
         the next-token view reads the `t` layouts of the input. (`t = 1` is the causal pattern: no layout.)"""
-        one_stream = self.content_pattern == "block_causal" and not self.predicts_with_query_stream
+        one_stream = is_one_stream_group_model(self.config)
         if one_stream_layout and not one_stream:
             raise ValueError("one_stream_layout=True is for dar's one-stream form (default_attention='block_causal', "
                              "prediction_stream='content'); this checkpoint takes plain token ids: drop it")

@@ -15,6 +15,7 @@ cannot pass with a smaller suite than the one a user runs.
 import gzip
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -161,6 +162,43 @@ class ToyTokenizer:
 
     def __len__(self):
         return self.vocab_size
+
+
+def one_line_error(capsys, argv) -> str:
+    """Run the CLI on ``argv``: it must end with exit status 2 and one ``hf-lookaround ...`` error line (an
+    exception would not end in status 2), which is returned."""
+    from hf_lookaround import cli
+
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("hf-lookaround ")]  # progress bars aside
+    assert len(errors) == 1, err[-3000:]
+    return errors[0]
+
+
+@pytest.fixture
+def static_flex_shapes():
+    """torch 2.13's inductor emits C++ that does not compile for FlexAttention with dynamic shapes on the
+    CPU ('cur_qSplitSize4' undeclared). Compile a static graph per shape instead, as on torch <= 2.5."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture(scope="module")
+def texts():
+    """30 documents of 80 random ``WORDS``."""
+    rng = random.Random(0)
+    return [" ".join(rng.choice(WORDS) for _ in range(80)) for _ in range(30)]
+
+
+@pytest.fixture(scope="module")
+def tok(texts):
+    """A byte-level BPE tokenizer of 300 tokens trained on ``texts``."""
+    from hf_lookaround.data.tokenization import train_tokenizer
+
+    return train_tokenizer(texts, vocab_size=300, min_frequency=1)
 
 
 @pytest.fixture(scope="session")

@@ -25,13 +25,6 @@ from conftest import BOS, EOS, PAD, ToyTokenizer
 VOCAB = 61
 
 
-@pytest.fixture(scope="module")
-def static_flex_shapes():
-    """torch 2.13's inductor fails on FlexAttention with dynamic shapes on the CPU: compile static graphs."""
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
-        yield
-    torch._dynamo.reset()
 
 
 def one_stream_model(tiny_model, t: int, impl: str = "eager", seed: int = 0, **overrides):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_lookaround import LookAroundConfig, LookAroundForPreTraining, cli
-from conftest import WORDS
+from conftest import WORDS, one_line_error
 
 TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64"
 
@@ -45,12 +45,6 @@ def pretrain(data, tmp_path, *files, extra=()):
             "--use_cpu", "true", "--validation_split_percentage", "0", "--output_dir", str(tmp_path / "out"), *extra]
 
 
-def one_line_error(capsys, argv) -> str:
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("hf-lookaround ")]  # progress bars aside
-    assert len(errors) == 1, err[-3000:]  # an exception would not end in exit status 2
-    return errors[0]
 
 
 @pytest.mark.parametrize("extra", [(), ("--streaming",)], ids=["map", "streaming"])

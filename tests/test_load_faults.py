@@ -14,15 +14,11 @@ from safetensors.torch import load_file, save_file
 
 from hf_lookaround import cli
 from hf_lookaround.training import checkpointing
+from conftest import one_line_error
 
 FIXTURES = __import__("pathlib").Path(__file__).resolve().parent / "fixtures"
 
 
-def error_line(capsys, argv) -> str:
-    assert cli.main(argv) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hf-lookaround ")]
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 def rewrite_weights(folder, change) -> None:
@@ -78,7 +74,7 @@ def test_every_command_refuses_missing_unexpected_or_non_finite_weights(copy, tm
     # layers); all-NaN weights generated "" with rc 0
     change, expected = DAMAGE[damage]
     rewrite_weights(copy, change)
-    line = error_line(capsys, command_argv(command, copy, tmp_path, bbc_text_dir, make_args))
+    line = one_line_error(capsys, command_argv(command, copy, tmp_path, bbc_text_dir, make_args))
     assert line.startswith(f"hf-lookaround {command.split()[0]}: error: ") and str(copy) in line and expected in line
 
 
@@ -90,7 +86,7 @@ def test_a_resume_refuses_a_checkpoint_whose_weights_were_replaced(copy, make_ar
     rewrite_weights(checkpoint, DAMAGE[damage][0])
     checkpointing.mark_complete(checkpoint, 4, 1, {"block_size": 32})
     assert checkpointing.checkpoint_problems(checkpoint) == []
-    line = error_line(capsys, ["pretrain", *make_args(copy, "--resume_from_checkpoint", "last", max_steps=6)])
+    line = one_line_error(capsys, ["pretrain", *make_args(copy, "--resume_from_checkpoint", "last", max_steps=6)])
     assert "checkpoint-4" in line and DAMAGE[damage][1] in line
     assert not (copy / "checkpoint-6").exists()
 
@@ -110,7 +106,7 @@ def test_a_config_of_another_model_type_is_not_an_hf_lookaround_checkpoint(copy,
                                                                            capsys, command):
     # before: KeyError: 'swiglu' (generate), 'BertConfig' object has no attribute 'validate_lookaround' (pretrain)
     edit_config(copy, lambda c: c.update(model_type="bert"))
-    line = error_line(capsys, command_argv(command, copy, tmp_path, bbc_text_dir, make_args))
+    line = one_line_error(capsys, command_argv(command, copy, tmp_path, bbc_text_dir, make_args))
     assert "not an hf_lookaround checkpoint" in line and "'bert'" in line and "model_type 'lookaround'" in line
 
 
@@ -118,7 +114,7 @@ def test_a_config_of_another_model_type_is_not_an_hf_lookaround_checkpoint(copy,
 def test_a_removed_config_field_or_a_changed_shape_is_named(copy, tmp_path, bbc_text_dir, make_args, capsys, command):
     # before: transformers' RuntimeError suggesting ignore_mismatched_sizes (which would re-initialise the layers)
     edit_config(copy, lambda c: c.pop("intermediate_size"))
-    line = error_line(capsys, command_argv(command, copy, tmp_path, bbc_text_dir, make_args))
+    line = one_line_error(capsys, command_argv(command, copy, tmp_path, bbc_text_dir, make_args))
     assert "6 tensor(s) of another shape: model.layers.0.mlp.down_proj.weight [32, 64] (config.json: [32, 3072])" in line
     assert "config.json lacks intermediate_size" in line and "ignore_mismatched_sizes" not in line
 
@@ -126,7 +122,7 @@ def test_a_removed_config_field_or_a_changed_shape_is_named(copy, tmp_path, bbc_
     __import__("shutil").copytree(copy, restored)
     edit_config(restored, lambda c: c.update(intermediate_size=64))
     rewrite_weights(restored, lambda t: {**t, "model.layers.1.mlp.up_proj.weight": torch.zeros(64, 33)})
-    line = error_line(capsys, command_argv(command, restored, tmp_path, bbc_text_dir, make_args))
+    line = one_line_error(capsys, command_argv(command, restored, tmp_path, bbc_text_dir, make_args))
     assert "1 tensor(s) of another shape: model.layers.1.mlp.up_proj.weight [64, 33] (config.json: [64, 32])" in line
 
 
@@ -145,14 +141,14 @@ def test_a_vision_checkpoint_given_to_a_text_command_says_which_command_reads_it
                                                                                   command):
     # before: 'LookAroundViTForPreTraining' object has no attribute 'lm_head' (generate); ~200 config classes
     # listed (perplexity)
-    line = error_line(capsys, command_argv(command, vision_checkpoint, tmp_path, bbc_text_dir, make_args))
+    line = one_line_error(capsys, command_argv(command, vision_checkpoint, tmp_path, bbc_text_dir, make_args))
     assert f"{vision_checkpoint} is a vision checkpoint" in line
     assert f"hf-lookaround vision sample --model {vision_checkpoint}" in line and len(line) < 400
 
 
 def test_vision_sample_refuses_a_text_checkpoint_and_reads_a_vision_one(finished_run, vision_checkpoint, tmp_path,
                                                                          capsys):
-    line = error_line(capsys, ["vision", "sample", "--model", str(finished_run), "--out", str(tmp_path / "g.png")])
+    line = one_line_error(capsys, ["vision", "sample", "--model", str(finished_run), "--out", str(tmp_path / "g.png")])
     assert "is a text checkpoint" in line and "hf-lookaround generate" in line
     assert cli.main(["vision", "sample", "--model", str(vision_checkpoint), "--num_images", "2",
                      "--out", str(tmp_path / "g.png")]) == 0

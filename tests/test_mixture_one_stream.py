@@ -180,13 +180,6 @@ def test_the_loss_is_the_mean_over_both_kinds_of_targets(tiny_model):
     torch.testing.assert_close(model(**batch, prepared_attention=prepared).loss, out.loss)
 
 
-@pytest.fixture(scope="module")
-def static_flex_shapes():
-    """torch 2.13's inductor fails on FlexAttention with dynamic shapes on the CPU: compile static graphs."""
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
-        yield
-    torch._dynamo.reset()
 
 
 @torch.no_grad()

@@ -22,14 +22,6 @@ VOCAB = 61  # tiny_config's vocabulary (tests/conftest.py)
 CPU_BACKENDS_WITH_BACKWARD = ["eager", "sdpa"]
 
 
-@pytest.fixture
-def static_flex_shapes():
-    """torch 2.13's inductor emits C++ that does not compile for FlexAttention with dynamic shapes on the
-    CPU ('cur_qSplitSize4' undeclared). Compile a static graph per shape instead, as on torch <= 2.5."""
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
-        yield
-    torch._dynamo.reset()
 
 
 def random_plans(lengths, seq_len, seed):

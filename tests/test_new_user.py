@@ -8,19 +8,7 @@ import pytest
 import torch
 
 from hf_lookaround import LookAroundConfig, LookAroundModel, cli
-from hf_lookaround.data.tokenization import train_tokenizer
 from conftest import WORDS
-
-
-@pytest.fixture(scope="module")
-def texts():
-    rng = random.Random(0)
-    return [" ".join(rng.choice(WORDS) for _ in range(80)) for _ in range(30)]
-
-
-@pytest.fixture(scope="module")
-def tok(texts):
-    return train_tokenizer(texts, vocab_size=300, min_frequency=1)
 
 
 # ---------------------------------------------------------------------------------------------

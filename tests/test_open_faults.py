@@ -12,13 +12,9 @@ from hf_lookaround import cli
 from hf_lookaround.cli.pretrain import parse_args
 from hf_lookaround.training import checkpointing
 from hf_lookaround.training.pretraining import run
+from conftest import one_line_error
 
 
-def error_line(capsys, argv) -> str:
-    assert cli.main(argv) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hf-lookaround ")]
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 def remove_with_marker_entry(checkpoint, name) -> None:
@@ -38,7 +34,7 @@ def remove_with_marker_entry(checkpoint, name) -> None:
 @pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "rng_state.pth"])
 def test_resuming_without_a_state_file_is_refused(copy, make_args, capsys, name):
     remove_with_marker_entry(copy / "checkpoint-4", name)
-    line = error_line(capsys, ["pretrain", *make_args(copy, "--resume_from_checkpoint", "last", max_steps=6)])
+    line = one_line_error(capsys, ["pretrain", *make_args(copy, "--resume_from_checkpoint", "last", max_steps=6)])
     assert line.startswith("hf-lookaround pretrain: error: ")
     assert "checkpoint-4" in line and name in line and "--resume_weights_only" in line
     assert not (copy / "checkpoint-6").exists()
@@ -47,7 +43,7 @@ def test_resuming_without_a_state_file_is_refused(copy, make_args, capsys, name)
 def test_a_save_only_model_checkpoint_resumes_only_with_resume_weights_only(make_args, tmp_path, capsys, caplog):
     out = tmp_path / "run"
     run(*parse_args(make_args(out, "--save_only_model", "true", max_steps=2)))
-    line = error_line(capsys, ["pretrain", *make_args(out, "--save_only_model", "true", "--resume_from_checkpoint",
+    line = one_line_error(capsys, ["pretrain", *make_args(out, "--save_only_model", "true", "--resume_from_checkpoint",
                                                       "last")])
     for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
         assert name in line
@@ -108,7 +104,7 @@ def test_train_tokenizer_refuses_a_folder_that_holds_a_tokenizer_unless_overwrit
     argv = ["train-tokenizer", str(bbc_text_dir / "train.jsonl.gz"), "-o", str(out), "--vocab_size", "300"]
     assert cli.main(argv) == 0
     before = (out / "tokenizer.json").read_bytes()
-    line = error_line(capsys, [*argv[:-1], "400"])
+    line = one_line_error(capsys, [*argv[:-1], "400"])
     assert line.startswith("hf-lookaround train-tokenizer: error: ") and str(out) in line and "--overwrite" in line
     assert (out / "tokenizer.json").read_bytes() == before
     assert cli.main([*argv[:-1], "400", "--overwrite"]) == 0
@@ -125,7 +121,7 @@ def test_pretrain_with_nothing_to_train_is_refused(make_args, tmp_path, capsys):
     out = tmp_path / "run"
     argv = make_args(out, "--num_train_epochs", "0")
     argv[argv.index("--max_steps") + 1] = "-5"
-    line = error_line(capsys, ["pretrain", *argv])
+    line = one_line_error(capsys, ["pretrain", *argv])
     assert "nothing to train" in line and "--max_steps -5" in line and "--num_train_epochs 0" in line
     assert not (out / "model.safetensors").exists()
 
@@ -133,7 +129,7 @@ def test_pretrain_with_nothing_to_train_is_refused(make_args, tmp_path, capsys):
 @pytest.mark.parametrize("flag", ["--max_length", "--stride"])
 def test_perplexity_refuses_a_zero_window(finished_run, bbc_text_dir, tmp_path, capsys, flag):
     # before: 0 was read as "not given", and the default window scored the documents with rc 0
-    line = error_line(capsys, ["perplexity", "--model_name_or_path", str(finished_run), "--dataset", str(bbc_text_dir),
+    line = one_line_error(capsys, ["perplexity", "--model_name_or_path", str(finished_run), "--dataset", str(bbc_text_dir),
                                "--protocol", "masked", "--max_documents", "1", "--positions_per_window", "2",
                                "--device", "cpu", "--output_dir", str(tmp_path / "out"), flag, "0"])
     assert line.startswith("hf-lookaround perplexity: error: ") and f"{flag} 0" in line
@@ -142,7 +138,7 @@ def test_perplexity_refuses_a_zero_window(finished_run, bbc_text_dir, tmp_path, 
 
 def test_generate_refuses_zero_samples(finished_run, capsys):
     # before: one sample, rc 0
-    line = error_line(capsys, ["generate", str(finished_run), "--num_tokens", "3", "--num_samples", "0",
+    line = one_line_error(capsys, ["generate", str(finished_run), "--num_tokens", "3", "--num_samples", "0",
                                "--device", "cpu"])
     assert line.startswith("hf-lookaround generate: error: ") and "--num_samples 0" in line
 
@@ -157,7 +153,7 @@ def test_jsonl_records_without_text_are_refused(make_args, bbc_text_dir, tmp_pat
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     argv = make_args(tmp_path / "run")
     argv[argv.index("--train_files") + 1] = str(data)
-    line = error_line(capsys, ["pretrain", *argv])
+    line = one_line_error(capsys, ["pretrain", *argv])
     assert str(data) in line and "7 record(s)" in line and "lines 3, 6, 7, 10, 12, ..." in line
     assert not (tmp_path / "run" / "model.safetensors").exists()
 
@@ -224,7 +220,7 @@ def test_a_malicious_pickle_in_a_checkpoint_is_refused_in_one_line(copy, make_ar
     checkpoint = copy / "checkpoint-4"
     torch.save(RunsCode(witness), checkpoint / name)
     checkpointing.mark_complete(checkpoint, 4, 1, {"block_size": 32})  # the marker agrees: it looks intact
-    line = error_line(capsys, ["pretrain", *make_args(copy, "--resume_from_checkpoint", "last", max_steps=6)])
+    line = one_line_error(capsys, ["pretrain", *make_args(copy, "--resume_from_checkpoint", "last", max_steps=6)])
     assert line.startswith("hf-lookaround pretrain: error: ") and str(checkpoint) in line
     assert "would run code, so it was refused" in line and "posix.system" in line and "another checkpoint" in line
     assert not witness.exists() and not (copy / "checkpoint-6").exists()
@@ -240,10 +236,10 @@ def test_a_non_utf8_jsonl_is_named_with_its_line_by_probe_and_perplexity(finishe
     rows = b'{"sentence": "fine", "label": 0, "text": "fine"}\n{"sentence": "caf\xe9", "label": 1, "text": "caf\xe9"}\n'
     for split in ("train", "validation", "test"):
         (data / f"{split}.jsonl").write_bytes(rows)
-    line = error_line(capsys, ["probe", "--model_name_or_path", str(finished_run), "--dataset", str(data),
+    line = one_line_error(capsys, ["probe", "--model_name_or_path", str(finished_run), "--dataset", str(data),
                                "--device", "cpu", "--output_dir", str(tmp_path / "probe")])
     assert f"{data / 'train.jsonl'}:2: not UTF-8 text" in line and "iconv" in line
-    line = error_line(capsys, ["perplexity", "--model_name_or_path", str(finished_run), "--dataset",
+    line = one_line_error(capsys, ["perplexity", "--model_name_or_path", str(finished_run), "--dataset",
                                str(data / "test.jsonl"), "--device", "cpu", "--output_dir", str(tmp_path / "ppl")])
     assert f"{data / 'test.jsonl'}:2: not UTF-8 text" in line
 
@@ -253,7 +249,7 @@ def test_a_tokenizer_folder_without_tokenizer_json_says_so(finished_run, tmp_pat
     folder = tmp_path / "tok"
     folder.mkdir()
     (folder / "tokenizer_config.json").write_text((finished_run / "tokenizer_config.json").read_text())
-    line = error_line(capsys, ["generate", str(finished_run), "--tokenizer", str(folder), "--num_tokens", "3",
+    line = one_line_error(capsys, ["generate", str(finished_run), "--tokenizer", str(folder), "--num_tokens", "3",
                                "--device", "cpu"])
     assert f"{folder} holds no tokenizer: tokenizer.json is missing (found tokenizer_config.json)" in line
     assert "sentencepiece" not in line

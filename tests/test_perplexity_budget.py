@@ -8,20 +8,8 @@ import pytest
 import torch
 
 from hf_lookaround import LookAroundConfig, LookAroundForPreTraining, cli
-from hf_lookaround.data.tokenization import train_tokenizer
 from hf_lookaround.evaluation.perplexity import masked_perplexity
 from conftest import HUNG_CHILD_SECONDS, WORDS  # a guard against a hung child, not a speed test
-
-
-@pytest.fixture(scope="module")
-def texts():
-    rng = random.Random(0)
-    return [" ".join(rng.choice(WORDS) for _ in range(80)) for _ in range(30)]
-
-
-@pytest.fixture(scope="module")
-def tok(texts):
-    return train_tokenizer(texts, vocab_size=300, min_frequency=1)
 
 
 @pytest.fixture(scope="module")

@@ -32,13 +32,6 @@ HEADS = {
 
 
 
-@pytest.fixture
-def static_flex_shapes():
-    """torch 2.13's inductor fails on FlexAttention with dynamic shapes on the CPU: compile static graphs."""
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
-        yield
-    torch._dynamo.reset()
 
 
 def images(n=2, seed=0, channels=1):

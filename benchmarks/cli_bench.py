@@ -61,6 +61,11 @@ PACKAGE_RUNS = {
     "gvp, no drop": ("xlnet", ["--objective", "gvp", "--drop_unread_content", "false"]),
     # UL2-style: half the rows semi-AR, half variable masking; compared with the look-ahead family's baseline
     "mixture dar+vmlm": ("llama", ["--objective", "mixture", "--mixture", "dar=0.5", "vmlm=0.5"]),
+    # the one-stream mixture: dar rows block-causal (SAT), vmlm rows BERT's [MASK] form, one BlockMask per batch;
+    # 1022 tokens and dar's 2t - 2 start rows fill the 1024 positions, as for one-stream dar
+    "mixture dar+vmlm, one stream": ("llama", ["--objective", "mixture", "--mixture", "dar=0.5", "vmlm=0.5",
+                                               "--dar_form", "single_stream", "--masked_form", "single_stream",
+                                               "--block_size", "1022"]),
 }
 BASELINES = ("llama", "bert", "xlnet")
 SIZES = {"base": dict(hidden=768, layers=12, heads=12, intermediate=3072),

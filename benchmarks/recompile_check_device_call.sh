@@ -3,12 +3,14 @@
 # kept width depends on the batch (vmlm drops its unread content by default), on two corpora: Brown (the text the
 # earlier cli_bench calls used) and a Gutenberg slice cli_bench never saw. One GPU, one `run`:
 #   bash benchmarks/recompile_check_device_call.sh "vmlm [0.15, 0.3]"
+#   CORPORA=gutenberg:.devdata/gutenberg/validation.jsonl.gz bash benchmarks/recompile_check_device_call.sh gvp
 # carry: .devdata/whl .devdata/bench .devdata/text/brown .devdata/gutenberg/validation.jsonl.gz
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 status=0
-for corpus in brown:.devdata/text/brown/train.jsonl.gz gutenberg:.devdata/gutenberg/validation.jsonl.gz; do
+# CORPORA="gutenberg" checks the unseen corpus alone (after a cli_bench call on Brown)
+for corpus in ${CORPORA:-brown:.devdata/text/brown/train.jsonl.gz gutenberg:.devdata/gutenberg/validation.jsonl.gz}; do
     name=${corpus%%:*}
     timeout "${RUN_LIMIT_S:-120}" python3 benchmarks/cli_bench.py --train_file "${corpus#*:}" --tokenizer .devdata/bench/tok32k \
         --work_dir "/tmp/recompile_$name" --out "$OUT/recompile_$name.json" --runs "$@" \

@@ -57,12 +57,8 @@ PROMPTS = [[BOS, 17, 5, 40, 22, 9], [BOS, 33], [BOS, 8, 61, 12], [BOS, 50, 50, 7
 
 
 @pytest.mark.parametrize("k", [2, 3, 4])
-def test_greedy_gives_the_tokens_of_t1_decoding(dar, k, monkeypatch):
+def test_greedy_gives_the_tokens_of_t1_decoding(dar, k):
     """Several prompts of several lengths in one left-padded batch; rows accept different numbers of drafts."""
-    compactions = []
-    real_compact = generation_lookaround._compact_cache
-    monkeypatch.setattr(generation_lookaround, "_compact_cache",
-                        lambda *a: compactions.append(1) or real_compact(*a))
     ids, mask = _left_padded(PROMPTS)
     expected = group_generate(dar, ids, mask, group_size=1, max_new_tokens=23, eos_token_id=[])
     out = group_generate(dar, ids, mask, draft_group_size=k, max_new_tokens=23, eos_token_id=[],
@@ -70,7 +66,7 @@ def test_greedy_gives_the_tokens_of_t1_decoding(dar, k, monkeypatch):
     assert torch.equal(out.sequences, expected)
     assert isinstance(out, GenerateSpeculativeOutput)
     assert 0 < out.acceptance_rate < 1 and out.num_forwards < 23  # some drafts kept, some rejected
-    assert compactions, "rows never kept different numbers of drafts: the batch path went untested"
+    assert len(set(out.num_accepted.tolist())) > 1, "rows kept as many drafts: the holes went untested"
     # each row alone, and transformers' own token-by-token greedy generate() on the causal head
     causal = _causal(dar)
     plain = causal.generate(ids, attention_mask=mask, max_new_tokens=23, do_sample=False, eos_token_id=None,

@@ -1059,10 +1059,11 @@ class _SpeculationState:
 
 
 def _speculation_state(model, key: tuple, device) -> _SpeculationState:
-    held = model.__dict__.setdefault("_lookaround_speculation_states", {})
-    if key not in held:
-        held[key] = _SpeculationState(*key, device=device)
-    return held[key]
+    """The state of the last shape, reused across runs of that shape (as :func:`_static_cache` reuses its cache)."""
+    held = getattr(model, "_lookaround_speculation_state", None)
+    if held is None or held[0] != (key, device):
+        held = model._lookaround_speculation_state = ((key, device), _SpeculationState(*key, device=device))
+    return held[1]
 
 
 def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

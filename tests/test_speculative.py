@@ -279,7 +279,8 @@ def test_pipeline_and_cli(tmp_path, capsys, caplog):
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_ragged_batches_with_eos_match_token_by_token_greedy(dar, cache):
     """Random prompt lengths, rows that stop at EOS at different steps, budgets that run into
-    max_position_embeddings: the cache is cropped and compacted many times, the tokens stay t = 1's."""
+    max_position_embeddings: rejected drafts leave holes, the DynamicCache is compacted near the limit, and the
+    tokens stay t = 1's."""
     causal = _causal(dar)
     generator = torch.Generator().manual_seed(0)
     for trial in range(2 if cache == "dynamic" else 1):

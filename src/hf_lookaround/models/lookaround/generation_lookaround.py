@@ -706,7 +706,7 @@ def group_generate(
 def _decode(model, input_ids, attention_mask, options: DecodingOptions, group_size, draft_group_size):
     """Run the decoder, after the checks every caller needs: the cache it keeps, the prompt's shape and length."""
     if draft_group_size is not None and not options.use_cache:
-        raise ValueError("self-speculative decoding crops rejected drafts from the KV cache: use_cache=False "
+        raise ValueError("self-speculative decoding verifies drafts against a KV cache: use_cache=False "
                          "is not supported with draft_group_size")
     if options.static_cache and not options.use_cache:
         raise ValueError("cache_implementation='static' needs use_cache=True")
@@ -988,7 +988,8 @@ def _compact_cache(cache: DynamicCache, key_valid: torch.Tensor, key_pos: torch.
     order = torch.argsort(valid.to(torch.int8), dim=1, stable=True)[:, columns - keep :]
     for layer in cache.layers:
         index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-        layer.keys, layer.values = layer.keys[:, :, :columns].gather(2, index), layer.values[:, :, :columns].gather(2, index)
+        layer.keys = layer.keys[:, :, :columns].gather(2, index)
+        layer.values = layer.values[:, :, :columns].gather(2, index)
     key_valid[:, :keep], key_pos[:, :keep] = valid.gather(1, order), key_pos[:, :columns].gather(1, order)
     key_valid[:, keep:] = False
     return keep
@@ -1054,7 +1055,7 @@ class _SpeculationState:
         self.out.fill_(pad)
         self.out[:, : input_ids.shape[1]] = input_ids
         self.unfinished.fill_(True)
-        self.real.copy_(attention_mask.sum(-1))  # prompt tokens of each row; its new token i sits at position real + i
+        self.real.copy_(attention_mask.sum(-1))  # prompt tokens of a row; its new token i sits at position real + i
         self.last_position.copy_(self.real + max_new_tokens - 1)  # the last position a row may fill
 
 
@@ -1197,7 +1198,8 @@ class _Speculation:
 
     def _queries(self, groups: int, rows: int):
         """``groups`` groups of ``rows`` query rows; group ``a`` has rank ``nxt + a`` (``nxt``: the position after
-        the row's last committed token) and sits at positions ``nxt + a ..``. Slots past the budget predict nothing."""
+        the row's last committed token) and sits at positions ``nxt + a ..``. Slots past the budget predict
+        nothing."""
         s = self.state
         group_rank = (s.real + s.num_new)[:, None] + torch.arange(groups, device=self.device)
         positions = (group_rank[:, :, None] + torch.arange(rows, device=self.device)).flatten(1)
@@ -1221,7 +1223,8 @@ class _Speculation:
 
     def _advance(self, logits, uniforms):
         """Everything after the forward: verify, commit, drop the rejected drafts' keys, draft the next ones.
-        Returns the status the loop reads: ``[all rows done, drafts accepted per verifying row, any row verified]``."""
+        Returns the status the loop reads: ``[all rows done, drafts accepted per verifying row, any row
+        verified]``."""
         groups, rows = logits.shape[1:3]
         ar_logits = logits[:, :, 0]
         ar_scores = self._ar_scores(ar_logits)
@@ -1288,7 +1291,8 @@ class _Speculation:
         if tracker.others:  # stop strings, your own criteria: asked on the host after each token
             count, stopped = tracker.until_other_stop(s.out, starts, count, ar_scores)
             columns = torch.arange(s.out.shape[1], device=self.device)
-            s.out.masked_fill_(stopped[:, None] & (columns >= (starts + count)[:, None]) & (columns < self.spare), pad)
+            after_stop = (columns >= (starts + count)[:, None]) & (columns < self.spare)
+            s.out.masked_fill_(stopped[:, None] & after_stop, pad)
         if options.output_scores or options.output_logits:
             self.records.append((s.num_new.clone(), count.clone(), ar_scores if options.output_scores else None,
                                  ar_logits if options.output_logits else None))
@@ -1328,7 +1332,8 @@ class _Speculation:
                 context = [torch.cat([s.out[b, : self.prompt_len + int(s.num_new[b])], drafts[b, :j]])
                            for b in range(self.batch)]
                 scores[:, j] = process(options.logits_processor, draft_logits[:, j], context)
-                drafts[:, j] = self._choose(scores[:, j : j + 1], None if draft_u is None else draft_u[:, j : j + 1])[:, 0]
+                u = None if draft_u is None else draft_u[:, j : j + 1]
+                drafts[:, j] = self._choose(scores[:, j : j + 1], u)[:, 0]
         if options.do_sample:
             s.draft_probs.copy_(torch.softmax(scores, -1))
         s.drafts.copy_(drafts)

@@ -9,6 +9,8 @@ checkpoint given with ``--checkpoint``. For each batch size (1 and 8) it decodes
 - ``speculative k=2`` / ``k=4``: self-speculative decoding (``draft_group_size=k``), the tokens of t = 1;
 - the same group and speculative decoders through ``generate(..., cache_implementation="static")``: a StaticCache
   and fixed shapes, the decoding step compiled (on CUDA; eager on CPU), 0 graphs compiled after warm-up expected;
+- ``speculative k=2, no fallback``: the same with ``speculation_break_even=0`` (never a plain step), beside the
+  default, which runs plain t = 1 steps while the drafts do not pay; both report their speculative / plain steps;
 - ``generate() eager`` and ``generate() static+compile``: ``LookAroundForCausalLM.generate()`` without
   group_size, transformers' token-by-token loop (the compiled reference; transformers compiles a static cache's
   decoding step on CUDA only).
@@ -151,7 +153,7 @@ def decoders(model, causal, args):
         def decode(prompts):
             out = group_generate(model, prompts, draft_group_size=k, return_dict_in_generate=True,
                                  generator=torch.Generator(prompts.device).manual_seed(0), **common)
-            return out.sequences, {"forwards": out.num_forwards, "acceptance_rate": out.acceptance_rate}
+            return out.sequences, {"forwards": out.num_forwards, **speculation_info(out)}
         return decode
 
     def hf(static, lm=causal):
@@ -171,7 +173,7 @@ def decoders(model, causal, args):
                                   **decoder)
             info = {"forwards": getattr(out, "num_forwards", None) or -(-args.new_tokens // decoder.get("group_size", 1))}
             if hasattr(out, "acceptance_rate"):
-                info["acceptance_rate"] = out.acceptance_rate
+                info.update(speculation_info(out))
             return out.sequences, info
         return decode
 
@@ -186,6 +188,9 @@ def decoders(model, causal, args):
             table[f"group t={t} ({compiled})"] = (compiled, static(group_size=t))
         for k in (2, 4):
             table[f"speculative k={k} ({compiled})"] = (compiled, static(draft_group_size=k))
+            if k == 2:  # the same without falling back to plain steps: what speculation alone costs or gains
+                table[f"speculative k=2, no fallback ({compiled})"] = (
+                    compiled, static(draft_group_size=2, speculation_break_even=0.0))
     # dar's one-stream form (SAT): the same weights as a block-causal LM, a group of t rows per forward
     one = one_stream_twin(causal)
 
@@ -212,6 +217,12 @@ def decoders(model, causal, args):
             raise SystemExit(f"--decoders: unknown {unknown}; choose from {list(table)}")
         table = {name: table[name] for name in ["t=1", *args.decoders]}  # t=1 stays: the reference tokens
     return table
+
+
+def speculation_info(out) -> dict:
+    """How the drafts fared, and how many steps speculated or ran plain (t = 1) while speculation did not pay."""
+    return {"acceptance_rate": out.acceptance_rate, "speculative_steps": out.num_speculative_steps,
+            "plain_steps": out.num_plain_steps}
 
 
 def one_stream_twin(causal):
@@ -322,17 +333,19 @@ def markdown_table(result) -> str:
     lines = [
         f"{result['note']}; {result['parameters'] / 1e6:.1f} M parameters, {result['device']}, {result['dtype']}",
         "",
-        "| decoder | kind | batch | new tokens/s | vs t=1 | vs compiled t=1 | forwards | acceptance | = t=1 tokens "
-        "| graphs after warm-up | AR ppl |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| decoder | kind | batch | new tokens/s | vs t=1 | vs compiled t=1 | forwards | acceptance "
+        "| speculative / plain steps | = t=1 tokens | graphs after warm-up | AR ppl |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['decoder']} | – | {r['batch']} | {r['error'][:200]} | | | | | | | |")
+            lines.append(f"| {r['decoder']} | – | {r['batch']} | {r['error'][:200]} | | | | | | | | |")
             continue
+        steps = f"{r['speculative_steps']} / {r['plain_steps']}" if "plain_steps" in r else "–"
         lines.append(
             f"| {r['decoder']} | {r['kind']} | {r['batch']} | {r['new_tokens_per_s']:.0f} | "
             f"{r['speedup_vs_t1']:.2f} | {fmt(r.get('speedup_vs_compiled_t1'), '.2f')} | {r['forwards']} | {fmt(r.get('acceptance_rate'), '.2f')} | "
+            f"{steps} | "
             f"{'yes' if r['equals_t1'] else 'no'} | {r['graphs_compiled_after_warmup']} | {fmt(r['ar_perplexity'], '.1f')} |"
         )
     return "\n".join(lines)

@@ -57,12 +57,8 @@ PROMPTS = [[BOS, 17, 5, 40, 22, 9], [BOS, 33], [BOS, 8, 61, 12], [BOS, 50, 50, 7
 
 
 @pytest.mark.parametrize("k", [2, 3, 4])
-def test_greedy_gives_the_tokens_of_t1_decoding(dar, k, monkeypatch):
+def test_greedy_gives_the_tokens_of_t1_decoding(dar, k):
     """Several prompts of several lengths in one left-padded batch; rows accept different numbers of drafts."""
-    compactions = []
-    real_compact = generation_lookaround._compact_cache
-    monkeypatch.setattr(generation_lookaround, "_compact_cache",
-                        lambda *a: compactions.append(1) or real_compact(*a))
     ids, mask = _left_padded(PROMPTS)
     expected = group_generate(dar, ids, mask, group_size=1, max_new_tokens=23, eos_token_id=[])
     out = group_generate(dar, ids, mask, draft_group_size=k, max_new_tokens=23, eos_token_id=[],
@@ -70,7 +66,7 @@ def test_greedy_gives_the_tokens_of_t1_decoding(dar, k, monkeypatch):
     assert torch.equal(out.sequences, expected)
     assert isinstance(out, GenerateSpeculativeOutput)
     assert 0 < out.acceptance_rate < 1 and out.num_forwards < 23  # some drafts kept, some rejected
-    assert compactions, "rows never kept different numbers of drafts: the batch path went untested"
+    assert len(set(out.num_accepted.tolist())) > 1, "rows kept as many drafts: the holes went untested"
     # each row alone, and transformers' own token-by-token greedy generate() on the causal head
     causal = _causal(dar)
     plain = causal.generate(ids, attention_mask=mask, max_new_tokens=23, do_sample=False, eos_token_id=None,
@@ -108,7 +104,7 @@ def test_greedy_after_training_accepts_more_and_stays_exact():
     out = group_generate(model, prompt, draft_group_size=3, max_new_tokens=20, eos_token_id=[],
                          return_dict_in_generate=True)
     assert torch.equal(out.sequences, expected)
-    assert out.acceptance_rate > 0.8 and out.num_forwards <= 10
+    assert out.acceptance_rate > 0.8 and out.num_forwards <= 10 and out.num_plain_steps == 0  # it pays
 
 
 def test_scores_eos_and_budget_match_t1(dar):
@@ -283,7 +279,8 @@ def test_pipeline_and_cli(tmp_path, capsys, caplog):
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_ragged_batches_with_eos_match_token_by_token_greedy(dar, cache):
     """Random prompt lengths, rows that stop at EOS at different steps, budgets that run into
-    max_position_embeddings: the cache is cropped and compacted many times, the tokens stay t = 1's."""
+    max_position_embeddings: rejected drafts leave holes, the DynamicCache is compacted near the limit, and the
+    tokens stay t = 1's."""
     causal = _causal(dar)
     generator = torch.Generator().manual_seed(0)
     for trial in range(2 if cache == "dynamic" else 1):
@@ -315,3 +312,173 @@ def test_processors_that_read_the_sequence_see_each_rows_own_tokens(dar):
     assert not torch.equal(expected, free)
     for k in (2, 4):
         assert torch.equal(causal.generate(ids, draft_group_size=k, **kwargs), expected), k
+
+
+# ----------------------------------------------------------------------------------------------
+# One compiled graph per step kind, and the fallback to plain (t = 1) steps
+# ----------------------------------------------------------------------------------------------
+def _eos_batch(causal, new):
+    """A left-padded batch and an EOS token that some rows emit midway (t = 1 greedy, no EOS, decides)."""
+    ids, mask = _left_padded(PROMPTS)
+    free = causal.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, eos_token_id=None,
+                           pad_token_id=PAD)
+    eos = next(tok for i, tok in enumerate(free[0, ids.shape[1]:].tolist()) if i >= 4 and tok not in
+               free[0, ids.shape[1]:ids.shape[1] + i].tolist())
+    return ids, mask, eos
+
+
+def _one_graph_config():
+    from transformers import CompileConfig
+
+    # fullgraph: any graph break (a branch on a device value) raises
+    return CompileConfig(backend="eager", fullgraph=True)
+
+
+@pytest.fixture
+def short_schedule(monkeypatch):
+    """Windows of 2 verify steps and 3 plain steps: a 20-token run switches back and forth."""
+    monkeypatch.setattr(generation_lookaround, "SPECULATION_WINDOW", 2)
+    monkeypatch.setattr(generation_lookaround, "SPECULATION_REST", 3)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("break_even", [0.0, 100.0])
+def test_greedy_equals_t1_whatever_the_switching(dar, cache, k, break_even, short_schedule):
+    """Left padding, a mid-sequence EOS, rows that keep different numbers of drafts; fallback off (0: never a plain
+    step) or forced (every window falls back, then speculation is probed again): always t = 1's tokens. The static
+    cache runs the compiled steps (one graph each)."""
+    causal = _causal(dar)
+    ids, mask, eos = _eos_batch(causal, 20)
+    kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos, pad_token_id=PAD)
+    expected = causal.generate(ids, **kwargs)
+    assert (expected[:, ids.shape[1]:] == eos).any(-1).tolist().count(True) >= 1
+    static = dict(cache_implementation="static", compile_config=_one_graph_config()) if cache == "static" else {}
+    out = causal.generate(ids, draft_group_size=k, speculation_break_even=break_even, return_dict_in_generate=True,
+                          **static, **kwargs)
+    assert torch.equal(out.sequences, expected)
+    assert out.num_forwards == 1 + out.num_speculative_steps + out.num_plain_steps
+    if break_even == 0:
+        assert out.num_plain_steps == 0
+    else:  # fell back, probed again, fell back again
+        assert out.num_plain_steps >= 4 and out.num_speculative_steps >= 4
+
+
+@pytest.mark.parametrize("host_sync", [False, True])
+def test_static_cache_steps_compile_as_one_graph_each(host_sync, monkeypatch, short_schedule):
+    """The verify-and-draft step and the plain step compile whole: no graph break (fullgraph raises on one), no
+    read of a device value on the host inside the graph (dynamo captures ``int(t)`` / ``t.item()`` as an ``item``
+    node instead of breaking), and once: a second run of the same shapes compiles nothing. ``host_sync`` puts such
+    a read in the step, to show that the check can tell."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    torch._dynamo.reset()
+    graphs = []
+
+    def record(graph_module, example_inputs):  # a backend that keeps each graph dynamo captured, then runs it
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    causal = _causal(_model())  # a fresh model: no compiled step held from another test
+    if host_sync:
+        content = generation_lookaround._Speculation._content
+        monkeypatch.setattr(generation_lookaround._Speculation, "_content",
+                            lambda self, width: content(self, min(width, 1 + int(self.state.num_new.max()))))
+    ids, mask = _left_padded(PROMPTS)
+    kwargs = dict(attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=PAD,
+                  draft_group_size=3, cache_implementation="static",
+                  compile_config=CompileConfig(backend=record, fullgraph=True))
+
+    def graphs_after(break_even):
+        causal.generate(ids, speculation_break_even=break_even, **kwargs)
+        return counters["stats"]["unique_graphs"] - start
+
+    start = counters["stats"]["unique_graphs"]
+    assert graphs_after(0.0) == len(graphs) == 1  # verify-and-draft only: the prompt's forward runs eager
+    host_reads = [node for node in graphs[0].graph.nodes
+                  if node.target in ("item", "tolist", torch.ops.aten._local_scalar_dense.default)]
+    assert bool(host_reads) == host_sync
+    if host_sync:
+        return
+    assert graphs_after(0.0) == 1  # the same shapes again: nothing new
+    assert graphs_after(100.0) == len(graphs) == 2  # plain steps: their own graph
+    assert graphs_after(100.0) == 2
+
+
+def test_fallback_rule_is_deterministic_and_does_what_it_says():
+    schedule = generation_lookaround._SpeculationSchedule(0.5)
+    window, rest = schedule.window, schedule.rest
+    for _ in range(window):  # a window of few accepted drafts
+        assert schedule.speculate
+        schedule.record(True, 0.25)
+    assert not schedule.speculate
+    for _ in range(rest):
+        assert not schedule.speculate
+        schedule.record(False, 0.0)
+    assert schedule.speculate  # probed again
+    schedule.record(False, 0.0)  # a step that verified nothing (the probe's first) does not count
+    for _ in range(window):
+        schedule.record(True, 0.75)
+    assert schedule.speculate  # paid: no plain steps
+    # end to end: this model keeps about 0.7 drafts per step at k = 2: below a break-even of 0.95 (plain steps),
+    # above the default (none); the same counts every time, and t = 1's tokens either way
+    model = _model()
+    ids, mask = _left_padded(PROMPTS)
+    expected = group_generate(model, ids, mask, group_size=1, max_new_tokens=40, eos_token_id=[])
+
+    def run(break_even):
+        out = group_generate(model, ids, mask, draft_group_size=2, max_new_tokens=40, eos_token_id=[],
+                             speculation_break_even=break_even, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, expected)
+        return out.num_speculative_steps, out.num_plain_steps
+
+    assert run(0.95)[1] > 0 and run(0.95) == run(0.95)
+    assert run(generation_lookaround.SPECULATION_BREAK_EVEN)[1] == 0
+    with pytest.raises(ValueError, match="speculation_break_even must be a number >= 0"):
+        group_generate(model, ids, mask, draft_group_size=2, max_new_tokens=4, speculation_break_even=-1)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_seeded_sampling_repeats_with_fallback(dar, cache, short_schedule):
+    """A seeded sampled run gives the same tokens every time, fallback switching included (the rule reads tokens,
+    never the clock; the compiled step draws from uniforms drawn before it)."""
+    causal = _causal(dar)
+    ids, mask = _left_padded(PROMPTS)
+    static = dict(cache_implementation="static", compile_config=_one_graph_config()) if cache == "static" else {}
+    draws = []
+    for seed in (7, 7, 8):
+        torch.manual_seed(seed)
+        draws.append(causal.generate(ids, attention_mask=mask, draft_group_size=3, do_sample=True, top_k=20,
+                                     max_new_tokens=16, eos_token_id=None, pad_token_id=PAD,
+                                     speculation_break_even=0.8, return_dict_in_generate=True, **static))
+    assert torch.equal(draws[0].sequences, draws[1].sequences)
+    assert not torch.equal(draws[0].sequences, draws[2].sequences)
+    assert draws[0].num_plain_steps > 0 and draws[0].num_plain_steps == draws[1].num_plain_steps
+
+
+def test_dynamic_cache_never_passes_max_position_embeddings_keys(dar, monkeypatch):
+    """Holes of rejected drafts make the DynamicCache wider than the tokens it holds; near the limit it is
+    compacted before a step would pass max_position_embeddings keys, never after."""
+    seen, compactions = [], []
+
+    def spy(module, args, kwargs):
+        cache = kwargs.get("past_key_values")
+        seen.append(cache.get_seq_length() + kwargs["input_ids"].shape[1])
+
+    compact = generation_lookaround._compact_cache
+    monkeypatch.setattr(generation_lookaround, "_compact_cache", lambda *a: compactions.append(1) or compact(*a))
+    handle = dar.base_model.register_forward_pre_hook(spy, with_kwargs=True)
+    try:
+        prompts = [[BOS, 5], [BOS] + list(range(5, 20)), [BOS, 9, 9, 9]]
+        ids, mask = _left_padded(prompts)
+        new = dar.config.max_position_embeddings - ids.shape[1]  # up to the last position
+        expected = group_generate(dar, ids, mask, group_size=1, max_new_tokens=new, eos_token_id=[])
+        seen.clear()
+        for k in (2, 4):
+            out = group_generate(dar, ids, mask, draft_group_size=k, max_new_tokens=new, eos_token_id=[],
+                                 speculation_break_even=0)
+            assert torch.equal(out, expected), k
+    finally:
+        handle.remove()
+    assert compactions and max(seen) == dar.config.max_position_embeddings

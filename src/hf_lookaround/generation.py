@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from .models.lookaround.generation_lookaround import (  # noqa: F401  (the group decoding API, re-exported)
+    SPECULATION_BREAK_EVEN,
     GenerateSpeculativeOutput,
     GroupDecodingMixin,
     UntrainedDecodingError,

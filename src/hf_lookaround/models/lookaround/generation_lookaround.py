@@ -54,6 +54,7 @@ __all__ = [
     "check_draft_group_size",
     "check_decoder",
     "GenerateSpeculativeOutput",
+    "SPECULATION_BREAK_EVEN",
     "semi_ar_ranks",
     "GroupDecodingMixin",
     "group_decoding",
@@ -73,6 +74,12 @@ GROUP_DECODING_OBJECTIVES = {"ar": 1, "dar": 2}
 # trained on the look-ahead components among them decodes with their group sizes.
 MIXTURE_OBJECTIVE = "mixture"
 
+# When speculation pays: a verify-and-draft step costs ``1 + c`` plain (t = 1) steps and writes ``1 + a`` tokens per
+# row, ``a`` the drafts it keeps, so it pays while ``a > c``. ``c`` is (speculative step time / plain step time) - 1,
+# measured on the GPU (docs/generation.md, "Falling back to plain steps"); 0 never falls back.
+SPECULATION_BREAK_EVEN = 0.25
+SPECULATION_WINDOW = 8  # verify steps whose accepted drafts decide whether speculation pays
+SPECULATION_REST = 32  # plain steps before speculation is probed again
 
 # sampling warpers that read only the scores, never the sequence so far
 _POSITIONLESS_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper,
@@ -302,7 +309,7 @@ class StopTracker:
         self.stop(self.criteria(sequences, scores))
 
     def stop(self, rows: torch.Tensor) -> None:
-        self.unfinished = self.unfinished & ~rows
+        self.unfinished &= ~rows  # in place: a compiled speculative step holds its address
 
     @property
     def done(self) -> bool:
@@ -349,6 +356,7 @@ class DecodingOptions:
     generator: torch.Generator | None = None
     static_cache: bool = False  # cache_implementation="static": fixed shapes, a compiled step
     compile_config: object = None
+    speculation_break_even: float = SPECULATION_BREAK_EVEN  # self-speculative decoding runs plain steps below it
 
 
 def _check_length(total: int, config, what: str) -> None:
@@ -415,19 +423,24 @@ def _decoding_step(model, compile_config, one_stream: bool = False):
     held = getattr(model, "_lookaround_compiled_step", None)
     key = repr((one_stream, sorted(compile_config.to_dict().items())))
     if held is None or held[0] != key:
-        options = compile_config.to_dict()
-        compiled = torch.compile(prefill, fullgraph=options["fullgraph"], dynamic=False, backend=options["backend"],
-                                 mode=options["mode"] if options["backend"] == "inductor" else None,
-                                 options=options["options"])
-
-        def step(*args):
-            # a CUDA-graph step ("reduce-overhead") reuses its output memory at the next call: start a new
-            # step, and copy the logits out of the graph's memory before it is replayed
-            torch.compiler.cudagraph_mark_step_begin()
-            return compiled(*args).clone()
-
-        held = model._lookaround_compiled_step = (key, step)
+        held = model._lookaround_compiled_step = (key, _compiled(prefill, compile_config))
     return prefill, held[1]
+
+
+def _compiled(function, compile_config):
+    """``function`` compiled with the ``CompileConfig`` (fixed shapes), called as a step of a CUDA-graph tree."""
+    options = compile_config.to_dict()
+    compiled = torch.compile(function, fullgraph=options["fullgraph"], dynamic=False, backend=options["backend"],
+                             mode=options["mode"] if options["backend"] == "inductor" else None,
+                             options=options["options"])
+
+    def step(*args):
+        # a CUDA-graph step ("reduce-overhead") reuses its output memory at the next call: start a new step, and
+        # copy the output out of the graph's memory before it is replayed
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args).clone()
+
+    return step
 
 
 
@@ -491,7 +504,7 @@ class GroupDecodingMixin:
     """
 
     def generate(self, inputs=None, generation_config=None, *args, group_size=None, draft_group_size=None,
-                 allow_untrained=False, **kwargs):
+                 allow_untrained=False, speculation_break_even=SPECULATION_BREAK_EVEN, **kwargs):
         if group_size is None and draft_group_size is None:
             group_size = default_group_size(self.config)
             if group_size == 1:  # AR decoding: transformers' own loop (static cache, compile, assisted, beams...)
@@ -513,7 +526,8 @@ class GroupDecodingMixin:
         self._stop_strings_to_criteria(generation_config, kwargs)
         return super().generate(
             inputs, generation_config, *args, custom_generate=decoder, group_size=group_size or 1,
-            draft_group_size=draft_group_size, **kwargs,
+            draft_group_size=draft_group_size, speculation_break_even=_check_break_even(speculation_break_even),
+            **kwargs,
         )
 
     def _stop_strings_to_criteria(self, generation_config, kwargs) -> None:
@@ -593,6 +607,7 @@ def group_decoding(
     group_size: int = 1,
     draft_group_size: int | None = None,
     generator: torch.Generator | None = None,
+    speculation_break_even: float = SPECULATION_BREAK_EVEN,
     **model_kwargs,
 ):
     """transformers' ``custom_generate`` callable: ``GenerationMixin.generate`` has prepared everything."""
@@ -618,6 +633,7 @@ def group_decoding(
         generator=generator,
         static_cache=static,
         compile_config=_compile_config(model, generation_config) if static else None,
+        speculation_break_even=_check_break_even(speculation_break_even),
     )
     return _decode(model, input_ids, model_kwargs.get("attention_mask"), options, group_size, draft_group_size)
 
@@ -645,6 +661,7 @@ def group_generate(
     return_dict_in_generate: bool = False,
     output_scores: bool = False,
     output_logits: bool = False,
+    speculation_break_even: float = SPECULATION_BREAK_EVEN,
 ):
     """Group decoding on any LookAround LM head (``LookAroundForPreTraining`` included), without ``generate()``.
 
@@ -652,7 +669,9 @@ def group_generate(
     instead. ``input_ids`` ``(B, P)`` left-padded (or a list of ids for one row); ``eos_token_id`` /
     ``pad_token_id`` default to the config's (``eos_token_id=[]``: no EOS, always ``max_new_tokens``);
     ``logits_processor`` runs after the sampling warpers built from ``temperature``/``top_k``/``top_p``. Returns
-    the sequences ``(B, P + n)``, or a ``GenerateDecoderOnlyOutput``.
+    the sequences ``(B, P + n)``, or a ``GenerateDecoderOnlyOutput``. ``speculation_break_even``: with
+    ``draft_group_size``, the accepted drafts per verify step below which plain (t = 1) steps run for a while
+    (:data:`SPECULATION_BREAK_EVEN`; 0: always speculate).
     """
     config = model.config
     if group_size is None and draft_group_size is None:
@@ -679,6 +698,7 @@ def group_generate(
         max_new_tokens=max_new_tokens, logits_processor=processors, stopping_criteria=criteria, do_sample=do_sample,
         pad_token_id=int(pad_token_id), use_cache=use_cache, return_dict=return_dict_in_generate,
         output_scores=output_scores, output_logits=output_logits, generator=generator,
+        speculation_break_even=_check_break_even(speculation_break_even),
     )
     return _decode(model, input_ids, attention_mask, options, group_size, draft_group_size)
 
@@ -686,7 +706,7 @@ def group_generate(
 def _decode(model, input_ids, attention_mask, options: DecodingOptions, group_size, draft_group_size):
     """Run the decoder, after the checks every caller needs: the cache it keeps, the prompt's shape and length."""
     if draft_group_size is not None and not options.use_cache:
-        raise ValueError("self-speculative decoding crops rejected drafts from the KV cache: use_cache=False "
+        raise ValueError("self-speculative decoding verifies drafts against a KV cache: use_cache=False "
                          "is not supported with draft_group_size")
     if options.static_cache and not options.use_cache:
         raise ValueError("cache_implementation='static' needs use_cache=True")
@@ -940,11 +960,15 @@ class GenerateSpeculativeOutput(GenerateDecoderOnlyOutput):
     num_drafted (`(B,)`): drafts each row had verified (those within its token budget).
     num_accepted (`(B,)`): drafts the AR pathway accepted.
     num_forwards (`int`): forwards of the model, the prompt's included.
+    num_speculative_steps (`int`): verify-and-draft steps after the prompt's forward.
+    num_plain_steps (`int`): plain (t = 1) steps, run while speculation did not pay (``speculation_break_even``).
     """
 
     num_drafted: torch.LongTensor | None = None
     num_accepted: torch.LongTensor | None = None
     num_forwards: int | None = None
+    num_speculative_steps: int | None = None
+    num_plain_steps: int | None = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -954,55 +978,123 @@ class GenerateSpeculativeOutput(GenerateDecoderOnlyOutput):
 
 
 
-def _crop_cache(cache, columns: int) -> None:
-    """Keep the first ``columns`` columns of every layer (a static cache keeps its slots and forgets the rest)."""
-    if isinstance(cache, DynamicCache):
-        cache.crop(columns - cache.get_seq_length())
-        return
-    for layer in cache.layers:
-        layer.cumulative_length.fill_(columns)
-
-
-def _compact_cache(cache, key_valid: torch.Tensor, key_pos: torch.Tensor, columns: int) -> int:
+def _compact_cache(cache: DynamicCache, key_valid: torch.Tensor, key_pos: torch.Tensor, columns: int) -> int:
     """Move each row's valid cache columns (of the first ``columns``) to the right end of the new first columns, a
-    left-padded layout, and drop the columns no row needs: rows that kept different numbers of drafts leave holes,
-    which would otherwise grow every step. ``key_valid`` / ``key_pos`` (full width) are updated in place; returns the
-    new number of columns."""
+    left-padded layout, and drop the columns no row needs (the holes of rejected drafts). Only the DynamicCache is
+    compacted, outside any graph, when its next step would pass max_position_embeddings keys. ``key_valid`` /
+    ``key_pos`` (full width) are updated in place; returns the new number of columns."""
     valid = key_valid[:, :columns]
     keep = int(valid.sum(-1).max())
     order = torch.argsort(valid.to(torch.int8), dim=1, stable=True)[:, columns - keep :]
     for layer in cache.layers:
         index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-        keys, values = layer.keys[:, :, :columns].gather(2, index), layer.values[:, :, :columns].gather(2, index)
-        if isinstance(cache, DynamicCache):
-            layer.keys, layer.values = keys, values
-        else:  # a static cache keeps its tensors (a compiled step holds their addresses)
-            layer.keys[:, :, :keep].copy_(keys)
-            layer.values[:, :, :keep].copy_(values)
-    if not isinstance(cache, DynamicCache):
-        _crop_cache(cache, keep)
+        layer.keys = layer.keys[:, :, :columns].gather(2, index)
+        layer.values = layer.values[:, :, :columns].gather(2, index)
     key_valid[:, :keep], key_pos[:, :keep] = valid.gather(1, order), key_pos[:, :columns].gather(1, order)
     key_valid[:, keep:] = False
     return keep
 
+
+class _SpeculationSchedule:
+    """Whether the next step speculates or runs plain (t = 1). Deterministic given the tokens, never the clock, so
+    that a seeded run repeats: over a window of ``SPECULATION_WINDOW`` steps that verified drafts, if the drafts
+    accepted per step (averaged over the rows still decoding) fall below ``break_even``, the next
+    ``SPECULATION_REST`` steps are plain; then speculation is probed again."""
+
+    def __init__(self, break_even: float):
+        self.break_even, self.window, self.rest = break_even, SPECULATION_WINDOW, SPECULATION_REST
+        self.accepted, self.plain_left = [], 0
+
+    @property
+    def speculate(self) -> bool:
+        return self.plain_left == 0
+
+    def record(self, verified: bool, accepted: float) -> None:
+        """After a step: whether it verified drafts, and how many it kept per row."""
+        if self.plain_left:
+            self.plain_left -= 1
+        elif verified:
+            self.accepted.append(accepted)
+            if len(self.accepted) == self.window:
+                if sum(self.accepted) / self.window < self.break_even:
+                    self.plain_left = self.rest
+                self.accepted = []
+
+
+def _check_break_even(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"speculation_break_even must be a number >= 0 (accepted drafts per verify step below "
+                         f"which plain steps run; 0: never), got {value!r}")
+    return float(value)
+
+
+class _SpeculationState:
+    """Every tensor a speculative run changes, allocated once per shape and kept on the model: a compiled step
+    holds their addresses (CUDA graphs replay on the same memory, as transformers' StaticCache does), and each run
+    refills them in place."""
+
+    def __init__(self, batch: int, prompt_len: int, max_new_tokens: int, k: int, columns: int, vocab: int,
+                 do_sample: bool, device):
+        def new(*shape, dtype=torch.long):
+            tensor = torch.zeros(shape, dtype=dtype, device=device)
+            torch._dynamo.mark_static_address(tensor)
+            return tensor
+
+        self.out = new(batch, prompt_len + max_new_tokens + 1)  # the prompt, the new tokens, a spare last column
+        self.num_new, self.real, self.last_position = new(batch), new(batch), new(batch)
+        self.unfinished, self.has_drafts = new(batch, dtype=torch.bool), new(batch, dtype=torch.bool)
+        self.drafts = new(batch, k - 1)
+        self.draft_probs = new(batch, k - 1, vocab, dtype=torch.float) if do_sample else None
+        self.key_valid, self.key_pos = new(batch, columns, dtype=torch.bool), new(batch, columns)
+        self.drafted, self.accepted = new(batch), new(batch)
+
+    def reset(self, input_ids, attention_mask, max_new_tokens: int, pad: int) -> None:
+        for tensor in (self.num_new, self.unfinished, self.has_drafts, self.drafts, self.key_valid, self.key_pos,
+                       self.drafted, self.accepted):
+            tensor.zero_()
+        self.out.fill_(pad)
+        self.out[:, : input_ids.shape[1]] = input_ids
+        self.unfinished.fill_(True)
+        self.real.copy_(attention_mask.sum(-1))  # prompt tokens of a row; its new token i sits at position real + i
+        self.last_position.copy_(self.real + max_new_tokens - 1)  # the last position a row may fill
+
+
+def _speculation_state(model, key: tuple, device) -> _SpeculationState:
+    """The state of the last shape, reused across runs of that shape (as :func:`_static_cache` reuses its cache)."""
+    held = getattr(model, "_lookaround_speculation_state", None)
+    if held is None or held[0] != (key, device):
+        held = model._lookaround_speculation_state = ((key, device), _SpeculationState(*key, device=device))
+    return held[1]
+
+
+def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """A token per row of ``probs`` (N, V) from uniforms ``u`` (N,) in [0, 1), by the inverse CDF: the uniforms
+    are drawn before a compiled step (a ``torch.Generator`` cannot enter its graph), the same ones give the same
+    tokens, and ``1 - u > 0`` never lands on a token of probability 0."""
+    cdf = probs.cumsum(-1)
+    return (cdf < (1 - u)[:, None] * cdf[:, -1:]).sum(-1).clamp(max=probs.shape[-1] - 1)
 
 
 class _Speculation:
     """Lossless self-speculative decoding: the tokens of AR (``t = 1``) decoding, up to ``k`` of them per forward.
 
     Ranks follow the AR plan (a token's rank is its position), so the content in the cache is that of AR decoding.
-    Each step is one forward whose content rows are the token picked last and the ``k - 1`` drafts after it
-    (causal among themselves, as AR content is), and whose query rows are ``k`` groups of ``k`` rows: group ``a``
-    sits at the ``k`` positions after the last token and the first ``a`` drafts, with one rank, so it reads exactly
-    those. Its first row is the AR pathway's prediction there: group ``a``'s first row verifies draft ``a + 1``
-    (greedy: equal to the argmax; sampling: accepted with probability ``min(1, p/q)``, else the token is drawn from
-    ``max(0, p - q)``, the standard speculative rule, so the output is distributed as ``t = 1`` sampling). After
-    ``a`` accepted drafts, the group at ``a`` also holds the next drafts (its other ``k - 1`` rows, the ``dar``
-    plan's look-ahead), so drafting costs no extra forward. Rejected drafts leave the cache; rows of a batch keep
-    different numbers of them (the cache is compacted to a left-padded layout).
+    A verify-and-draft step (:meth:`_speculative_step`) is one forward whose content rows are the token picked last
+    and the ``k - 1`` drafts after it (causal among themselves, as AR content is), and whose query rows are ``k``
+    groups of ``k`` rows: group ``a`` sits at the ``k`` positions after the last token and the first ``a`` drafts,
+    with one rank, so it reads exactly those. Its first row is the AR pathway's prediction there: group ``a``'s
+    first row verifies draft ``a + 1`` (greedy: equal to the argmax; sampling: accepted with probability
+    ``min(1, p/q)``, else the token is drawn from ``max(0, p - q)``, the standard speculative rule, so the output is
+    distributed as ``t = 1`` sampling). After ``a`` accepted drafts, the group at ``a`` also holds the next drafts
+    (its other ``k - 1`` rows, the ``dar`` plan's look-ahead), so drafting costs no extra forward. A plain step
+    (:meth:`_plain_step`) is t = 1: the last token's content, one query row after it; the schedule
+    (:class:`_SpeculationSchedule`) runs plain steps while speculation does not pay.
 
-    A step, in :meth:`run`: :meth:`_forward`, :meth:`_verify`, :meth:`_commit`, then :meth:`_drop_rejected`,
-    :meth:`_draft` and :meth:`_next_content` for the next one.
+    Every step appends its content rows to the cache at the same columns for every row; rejected drafts stay there
+    as invalid keys (holes in ``key_valid``, positions from ``key_pos``), so no row's cache is moved or cropped and
+    a static cache keeps fixed shapes: with ``cache_implementation="static"`` each kind of step is one compiled
+    graph without host syncs, and the loop in :meth:`run` reads one small status tensor per step. A DynamicCache
+    is compacted (outside any graph) only when its next step would pass ``max_position_embeddings`` keys.
     """
 
     def __init__(self, model, input_ids, attention_mask, draft_group_size: int, options: DecodingOptions):
@@ -1016,203 +1108,265 @@ class _Speculation:
                                    options.streamer)
         self.positionless = reads_only_scores(options.logits_processor)
         self.rows = torch.arange(batch, device=self.device)
-        self.real = attention_mask.sum(-1)  # prompt tokens of each row; its new token i sits at position real + i
-        self.last_position = self.real + max_new_tokens - 1  # the last position a row may fill
-        # the output: left-padded prompt, then each row's new tokens; a spare last column takes writes past a row's end
-        self.out = input_ids.new_full((batch, prompt_len + max_new_tokens + 1), options.pad_token_id)
-        self.out[:, :prompt_len] = input_ids
-        self.spare = self.out.shape[1] - 1
-        self.num_new = torch.zeros(batch, dtype=torch.long, device=self.device)
-        self.drafted, self.accepted = torch.zeros_like(self.num_new), torch.zeros_like(self.num_new)
-        # the cache's columns: which hold a kept token, and its position. At most prompt + new tokens - 1 columns are
-        # kept, and a step appends k before its rejected drafts leave
-        self.max_columns = prompt_len + max_new_tokens + self.k
-        self.key_valid = attention_mask.new_zeros((batch, self.max_columns), dtype=torch.bool)
-        self.key_pos = attention_mask.new_zeros((batch, self.max_columns))
-        self.columns = 0  # columns in the cache
+        # every step writes >= 1 token per row still decoding and appends at most k columns
+        columns = prompt_len + draft_group_size * max_new_tokens
+        self.state = _speculation_state(model, (batch, prompt_len, max_new_tokens, draft_group_size, columns,
+                                                model.config.vocab_size, options.do_sample), self.device)
+        self.state.reset(input_ids, attention_mask, max_new_tokens, options.pad_token_id)
+        self.tracker.unfinished = self.state.unfinished
+        self.spare = self.state.out.shape[1] - 1  # takes the writes past a row's end
         if options.static_cache:
-            # fixed shapes for a compiled step: full-width ranks and mask, always k content rows and k groups of k
-            self.cache = _static_cache(model, batch, self.max_columns, input_ids.dtype)
-            self.prefill, self.step = _decoding_step(model, options.compile_config)
+            self.cache = _static_cache(model, batch, columns, input_ids.dtype)
         else:
             self.cache = DynamicCache(config=model.config)
-            self.prefill, self.step = _decoding_step(model, None)
-        self.drafts = self.draft_probs = None
-        self.records, self.forwards = [], 0
-        # the first forward: the prompt's content, one group of k query rows after it
-        self.first_content = (input_ids, (attention_mask.cumsum(-1) - 1).clamp(min=0), attention_mask != 0)
+        # what reads tokens on the host after each step keeps the step eager (only its forward is compiled)
+        host_work = (not self.positionless or bool(self.tracker.others) or options.streamer is not None
+                     or options.output_scores or options.output_logits)
+        compile_config = options.compile_config if options.static_cache else None
+        one_graph = compile_config is not None and not host_work
+        self.prefill, self.forward = _decoding_step(model, None if one_graph else compile_config)
+        if one_graph:  # the forward is traced inside each compiled step
+            self.speculative_step, self.plain_step = _speculation_steps(model, compile_config)
+        else:
+            self.speculative_step, self.plain_step = _Speculation._speculative_step, _Speculation._plain_step
+        self.schedule = _SpeculationSchedule(options.speculation_break_even)
+        self.steps = {"speculative": 0, "plain": 0}
+        self.records = []
+        self.first_content = (input_ids, attention_mask)
 
     def run(self):
-        step_ids, step_pos, step_valid = self.first_content
-        while True:
-            logits, first_new = self._forward(step_ids, step_pos, step_valid)
-            ar_logits, ar_scores, num_ok, token = self._verify(logits)
-            self._commit(ar_logits, ar_scores, num_ok, token)
-            if self.tracker.done:
-                break
-            self._drop_rejected(num_ok, first_new)
-            self._draft(logits, num_ok)
-            step_ids, step_pos, step_valid = self._next_content()
-        return self._output(logits.shape[-1])
+        done = self._prefill()[0]
+        while not done:
+            speculate = self.schedule.speculate
+            width = self._width(self.k if speculate else 1)
+            step = self.speculative_step if speculate else self.plain_step
+            done, accepted, verified = step(self, width, self._uniforms()).tolist()  # the one read per step
+            self.steps["speculative" if speculate else "plain"] += 1
+            self.schedule.record(bool(verified), accepted)
+        return self._output()
 
-    def _forward(self, step_ids, step_pos, step_valid):
-        """One forward: the content rows join the cache; the query rows are one group of ``k`` rows per content
-        row (one after the prompt). Returns the query rows' logits ``(B, groups, k, V)`` and the first cache column
-        of this step's tokens and drafts (after the prompt: its last token), which rejections crop."""
-        k, device, options = self.k, self.device, self.options
-        groups = step_ids.shape[1] if self.drafts is not None else 1  # last token + (groups - 1) drafts to verify
-        nxt = self.real + self.num_new  # the position after each row's last committed token
-        group_rank = nxt[:, None] + torch.arange(groups, device=device)  # (B, groups)
-        query_pos = (group_rank[:, :, None] + torch.arange(k, device=device)).flatten(1)  # (B, groups * k)
-        query_rank = group_rank[:, :, None].expand(-1, -1, k).flatten(1)
-        is_slot = (query_pos <= self.last_position[:, None]) & self.tracker.unfinished[:, None]
-        query_pos, query_rank = torch.where(is_slot, query_pos, 0), torch.where(is_slot, query_rank, NO_TARGET_RANK)
-        if options.static_cache and self.drafts is not None and groups < k:  # pad to k content rows and k groups
-            step_ids = F.pad(step_ids, (0, k - groups), value=options.pad_token_id)
-            step_pos = F.pad(step_pos, (0, k - groups), value=0)
-            step_valid = F.pad(step_valid, (0, k - groups), value=False)
-            query_pos = F.pad(query_pos, (0, (k - groups) * k), value=0)
-            query_rank = F.pad(query_rank, (0, (k - groups) * k), value=NO_TARGET_RANK)
-        width, start = step_ids.shape[1], self.columns
-        self.key_valid[:, start : start + width], self.key_pos[:, start : start + width] = step_valid, step_pos
-        keys = slice(None) if options.static_cache else slice(0, start + width)
-        forward = self.step if self.drafts is not None else self.prefill  # the prompt's forward has its own width
-        logits = forward(step_ids, self.key_valid[:, keys].long(), self.key_pos[:, keys], step_pos, self.cache,
-                         query_pos, query_rank)
-        self.forwards += 1
-        self.columns += width
-        first_new = self.columns - 1 if self.drafts is None else start
-        return logits[:, : groups * k].view(self.batch, groups, k, -1), first_new
+    # the two steps: each is one graph when compiled -------------------------------------------------------------
+    def _speculative_step(self, width: int, uniforms):
+        """Verify the drafts and draft the next ones: content rows are the last token and ``width - 1`` drafts,
+        query rows a group of ``k`` after each."""
+        ids, positions, valid = self._content(width)
+        logits = self._forward(self.forward, ids, positions, valid, groups=width, rows=self.k)
+        return self._advance(logits, uniforms)
 
-    def _verify(self, logits):
-        """The AR pathway's verdict: the first row of group ``a`` predicts position ``nxt + a``, after the first
-        ``a`` drafts. Returns its logits and scores ``(B, groups, V)``, the drafts accepted before the first
-        rejection ``(B,)`` and the token after them: AR's own pick, or a draw from ``max(0, p - q)`` where a draft
-        was rejected."""
-        options, groups = self.options, logits.shape[1]
+    def _plain_step(self, width: int, uniforms):
+        """t = 1: the last token's content row and one query row after it (no drafts to verify, none drafted)."""
+        ids, positions, valid = self._content(1)
+        logits = self._forward(self.forward, ids, positions, valid, groups=1, rows=1)
+        return self._advance(logits, uniforms)
+
+    def _prefill(self):
+        """The prompt's forward (its own width, eager): its content, one group of ``k`` query rows after it."""
+        input_ids, attention_mask = self.first_content
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self._forward(self.prefill, input_ids, positions, attention_mask != 0, groups=1, rows=self.k)
+        return self._advance(logits, self._uniforms()).tolist()
+
+    def _width(self, width: int) -> int:
+        """Content rows of the next step: ``width``; a DynamicCache first drops its holes when the step would pass
+        max_position_embeddings keys, and takes fewer drafts if still short of room."""
+        if self.options.static_cache:
+            return width
+        columns = self.cache.get_seq_length()
+        if columns + width > self.limit:
+            columns = _compact_cache(self.cache, self.state.key_valid, self.state.key_pos, columns)
+        return min(width, self.limit - columns)
+
+    def _uniforms(self):
+        """The step's random numbers, drawn outside its graph: ``k - 1`` to verify drafts, one for the token,
+        ``k - 1`` for the next drafts (None when greedy)."""
+        if not self.options.do_sample:
+            return None
+        return torch.rand((self.batch, 2 * self.k - 1), device=self.device, generator=self.options.generator)
+
+    # a step's parts ---------------------------------------------------------------------------------------------
+    def _content(self, width: int):
+        """The content rows: each row's last token and the first ``width - 1`` drafts, causal among themselves, at
+        the positions after its last committed token. A row that finished, a position past the row's budget, or a
+        draft column after a plain step (no drafts) is an invalid key."""
+        s = self.state
+        last = s.out.gather(1, (self.prompt_len + s.num_new - 1)[:, None])
+        ids = torch.cat([last, s.drafts[:, : width - 1]], 1)
+        positions = (s.real + s.num_new - 1)[:, None] + torch.arange(width, device=self.device)
+        is_draft = torch.arange(width, device=self.device) > 0
+        valid = (positions <= s.last_position[:, None]) & s.unfinished[:, None] & (s.has_drafts[:, None] | ~is_draft)
+        return ids, positions.clamp(max=self.limit - 1), valid
+
+    def _queries(self, groups: int, rows: int):
+        """``groups`` groups of ``rows`` query rows; group ``a`` has rank ``nxt + a`` (``nxt``: the position after
+        the row's last committed token) and sits at positions ``nxt + a ..``. Slots past the budget predict
+        nothing."""
+        s = self.state
+        group_rank = (s.real + s.num_new)[:, None] + torch.arange(groups, device=self.device)
+        positions = (group_rank[:, :, None] + torch.arange(rows, device=self.device)).flatten(1)
+        ranks = group_rank[:, :, None].expand(-1, -1, rows).flatten(1)
+        is_slot = (positions <= s.last_position[:, None]) & s.unfinished[:, None]
+        return torch.where(is_slot, positions, 0), torch.where(is_slot, ranks, NO_TARGET_RANK)
+
+    def _forward(self, forward, ids, positions, valid, groups: int, rows: int):
+        """The content rows join the cache at its next columns (a static cache's own column counter, a tensor: no
+        host read); the query rows' logits come back as ``(B, groups, rows, V)``."""
+        s, width = self.state, ids.shape[1]
+        start = self.cache.get_seq_length()
+        columns = start + torch.arange(width, device=self.device)
+        s.key_valid.index_copy_(1, columns, valid)
+        s.key_pos.index_copy_(1, columns, positions)
+        keys = s.key_valid.shape[1] if self.options.static_cache else start + width
+        query_positions, query_ranks = self._queries(groups, rows)
+        logits = forward(ids, s.key_valid[:, :keys].long(), s.key_pos[:, :keys], positions, self.cache,
+                         query_positions, query_ranks)
+        return logits.view(self.batch, groups, rows, -1)
+
+    def _advance(self, logits, uniforms):
+        """Everything after the forward: verify, commit, drop the rejected drafts' keys, draft the next ones.
+        Returns the status the loop reads: ``[all rows done, drafts accepted per verifying row, any row
+        verified]``."""
+        groups, rows = logits.shape[1:3]
         ar_logits = logits[:, :, 0]
-        context = None
-        if not self.positionless:  # each row after its own committed tokens and the drafts before the row
-            committed = [self.out[b, : self.prompt_len + int(self.num_new[b])] for b in range(self.batch)]
-            context = [torch.cat([committed[b], self.drafts[b, :a]]) if a else committed[b]
-                       for b in range(self.batch) for a in range(groups)]
-        ar_scores = process(options.logits_processor, ar_logits.flatten(0, 1), context).view_as(ar_logits)
-        ar_probs = torch.softmax(ar_scores, -1) if options.do_sample else None
-        num_ok = torch.zeros_like(self.num_new)
+        ar_scores = self._ar_scores(ar_logits)
+        num_ok, token = self._verify(ar_scores, uniforms)
+        accepted, verifying = self._commit(ar_logits, ar_scores, num_ok, token)
+        self._drop_rejected(num_ok, groups)
+        if rows > 1:
+            self._draft(logits, num_ok, uniforms)
+        else:
+            self.state.has_drafts.fill_(False)
+        rate = accepted.sum() / verifying.sum().clamp(min=1)
+        return torch.stack([~self.state.unfinished.any(), rate, verifying.any()]).float()
+
+    def _ar_scores(self, ar_logits):
+        """The AR pathway's logits after the processors; those that read the sequence see each row's committed
+        tokens and the drafts before the group (host work: per-row prefixes)."""
+        processors, s = self.options.logits_processor, self.state
+        if self.positionless:
+            return process(processors, ar_logits.flatten(0, 1), None).view_as(ar_logits)
+        committed = [s.out[b, : self.prompt_len + int(s.num_new[b])] for b in range(self.batch)]
+        context = [torch.cat([committed[b], s.drafts[b, :a]]) for b in range(self.batch)
+                   for a in range(ar_logits.shape[1])]
+        return process(processors, ar_logits.flatten(0, 1), context).view_as(ar_logits)
+
+    def _verify(self, ar_scores, uniforms):
+        """The AR pathway's verdict: the first row of group ``a`` predicts position ``nxt + a``, after the first
+        ``a`` drafts. Returns the drafts accepted before the first rejection ``(B,)`` and the token after them: AR's
+        own pick, or a draw from ``max(0, p - q)`` where a draft was rejected."""
+        s, groups, do_sample = self.state, ar_scores.shape[1], self.options.do_sample
+        ar_probs = torch.softmax(ar_scores, -1) if do_sample else None
+        num_ok = torch.zeros_like(s.num_new)
         if groups > 1:
-            to_verify = self.drafts[:, : groups - 1]
-            if options.do_sample:
+            to_verify = s.drafts[:, : groups - 1]
+            if do_sample:
                 p = ar_probs[:, : groups - 1].gather(-1, to_verify[..., None]).squeeze(-1)
-                q = self.draft_probs[:, : groups - 1].gather(-1, to_verify[..., None]).squeeze(-1)
-                u = torch.rand(p.shape, device=self.device, generator=options.generator)
-                ok = u * q < p  # accepted with probability min(1, p / q)
+                q = s.draft_probs[:, : groups - 1].gather(-1, to_verify[..., None]).squeeze(-1)
+                ok = uniforms[:, : groups - 1] * q < p  # accepted with probability min(1, p / q)
             else:
                 ok = to_verify == ar_scores[:, : groups - 1].argmax(-1)
-            num_ok = ok.long().cumprod(-1).sum(-1)
-        if not options.do_sample:
-            return ar_logits, ar_scores, num_ok, ar_scores[self.rows, num_ok].argmax(-1)
+            num_ok = (ok & s.has_drafts[:, None]).long().cumprod(-1).sum(-1)
+        if not do_sample:
+            return num_ok, ar_scores[self.rows, num_ok].argmax(-1)
         dist = ar_probs[self.rows, num_ok]
         if groups > 1:
-            residual = (dist - self.draft_probs[self.rows, num_ok.clamp(max=groups - 2)]).clamp(min=0)
-            use = (num_ok < groups - 1) & (residual.sum(-1) > 0)
+            residual = (dist - s.draft_probs[self.rows, num_ok.clamp(max=groups - 2)]).clamp(min=0)
+            use = (num_ok < groups - 1) & s.has_drafts & (residual.sum(-1) > 0)
             dist = torch.where(use[:, None], residual, dist)
-        return ar_logits, ar_scores, num_ok, torch.multinomial(dist, 1, generator=options.generator).squeeze(-1)
+        return num_ok, _draw(dist, uniforms[:, self.k - 1])
 
-    def _commit(self, ar_logits, ar_scores, num_ok, token) -> None:
-        """Write the accepted drafts and the token, within each row's budget, up to EOS or another stop; count
-        drafts, record scores, stream."""
-        options, tracker, groups = self.options, self.tracker, ar_scores.shape[1]
-        budget = options.max_new_tokens - self.num_new
-        candidates = torch.cat([self.drafts[:, : groups - 1], token[:, None]], 1) if groups > 1 else token[:, None]
+    def _commit(self, ar_logits, ar_scores, num_ok, token):
+        """Write the accepted drafts and the token, within each row's budget, up to EOS (or another stop, host
+        work); count the drafts. Returns the drafts each row kept and the rows that verified any."""
+        s, options, tracker, groups = self.state, self.options, self.tracker, ar_scores.shape[1]
+        pad, running = options.pad_token_id, s.unfinished.clone()
+        budget = options.max_new_tokens - s.num_new
+        candidates = torch.cat([s.drafts[:, : groups - 1], token[:, None]], 1)
         candidates = candidates.scatter(1, num_ok[:, None], token[:, None])
-        unfinished = tracker.unfinished
-        count, ended = tracker.until_eos(candidates, torch.where(unfinished, torch.minimum(num_ok + 1, budget), 0))
+        count, ended = tracker.until_eos(candidates, torch.where(running, torch.minimum(num_ok + 1, budget), 0))
         slot = torch.arange(groups, device=self.device)
         keep = slot < count[:, None]
-        starts = self.prompt_len + self.num_new
-        self.out.scatter_(1, torch.where(keep, starts[:, None] + slot, self.spare),
-                          torch.where(keep, candidates, options.pad_token_id))
-        count, stopped = tracker.until_other_stop(self.out, starts, count, ar_scores)
-        columns = torch.arange(self.out.shape[1], device=self.device)
-        self.out.masked_fill_(stopped[:, None] & (columns >= (starts + count)[:, None]) & (columns < self.spare),
-                              options.pad_token_id)
-        verifiable = torch.minimum(torch.full_like(budget, groups - 1), budget - 1).clamp(min=0)
-        self.drafted += torch.where(unfinished, verifiable, 0)
-        self.accepted += torch.where(unfinished, torch.minimum(num_ok, verifiable), 0)
+        starts = self.prompt_len + s.num_new
+        s.out.scatter_(1, torch.where(keep, starts[:, None] + slot, self.spare), torch.where(keep, candidates, pad))
+        stopped = torch.zeros_like(running)
+        if tracker.others:  # stop strings, your own criteria: asked on the host after each token
+            count, stopped = tracker.until_other_stop(s.out, starts, count, ar_scores)
+            columns = torch.arange(s.out.shape[1], device=self.device)
+            after_stop = (columns >= (starts + count)[:, None]) & (columns < self.spare)
+            s.out.masked_fill_(stopped[:, None] & after_stop, pad)
         if options.output_scores or options.output_logits:
-            self.records.append((self.num_new.clone(), count.clone(), ar_scores if options.output_scores else None,
+            self.records.append((s.num_new.clone(), count.clone(), ar_scores if options.output_scores else None,
                                  ar_logits if options.output_logits else None))
         if tracker.streamer is not None and int(count[0]):
-            tracker.put(self.out[0, int(starts[0]) : int(starts[0] + count[0])])
-        self.num_new = self.num_new + count
-        tracker.stop(ended | stopped | (self.num_new >= options.max_new_tokens))
+            tracker.put(s.out[0, int(starts[0]) : int(starts[0] + count[0])])
+        verifiable = (budget - 1).clamp(min=0, max=groups - 1) * (running & s.has_drafts)
+        accepted = torch.minimum(num_ok, verifiable)
+        s.drafted.add_(verifiable)
+        s.accepted.add_(accepted)
+        s.num_new.add_(count)
+        tracker.stop(ended | stopped | (s.num_new >= options.max_new_tokens))
+        return accepted, verifiable > 0
 
-    def _drop_rejected(self, num_ok, first_new: int) -> None:
-        """Rejected drafts leave the cache: a row keeps its last token and the drafts it accepted (a row that
-        finished keeps none: its content is never read again)."""
-        unfinished, key_valid = self.tracker.unfinished, self.key_valid
-        kept = num_ok + 1
-        most = int(kept[unfinished].max())
-        kept = torch.where(unfinished, kept, most)  # finished rows are never read again
-        key_valid[:, first_new : self.columns] &= \
-            (torch.arange(self.columns - first_new, device=self.device) < kept[:, None]) & unfinished[:, None]
-        if bool((kept == most).all()):  # every row keeps as many: crop (always so at batch 1)
-            if first_new + most < self.columns:
-                self.columns = first_new + most
-                _crop_cache(self.cache, self.columns)
-                key_valid[:, self.columns :] = False
-        if not bool((kept == most).all()) or self.columns + self.k > min(self.max_columns, self.limit):
-            # holes: compact (also when rows that finished or lag behind leave too little room for the next step)
-            self.columns = _compact_cache(self.cache, key_valid, self.key_pos, self.columns)
+    def _drop_rejected(self, num_ok, groups: int) -> None:
+        """Rejected drafts become holes: of the step's ``groups`` content columns a row keeps its last token and the
+        drafts it accepted. A row that finished keeps none (it is never read again, and it would hold accepted drafts
+        past its EOS: keys a DynamicCache would have to make room for)."""
+        if groups == 1:
+            return
+        key_valid = self.state.key_valid
+        columns = self.cache.get_seq_length() - groups + torch.arange(groups, device=self.device)
+        kept = (torch.arange(groups, device=self.device) < (num_ok + 1)[:, None]) & self.state.unfinished[:, None]
+        key_valid.index_copy_(1, columns, key_valid.index_select(1, columns) & kept)
 
-    def _draft(self, logits, num_ok) -> None:
+    def _draft(self, logits, num_ok, uniforms) -> None:
         """The next drafts: the other rows of the group after the accepted ones (it never saw the token picked
-        now). Processors that read the sequence see, slot by slot, the drafts before the slot."""
-        options, k = self.options, self.k
+        now). Processors that read the sequence see, slot by slot, the drafts before the slot (host work)."""
+        s, options, k = self.state, self.options, self.k
         draft_logits = logits[self.rows, num_ok, 1:]  # (B, k - 1, V)
+        draft_u = uniforms[:, k:] if options.do_sample else None
         if self.positionless:
-            scores, drafts = process_and_pick(options.logits_processor, draft_logits.flatten(0, 1), None,
-                                              options.do_sample, options.generator)
-            draft_scores, drafts = scores.view_as(draft_logits), drafts.view(self.batch, k - 1)
+            scores = process(options.logits_processor, draft_logits.flatten(0, 1), None).view_as(draft_logits)
+            drafts = self._choose(scores, draft_u)
         else:
-            drafts = num_ok.new_zeros((self.batch, k - 1))
-            draft_scores = torch.empty_like(draft_logits)
-            for s in range(k - 1):
-                context = [torch.cat([self.out[b, : self.prompt_len + int(self.num_new[b])], drafts[b, :s]])
+            drafts, scores = num_ok.new_zeros((self.batch, k - 1)), torch.empty_like(draft_logits)
+            for j in range(k - 1):
+                context = [torch.cat([s.out[b, : self.prompt_len + int(s.num_new[b])], drafts[b, :j]])
                            for b in range(self.batch)]
-                draft_scores[:, s], drafts[:, s] = process_and_pick(options.logits_processor, draft_logits[:, s],
-                                                                    context, options.do_sample, options.generator)
-        self.draft_probs = torch.softmax(draft_scores, -1) if options.do_sample else None
-        self.drafts = drafts
+                scores[:, j] = process(options.logits_processor, draft_logits[:, j], context)
+                u = None if draft_u is None else draft_u[:, j : j + 1]
+                drafts[:, j] = self._choose(scores[:, j : j + 1], u)[:, 0]
+        if options.do_sample:
+            s.draft_probs.copy_(torch.softmax(scores, -1))
+        s.drafts.copy_(drafts)
+        s.has_drafts.fill_(True)
 
-    def _next_content(self):
-        """The next forward's content rows: the token and the drafts, causal among themselves, at the positions
-        after the row's last committed token; fewer drafts near the end (none past the largest budget left, no
-        more keys than positions)."""
-        unfinished, limit = self.tracker.unfinished, self.limit
-        last = self.out.gather(1, (self.prompt_len + self.num_new - 1)[:, None]).squeeze(1)
-        width = min(self.k, int((self.options.max_new_tokens - self.num_new)[unfinished].max()), limit - self.columns)
-        step_ids = torch.cat([last[:, None], self.drafts], 1)[:, :width]
-        step_pos = (self.real + self.num_new - 1)[:, None] + torch.arange(width, device=self.device)
-        # a finished row's content is never read: left invalid, it never widens the cache
-        step_valid = (step_pos <= self.last_position[:, None]) & unfinished[:, None]
-        return step_ids, step_pos.clamp(max=limit - 1), step_valid
+    def _choose(self, scores, u):
+        """(B, n, V) processed scores -> (B, n) tokens: the argmax, or draws with the uniforms ``u`` (B, n)."""
+        if u is None:
+            return scores.argmax(-1)
+        return _draw(torch.softmax(scores, -1).flatten(0, 1), u.flatten()).view(scores.shape[:2])
 
-    def _output(self, vocab: int):
+    # what the run returns ---------------------------------------------------------------------------------------
+    def _output(self):
         self.tracker.end()
-        drafted, accepted = int(self.drafted.sum()), int(self.accepted.sum())
-        if drafted > 0:
+        s, steps = self.state, self.steps
+        # the state is refilled by the next run: hand out copies
+        num_new, drafted, accepted = s.num_new.clone(), s.drafted.clone(), s.accepted.clone()
+        forwards = 1 + steps["speculative"] + steps["plain"]
+        if int(drafted.sum()) > 0:
             logger.info("self-speculative decoding (k=%d): %d of %d drafts accepted (%.1f%%), %d forwards for %d "
-                        "tokens", self.k, accepted, drafted, 100.0 * accepted / drafted, self.forwards,
-                        int(self.num_new.sum()))
-        scores, logits = self._per_token(vocab) if self.records else (None, None)
-        sequences = self.out[:, : self.prompt_len + int(self.num_new.max())]
+                        "tokens (%d speculative steps, %d plain)", self.k, int(accepted.sum()), int(drafted.sum()),
+                        100.0 * int(accepted.sum()) / int(drafted.sum()), forwards, int(num_new.sum()),
+                        steps["speculative"], steps["plain"])
+        scores, logits = self._per_token(num_new) if self.records else (None, None)
+        sequences = s.out[:, : self.prompt_len + int(num_new.max())].clone()
         return build_output(self.options, sequences, self.cache, scores, logits, GenerateSpeculativeOutput,
-                            num_drafted=self.drafted, num_accepted=self.accepted, num_forwards=self.forwards)
+                            num_drafted=drafted, num_accepted=accepted, num_forwards=forwards,
+                            num_speculative_steps=steps["speculative"], num_plain_steps=steps["plain"])
 
-    def _per_token(self, vocab: int):
+    def _per_token(self, num_new):
         """The recorded AR scores / logits as one ``(B, V)`` tensor per new token (rows took different steps)."""
-        stacked = {name: torch.zeros(int(self.num_new.max()), self.batch, vocab, device=self.device)
+        vocab = next(v for record in self.records for v in record[2:] if v is not None).shape[-1]
+        stacked = {name: torch.zeros(int(num_new.max()), self.batch, vocab, device=self.device)
                    for name in ("scores", "logits")}
         for start, count, step_scores, step_logits in self.records:
             slot = torch.arange((step_scores if step_scores is not None else step_logits).shape[1], device=self.device)
@@ -1221,3 +1375,14 @@ class _Speculation:
                 if values is not None:
                     stacked[name][start[b_idx] + i_idx, b_idx] = values[b_idx, i_idx]
         return stacked["scores"], stacked["logits"]
+
+
+def _speculation_steps(model, compile_config):
+    """The verify-and-draft step and the plain step, each compiled whole as one graph with ``compile_config``, kept
+    on the model so that every run of one shape reuses them."""
+    key = repr(sorted(compile_config.to_dict().items()))
+    held = getattr(model, "_lookaround_speculation_steps", None)
+    if held is None or held[0] != key:
+        held = model._lookaround_speculation_steps = (key, _compiled(_Speculation._speculative_step, compile_config),
+                                                      _compiled(_Speculation._plain_step, compile_config))
+    return held[1], held[2]

@@ -191,6 +191,10 @@ def decoders(model, causal, args):
             if k == 2:  # the same without falling back to plain steps: what speculation alone costs or gains
                 table[f"speculative k=2, no fallback ({compiled})"] = (
                     compiled, static(draft_group_size=2, speculation_break_even=0.0))
+                # every window below break-even: the schedule zero acceptance gets (probes, then plain steps), so
+                # this row bounds the fallback's speed from below whatever the drafts are worth
+                table[f"speculative k=2, always falls back ({compiled})"] = (
+                    compiled, static(draft_group_size=2, speculation_break_even=float("inf")))
     # dar's one-stream form (SAT): the same weights as a block-causal LM, a group of t rows per forward
     one = one_stream_twin(causal)
 

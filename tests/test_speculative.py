@@ -274,6 +274,14 @@ def test_pipeline_and_cli(tmp_path, capsys, caplog):
     assert 0 <= spec["acceptance_rate"] <= 1 and spec["forwards"] <= 9
     assert main(args + ["--draft_group_size", "2"]) == 0
     assert "of the drafts accepted" in capsys.readouterr().err
+    # the fallback's knob: an infinite break-even runs plain steps after the first window, with the same tokens
+    assert main(args + ["--json", "--draft_group_size", "2", "--speculation_break_even", "1e9",
+                        "--max_new_tokens", "36"]) == 0
+    fallback = json.loads(capsys.readouterr().out)
+    assert main(args + ["--json", "--max_new_tokens", "36"]) == 0
+    assert fallback["outputs"] == json.loads(capsys.readouterr().out)["outputs"] and fallback["plain_steps"] > 0
+    with pytest.raises(ValueError, match="give --draft_group_size too"):
+        main(args + ["--speculation_break_even", "0.5"])
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])

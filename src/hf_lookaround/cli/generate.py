@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft_group_size", type=int, default=None,
                         help="self-speculative decoding: the tokens of t=1 decoding, drafted k at a time by the query "
                         "stream and verified in the same forward (needs t=1 and t=k in the checkpoint's mixture)")
+    parser.add_argument("--speculation_break_even", type=float, default=None,
+                        help="self-speculative decoding: accepted drafts per verify step below which it runs plain "
+                        "(t=1) steps for a while (default 0.25; 0: never)")
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--no_cache", action="store_true", help="group decoding: recompute the prefix every step")
     parser.add_argument("--steps", type=int, default=None, help="infilling: steps (default: one per hidden position)")
@@ -124,6 +127,10 @@ def _continue_prompt(args, config, tokenizer, sampling, generator):
                         "checkpoint trained (it never trained t = 1); --group_size sets it", group_size)
     decoder = {name: value for name, value in (("group_size", group_size), ("draft_group_size", args.draft_group_size))
                if value is not None}
+    if args.speculation_break_even is not None:
+        if args.draft_group_size is None:
+            raise ValueError("--speculation_break_even tunes self-speculative decoding: give --draft_group_size too")
+        decoder["speculation_break_even"] = args.speculation_break_even
     if decoder:  # group decoding draws with the seeded generator (transformers' loop: torch's seeded global one)
         decoder["generator"] = generator
         if args.do_sample and args.top_k is None and config.prediction_stream != "content":
@@ -136,7 +143,8 @@ def _continue_prompt(args, config, tokenizer, sampling, generator):
     outputs = [tokenizer.decode(row[input_ids.shape[1]:], skip_special_tokens=True) for row in result.sequences.tolist()]
     if args.draft_group_size is not None:
         info = {"mode": "self_speculative", "draft_group_size": args.draft_group_size,
-                "acceptance_rate": result.acceptance_rate, "forwards": result.num_forwards}
+                "acceptance_rate": result.acceptance_rate, "forwards": result.num_forwards,
+                "speculative_steps": result.num_speculative_steps, "plain_steps": result.num_plain_steps}
     elif is_one_stream_group_model(config):
         info = {"mode": f"one stream, {config.attention_group_size} tokens per forward (block-causal)"}
     elif gpt_form and args.group_size is None:

@@ -306,28 +306,29 @@ class MixtureCollator(PlanCollator):
         from .mlm import bert_form
 
         t, bos, pad = self.group_size, getattr(self.tokenizer, "bos_token_id", None), self._pad_id()
-        if not bool(attention_mask.all()):
+        # (B, T) work in numpy, as in plans.py: torch's index and reduction kernels go multi-threaded, and a
+        # collator in the main process then waits for busy cores
+        ids, is_target = input_ids.numpy(), plan_.is_target.numpy()
+        if not attention_mask.numpy().all():
             raise ValueError("the one-stream mixture takes rows of one length (a masked row reads every slot of its "
                              "text, padding included): pack blocks of equal length, as hf-lookaround pretrain does")
-        if bos is None or (input_ids[:, 0] != bos).any():
+        if bos is None or (ids[:, 0] != bos).any():
             raise ValueError("the one-stream mixture needs every row to start with the BOS token (dar's start rows are "
                              "copies of it): pack blocks with BOS (hf-lookaround pretrain does)")
-        batch, length = input_ids.shape
+        batch, length = ids.shape
         width = length + start_rows(t, 1)
         is_dar = drawn == list(self.mixture).index("dar")
         inputs = np.full((batch, width), pad, dtype=np.int64)
         labels = np.full((batch, width), -100, dtype=np.int64)
         if is_dar.any():
             s1 = (plan_.group_ids.numpy()[is_dar] == 1).sum(1)  # the first text group (rank 1 after BOS)
-            inputs[is_dar], labels[is_dar] = one_stream_layout(
-                input_ids.numpy()[is_dar], plan_.is_target.numpy()[is_dar], s1, t, bos, pad)
+            inputs[is_dar], labels[is_dar] = one_stream_layout(ids[is_dar], is_target[is_dar], s1, t, bos, pad)
         masked = ~is_dar
         if masked.any():
-            rows = torch.from_numpy(np.flatnonzero(masked))
-            bert_inputs, bert_labels = bert_form(input_ids[rows], plan_.is_target[rows], self.tokenizer,
+            bert_inputs, bert_labels = bert_form(ids[masked], is_target[masked], self.tokenizer,
                                                  self.mask_replace_prob, self.random_replace_prob, generator)
-            inputs[masked, :length] = bert_inputs.numpy()
-            labels[masked, 1 : length + 1] = bert_labels.numpy()  # row i predicts labels[i + 1] (the causal LM's shift)
+            inputs[masked, :length] = bert_inputs
+            labels[masked, 1 : length + 1] = bert_labels  # row i predicts labels[i + 1] (the causal LM's shift)
         row_kind = np.where(is_dar, BLOCK_CAUSAL_ROW, BIDIRECTIONAL_ROW)
         return {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels),
                 "row_kind": torch.from_numpy(row_kind)}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data.collators import PlanCollator, labels_for
+from ..data.collators import PlanCollator
 from ..plans import Plan, check_lengths, expected_masked_count, inside_positions, numpy_rng, random_subsets
 from .base import MASKED, MASKED_HEAD, SINGLE_STREAM, TWO_STREAM, Objective, ObjectiveParams, check_form, flag
 
@@ -178,24 +178,28 @@ class MaskedCollator(PlanCollator):
     def _finish(self, input_ids, attention_mask, plan, generator):
         if self.form == TWO_STREAM:
             return super()._finish(input_ids, attention_mask, plan, generator)
-        inputs, labels = bert_form(input_ids, plan.is_target, self.tokenizer, self.mask_replace_prob,
-                                   self.random_replace_prob, generator)
-        return {"input_ids": inputs, "attention_mask": attention_mask, "labels": labels}
+        inputs, labels = bert_form(input_ids.numpy(), plan.is_target.numpy(), self.tokenizer,
+                                   self.mask_replace_prob, self.random_replace_prob, generator)
+        return {"input_ids": torch.from_numpy(inputs), "attention_mask": attention_mask,
+                "labels": torch.from_numpy(labels)}
 
 
-def bert_form(input_ids: torch.Tensor, masked: torch.Tensor, tokenizer, mask_replace_prob: float,
-              random_replace_prob: float, generator) -> tuple[torch.Tensor, torch.Tensor]:
+def bert_form(input_ids: np.ndarray, masked: np.ndarray, tokenizer, mask_replace_prob: float,
+              random_replace_prob: float, generator) -> tuple[np.ndarray, np.ndarray]:
     """BERT's single-stream input for the masked positions of a plan: ``(inputs, labels)``, both like
-    ``input_ids``. Of the masked positions, ``mask_replace_prob`` become ``[MASK]``, ``random_replace_prob`` a
-    random token, the rest stay; labels hold the original token there, -100 elsewhere."""
-    labels = labels_for(input_ids, masked)
-    # one uniform draw per position decides [MASK] / random / keep (BERT's 80/10/10 by default)
-    u = torch.rand(input_ids.shape, generator=generator)
-    to_mask = masked & (u < mask_replace_prob)
-    to_random = masked & (u >= mask_replace_prob) & (u < mask_replace_prob + random_replace_prob)
-    random_ids = torch.randint(len(tokenizer), input_ids.shape, generator=generator)
-    inputs = torch.where(to_mask, torch.full_like(input_ids, tokenizer.mask_token_id), input_ids)
-    return torch.where(to_random, random_ids, inputs), labels
+    ``input_ids`` (numpy). Of the masked positions, ``mask_replace_prob`` become ``[MASK]``, ``random_replace_prob``
+    a random token, the rest stay; labels hold the original token there, -100 elsewhere."""
+    # the draws come from the torch generator (the batch's seed), the (B, T) arithmetic is numpy's (see plans.py)
+    u = torch.rand(input_ids.shape, generator=generator).numpy()
+    random_ids = torch.randint(len(tokenizer), input_ids.shape, generator=generator).numpy()
+    # one uniform draw per position decides [MASK] / random / keep (BERT's 80/10/10 by default), compared in
+    # float32 as the draw is
+    p_mask, p_mask_or_random = np.float32(mask_replace_prob), np.float32(mask_replace_prob + random_replace_prob)
+    to_mask = masked & (u < p_mask)
+    to_random = masked & (u >= p_mask) & (u < p_mask_or_random)
+    inputs = np.where(to_mask, tokenizer.mask_token_id, input_ids)
+    inputs = np.where(to_random, random_ids, inputs)
+    return inputs, np.where(masked, input_ids, -100)
 
 
 OBJECTIVE = Objective(

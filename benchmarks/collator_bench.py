@@ -18,6 +18,11 @@ estimate of the cost):
 - ``plan, per-row loop``: the plans as drawn before (``reference_make_plan``, kept in
   ``tests/test_plans_vectorised.py``), and ``collator, per-row loop``: the full call with those plans.
 
+Rows ``dar, one stream`` and ``mixture, one stream`` are the one-stream forms (``--dar_form single_stream``, and
+``--masked_form single_stream`` for the mixture's masked rows), on the same ``T`` ids (their batches are ``T + 2``
+wide). ``--threads 16``: the collator on torch's threads as in a main process that collates itself (a data
+loader worker runs on one thread); a collator whose ``(B, T)`` work is numpy's costs the same on any number.
+
 Run: ``python benchmarks/collator_bench.py --out collator_bench.json`` (``--smoke``: T=64, B=2 and 4, few
 repeats). ``collator_times`` is the function ``benchmarks/gpu_bench.py`` imports to set collator time against
 the compiled GPU step.
@@ -43,6 +48,9 @@ from hf_lookaround.training.pretraining import ObjectiveArguments, build_collato
 
 OBJECTIVES = ("ar", "dar", "mlm", "vmlm", "gvp", "mixture")
 MIXTURE = ["dar=0.5", "vmlm=0.5"]  # the mixture measured: UL2-style, half semi-AR, half variable masking
+ONE_STREAM = {"dar, one stream": dict(dar_form="single_stream"),
+              "mixture, one stream": dict(dar_form="single_stream", masked_form="single_stream")}
+ROWS = OBJECTIVES + tuple(ONE_STREAM)
 REFERENCE_FILE = Path(__file__).resolve().parent.parent / "tests" / "test_plans_vectorised.py"
 
 
@@ -67,8 +75,15 @@ def blocks(batch_size: int, seq_len: int, seed: int = 0, as_arrays: bool = False
     return [{"input_ids": row} for row in ids.tolist()]
 
 
-def objective_arguments(objective: str) -> ObjectiveArguments:
-    return ObjectiveArguments(objective=objective, mixture=MIXTURE if objective == "mixture" else [])
+def objective_of(row: str) -> str:
+    """The objective a row measures (``"mixture, one stream"``: ``mixture``)."""
+    return row.split(",")[0]
+
+
+def objective_arguments(row: str) -> ObjectiveArguments:
+    objective = objective_of(row)
+    return ObjectiveArguments(objective=objective, mixture=MIXTURE if objective == "mixture" else [],
+                              **ONE_STREAM.get(row, {}))
 
 
 def training_collator(objective: str, seq_len: int):
@@ -97,13 +112,13 @@ def median_seconds(call, repeats: int, warmup: int = 3) -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def torch_threads(threads: int = 1):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 def collator_times(batch_sizes=(16, 64), seq_len: int = 1024, objectives=OBJECTIVES, *, batch_size: int | None = None,
@@ -115,12 +130,12 @@ def collator_times(batch_sizes=(16, 64), seq_len: int = 1024, objectives=OBJECTI
     not read: a collator's cost depends on the batch's shape, not on which token ids it holds.
     """
     del data_root
-    unknown = set(objectives) - set(OBJECTIVES)
+    unknown = set(objectives) - set(ROWS)
     if unknown:
-        raise ValueError(f"unknown objective(s) {sorted(unknown)}; choose from {OBJECTIVES}")
+        raise ValueError(f"unknown objective(s) {sorted(unknown)}; choose from {ROWS}")
     sizes = (batch_size,) if batch_size is not None else tuple(batch_sizes)
     out: dict = {}
-    with one_thread():
+    with torch_threads(1):
         for b in sizes:
             features = blocks(b, seq_len, as_arrays=True)
             out[b] = {}
@@ -138,10 +153,10 @@ def load_reference():
     return module.reference_make_plan
 
 
-def measure(batch_sizes, seq_len: int, objectives, repeats: int, reference: bool) -> list[dict]:
+def measure(batch_sizes, seq_len: int, objectives, repeats: int, reference: bool, threads: int = 1) -> list[dict]:
     reference_make_plan = load_reference() if reference else None
     rows = []
-    with one_thread():
+    with torch_threads(threads):
         for b in batch_sizes:
             features, lists = blocks(b, seq_len, as_arrays=True), blocks(b, seq_len)
             for objective in objectives:
@@ -149,16 +164,17 @@ def measure(batch_sizes, seq_len: int, objectives, repeats: int, reference: bool
                 params = dict(objective_arguments(objective).plan_params(), num_condition_tokens=1)
                 lengths = torch.full((b,), seq_len)
                 generator = torch.Generator().manual_seed(0)
-                row = dict(objective=objective, batch_size=b, seq_len=seq_len, params=params)
+                name = objective_of(objective)
+                row = dict(objective=objective, batch_size=b, seq_len=seq_len, threads=threads, params=params)
                 def timed(name, call):
                     row[f"{name}_ms"], row[f"{name}_min_ms"] = (1e3 * t for t in median_seconds(call, repeats))
 
                 timed("collator", lambda: collator(features))
                 timed("as_pretrain", lambda: wrapped(features))
                 timed("collator_lists", lambda: collator(lists))
-                timed("plan", lambda: plans.make_plan(objective, lengths, seq_len, generator=generator, **params))
-                if reference and objective != "mixture":  # the per-row loop predates mixtures
-                    timed("reference_plan", lambda: reference_make_plan(objective, lengths, seq_len,
+                timed("plan", lambda: plans.make_plan(name, lengths, seq_len, generator=generator, **params))
+                if reference and name != "mixture":  # the per-row loop predates mixtures
+                    timed("reference_plan", lambda: reference_make_plan(name, lengths, seq_len,
                                                                         generator=generator, **params))
                     with mock.patch.object(plans, "make_plan", reference_make_plan):
                         timed("reference_collator", lambda: collator(features))
@@ -191,7 +207,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--seq_len", type=int, default=1024)
-    parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=OBJECTIVES)
+    parser.add_argument("--objectives", nargs="+", default=list(ROWS), choices=ROWS,
+                        help="rows to measure; a one-stream row is quoted: 'mixture, one stream'")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1: as in a data loader worker; more: a main process that collates)")
     parser.add_argument("--repeats", type=int, default=50, help="calls per measurement (the median is reported)")
     parser.add_argument("--no_reference", action="store_true", help="skip the per-row reference loop")
     parser.add_argument("--smoke", action="store_true", help="T=64, B=2 and 4, 5 repeats: checks that it runs")
@@ -199,13 +218,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.batch_sizes, args.seq_len, args.repeats = [2, 4], 64, 5
-    rows = measure(args.batch_sizes, args.seq_len, args.objectives, args.repeats, reference=not args.no_reference)
+    rows = measure(args.batch_sizes, args.seq_len, args.objectives, args.repeats, reference=not args.no_reference,
+                   threads=args.threads)
     text = table(rows)
-    print("milliseconds per batch, minimum / median of", args.repeats, "calls, one CPU thread")
+    print("milliseconds per batch, minimum / median of", args.repeats, "calls,", args.threads, "torch thread(s)")
     print(text)
     if args.out:
         meta = dict(torch=torch.__version__, python=platform.python_version(), processor=platform.processor(),
-                    machine=platform.machine(), threads=1, repeats=args.repeats, statistic="minimum and median")
+                    machine=platform.machine(), threads=args.threads, repeats=args.repeats, statistic="minimum and median")
         Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows, table=text), indent=1))
         print(f"wrote {args.out}")
     return 0

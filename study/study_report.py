@@ -277,19 +277,21 @@ def _passages(cell, name, protocol):
     return _set_entry(cell, name, protocol).get("per_passage")
 
 
+def _chosen_sets(cell, sets):
+    """The held-out sets a measure reads: ``sets`` among the cell's (None: every set it has)."""
+    names = [n for n in sets_of(cell) if sets is None or n in sets]
+    if not names:
+        raise KeyError("no such held-out set")
+    return names
+
+
 def nll_measure(protocol_of, sets=None, label="held-out NLL") -> Measure:
     """Mean over the held-out sets of each set's NLL per token (``sets``: a subset; None: every set the cell has)."""
-    def chosen(c):
-        names = [n for n in sets_of(c) if sets is None or n in sets]
-        if not names:
-            raise KeyError("no such held-out set")
-        return names
-
     def value(c):
-        return mean([_set_entry(c, n, protocol_of(c))["nll"] for n in chosen(c)])
+        return mean([_set_entry(c, n, protocol_of(c))["nll"] for n in _chosen_sets(c, sets)])
 
     def sample(c):
-        per = [_passages(c, n, protocol_of(c)) for n in chosen(c)]
+        per = [_passages(c, n, protocol_of(c)) for n in _chosen_sets(c, sets)]
         if any(p is None for p in per):
             return None
         fns = [ratio_metric(p["nll_sum"], p["tokens"]) for p in per]
@@ -311,20 +313,14 @@ def _short_long(c, name, protocol):
 
 def gap_measure(protocol_of, sets=None, part="gap") -> Measure:
     """part = "gap" (short - long), "short" or "long": mean over the sets of each set's value."""
-    def chosen(c):
-        names = [n for n in sets_of(c) if sets is None or n in sets]
-        if not names:
-            raise KeyError("no such held-out set")
-        return names
-
     def one(short, long_):
         return {"gap": short - long_, "short": short, "long": long_}[part]
 
     def value(c):
-        return mean([one(*_short_long(c, n, protocol_of(c))) for n in chosen(c)])
+        return mean([one(*_short_long(c, n, protocol_of(c))) for n in _chosen_sets(c, sets)])
 
     def sample(c):
-        per = [_passages(c, n, protocol_of(c)) for n in chosen(c)]
+        per = [_passages(c, n, protocol_of(c)) for n in _chosen_sets(c, sets)]
         if any(p is None or "short_nll_sum" not in p for p in per):
             return None
         fns = [(ratio_metric(p["short_nll_sum"], p["short_tokens"]), ratio_metric(p["long_nll_sum"], p["long_tokens"]))

@@ -445,6 +445,9 @@ def test_fallback_rule_is_deterministic_and_does_what_it_says():
     assert run(generation_lookaround.SPECULATION_BREAK_EVEN)[1] == 0
     with pytest.raises(ValueError, match="speculation_break_even must be a number >= 0"):
         group_generate(model, ids, mask, draft_group_size=2, max_new_tokens=4, speculation_break_even=-1)
+    with pytest.raises(ValueError, match="speculation_break_even must be a number >= 0"):
+        _causal(model).generate(ids, attention_mask=mask, draft_group_size=2, max_new_tokens=4,
+                                speculation_break_even=-1)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])

@@ -526,8 +526,7 @@ class GroupDecodingMixin:
         self._stop_strings_to_criteria(generation_config, kwargs)
         return super().generate(
             inputs, generation_config, *args, custom_generate=decoder, group_size=group_size or 1,
-            draft_group_size=draft_group_size, speculation_break_even=_check_break_even(speculation_break_even),
-            **kwargs,
+            draft_group_size=draft_group_size, speculation_break_even=speculation_break_even, **kwargs,
         )
 
     def _stop_strings_to_criteria(self, generation_config, kwargs) -> None:

@@ -68,6 +68,8 @@ PACKAGE_RUNS = {
                                                "--block_size", "1022"]),
 }
 BASELINES = ("llama", "bert", "xlnet")
+# under fsdp:N a baseline is wrapped by its own decoder layer, with every other setting of examples/accelerate/fsdp.yaml
+BASELINE_LAYERS = {"llama": "LlamaDecoderLayer", "bert": "BertLayer", "xlnet": "XLNetLayer"}
 SIZES = {"base": dict(hidden=768, layers=12, heads=12, intermediate=3072),
          "tiny": dict(hidden=64, layers=2, heads=2, intermediate=256)}
 
@@ -75,7 +77,7 @@ SIZES = {"base": dict(hidden=768, layers=12, heads=12, intermediate=3072),
 # ---------------------------------------------------------------------------------------------
 # in the child process
 # ---------------------------------------------------------------------------------------------
-def step_timer(warmup_steps: int, tokens_per_step: int):
+def step_timer(warmup_steps: int, tokens_per_step: int, timed_steps: int):
     import torch
     from transformers import TrainerCallback
 
@@ -118,12 +120,13 @@ def step_timer(warmup_steps: int, tokens_per_step: int):
             self.collate_ms = 1000 * sorted(times)[len(times) // 2]
 
         def result(self) -> dict:
-            timed = len(self.ends) - warmup_steps
+            # steps after the timed ones (--profile) are not timed
+            timed = min(timed_steps, len(self.ends) - warmup_steps)
             if timed < 1:
                 raise RuntimeError(f"only {len(self.ends)} steps ran; need more than --warmup_steps {warmup_steps}")
-            seconds = self.ends[-1] - self.ends[warmup_steps - 1]
+            seconds = self.ends[warmup_steps + timed - 1] - self.ends[warmup_steps - 1]
             step_ms = 1000 * seconds / timed
-            outside = sum(self.gaps[warmup_steps - 1:])  # gap i precedes step i + 2
+            outside = sum(self.gaps[warmup_steps - 1:warmup_steps + timed - 1])  # gap i precedes step i + 2
             return {"timed_steps": timed, "seconds": seconds, "tokens_per_s": timed * tokens_per_step / seconds,
                     "step_ms": step_ms, "outside_step_share": outside / seconds,
                     "graphs_at_warmup": self.graphs_at_warmup, "graphs_at_end": graphs(),
@@ -134,8 +137,26 @@ def step_timer(warmup_steps: int, tokens_per_step: int):
     return StepTimer()
 
 
+def callbacks(spec: dict, tokens_per_step: int) -> list:
+    """The step timer, and with --profile the step profile (benchmarks/step_profile.py) after it."""
+    timed = spec["steps"] - spec["warmup_steps"]
+    timers = [step_timer(spec["warmup_steps"], tokens_per_step, timed)]
+    if spec.get("profile"):
+        import step_profile
+
+        step_profile.install_host_timers()
+        timers.append(step_profile.profile_callback(spec["warmup_steps"], timed, spec["profile_steps"],
+                                                    Path(spec["result"]).parent))
+    return timers
+
+
+def timed_result(timers: list) -> dict:
+    return {**timers[0].result(), **({"profile": timers[1].summary()} if len(timers) > 1 else {})}
+
+
 def shared_flags(spec: dict) -> list[str]:
-    flags = ["--per_device_train_batch_size", str(spec["batch_size"]), "--max_steps", str(spec["steps"]),
+    steps = spec["steps"] + spec.get("profile_steps", 0)  # the profiled steps come after the timed ones
+    flags = ["--per_device_train_batch_size", str(spec["batch_size"]), "--max_steps", str(steps),
              "--save_strategy", "no", "--report_to", "none", "--logging_steps", "10", "--seed", "0",
              "--output_dir", spec["output_dir"]]
     if spec["kind"] == "package":
@@ -155,14 +176,15 @@ def run_package(spec: dict) -> dict:
 
     argv = ["--train_files", spec["train_file"], "--tokenizer_name", spec["tokenizer"], "--preset", spec["preset"],
             "--block_size", str(spec["block_size"]), "--validation_split_percentage", "0",
-            "--max_train_samples", str(spec["batch_size"] * spec["steps"]), "--do_train",
+            "--max_train_samples", str(spec["batch_size"] * (spec["steps"] + spec.get("profile_steps", 0))),
+            "--do_train",
             *shared_flags(spec), *spec["extra"]]
     args = parse_args(argv)
     block_size = args[1].block_size  # a run may set its own (the one-stream dar row leaves room for start rows)
-    timer = step_timer(spec["warmup_steps"], spec["batch_size"] * block_size * world_size())
-    run(*args, callbacks=[timer])
+    timers = callbacks(spec, spec["batch_size"] * block_size * world_size())
+    run(*args, callbacks=timers)
     shown = [Path(a).name if a in (spec["train_file"], spec["tokenizer"], spec["output_dir"]) else a for a in argv]
-    return {"command": "hf-lookaround pretrain " + " ".join(shown), **timer.result()}
+    return {"command": "hf-lookaround pretrain " + " ".join(shown), **timed_result(timers)}
 
 
 def run_baseline(spec: dict) -> dict:
@@ -189,14 +211,15 @@ def run_baseline(spec: dict) -> dict:
         return out
 
     blocks = tokenized.map(group_texts, batched=True)
-    blocks = blocks.select(range(min(len(blocks), spec["batch_size"] * spec["steps"])))
+    blocks = blocks.select(range(min(len(blocks), spec["batch_size"] * (spec["steps"] + spec.get("profile_steps", 0)))))
     model, collator = baseline_model(spec["baseline"], tokenizer, block, SIZES[spec["preset"]])
     (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(args=shared_flags(spec))
-    timer = step_timer(spec["warmup_steps"], spec["batch_size"] * block * world_size())
+    timers = callbacks(spec, spec["batch_size"] * block * world_size())
+    parameters = sum(p.numel() for p in model.parameters())  # before FSDP shards them
     trainer = Trainer(model=model, args=args, train_dataset=blocks, data_collator=collator or default_data_collator,
-                      callbacks=[timer])
+                      callbacks=timers)
     trainer.train()
-    return {"model": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()), **timer.result()}
+    return {"model": type(model).__name__, "parameters": parameters, **timed_result(timers)}
 
 
 def baseline_model(name: str, tokenizer, block: int, size: dict):
@@ -241,8 +264,11 @@ def child(spec_path: str) -> int:
         result = run_baseline(spec)
     else:
         result = run_package(spec)
-    if int(os.environ.get("RANK", "0")) == 0:
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
         Path(spec["result"]).write_text(json.dumps(dict(result, world_size=world_size()), indent=1))
+    if "profile" in result:  # every rank's own numbers (the slowest rank sets the pace)
+        Path(spec["result"]).with_suffix(f".rank{rank}.json").write_text(json.dumps(result["profile"], indent=1))
     return 0
 
 
@@ -259,11 +285,13 @@ def launch(name: str, spec: dict, work: Path, timeout_s: int) -> dict:
     command = [str(Path(__file__).resolve()), "--_child", str(folder / "spec.json")]
     if spec["launch"] != "none":  # accelerate launch with the committed config: one process per GPU
         config, processes = spec["launch"].split(":")
-        command = ["-m", "accelerate.commands.launch", "--config_file", str(HERE.parent / "examples" / "accelerate" /
-                   f"{config}.yaml"), "--num_processes", processes, *command]
+        config_file = launch_config(config, spec, folder)
+        command = ["-m", "accelerate.commands.launch", "--config_file", str(config_file), "--num_processes",
+                   processes, *command]
     env = dict(os.environ)
     if spec["launch"] == "none" and spec["device"] == "cuda":
-        env.setdefault("CUDA_VISIBLE_DEVICES", "0")  # one process, one GPU (several would mean DataParallel)
+        # one process, one GPU (several would mean DataParallel); side by side, each its own
+        env["CUDA_VISIBLE_DEVICES"] = str(spec.get("gpu", env.get("CUDA_VISIBLE_DEVICES", "0")))
     with open(log, "w") as out:
         try:
             code = subprocess.run([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -273,6 +301,9 @@ def launch(name: str, spec: dict, work: Path, timeout_s: int) -> dict:
     row = {"name": name, "kind": spec["kind"], "launch": spec["launch"], "wall_s": round(time.perf_counter() - t, 1)}
     if code == 0 and Path(spec["result"]).is_file():
         row.update(status="ok", **json.loads(Path(spec["result"]).read_text()))
+        ranks = sorted(folder.glob("result.rank*.json"), key=lambda f: int(f.stem.split("rank")[-1]))
+        if ranks:
+            row["profile"] = [json.loads(f.read_text()) for f in ranks]
     else:
         tail = log.read_text(errors="replace").strip().splitlines()[-25:]
         errors = [line for line in tail if "Error" in line or "error" in line]
@@ -281,6 +312,20 @@ def launch(name: str, spec: dict, work: Path, timeout_s: int) -> dict:
     print(f"[cli_bench] {name}: {row['status']} in {row['wall_s']} s"
           + (f", {row['tokens_per_s']:,.0f} tokens/s" if row["status"] == "ok" else f" ({row['error']})"), flush=True)
     return row
+
+
+def launch_config(config: str, spec: dict, folder: Path) -> Path:
+    """examples/accelerate/{config}.yaml; for a baseline under FSDP, the same file wrapping the baseline's layer."""
+    committed = HERE.parent / "examples" / "accelerate" / f"{config}.yaml"
+    if config != "fsdp" or spec["kind"] != "baseline":
+        return committed
+    text = committed.read_text()
+    key = "fsdp_transformer_layer_cls_to_wrap: LookAroundLayer"
+    if key not in text:
+        raise RuntimeError(f"{committed} no longer says {key!r}: update cli_bench.launch_config")
+    derived = folder / "fsdp.yaml"
+    derived.write_text(text.replace(key, f"fsdp_transformer_layer_cls_to_wrap: {BASELINE_LAYERS[spec['baseline']]}"))
+    return derived
 
 
 def rate(tokens_per_s: float) -> str:
@@ -308,7 +353,8 @@ def launch_table(result: dict, how: str) -> str:
         base = f"{b['model']} {rate(b['tokens_per_s'])}" if b and b["status"] == "ok" else \
             (f"{baseline}: failed" if b else "not run")
         if r["status"] != "ok":
-            lines.append(f"| {name} | **failed**: {r['error'][:120]} | | | | {base} | |")
+            lines.append(f"| {name} | **{r['status']}**: {r['error'][:120]} | | | | {base} | |"
+                         + (" |" if how != "none" else ""))
             continue
         ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b and b["status"] == "ok" else ""
         share = "" if r.get("collator_share") is None else f"{100 * r['collator_share']:.1f}% ({r['collate_ms']:.1f} ms)"
@@ -323,12 +369,57 @@ def launch_table(result: dict, how: str) -> str:
     for name in BASELINES:
         b = rows.get(name)
         if b is not None and b["status"] == "ok":
+            single = one.get(name)
+            scaling = "" if how == "none" else (
+                f" {b['tokens_per_s'] / single['tokens_per_s']:.2f}x |" if single and single["status"] == "ok" else " |")
             lines.append(f"| baseline {b['model']} | | {b['recompiles_after_warmup']} | "
                          f"{100 * b['outside_step_share']:.1f}% | "
                          + ("" if b.get("collator_share") is None else f"{100 * b['collator_share']:.1f}%")
-                         + f" | {rate(b['tokens_per_s'])} ({b['step_ms']:.0f} ms/step) | |")
+                         + f" | {rate(b['tokens_per_s'])} ({b['step_ms']:.0f} ms/step) | |" + scaling)
         elif b is not None:
-            lines.append(f"| baseline {name} | | | | | **failed**: {b['error'][:120]} | |")
+            lines.append(f"| baseline {name} | | | | | **{b['status']}**: {b['error'][:120]} | |"
+                         + (" |" if how != "none" else ""))
+    return "\n".join(lines)
+
+
+def profile_table(result: dict) -> str:
+    """Where each profiled run's step goes (benchmarks/step_profile.py), ms per step: rank 0, and the largest
+    over the ranks where it differs by more than 10%."""
+    def ms(value) -> str:
+        return "" if value is None else f"{value:.1f}"
+
+    def across(ranks, pick) -> str:
+        values = [v for v in (pick(p) for p in ranks) if v is not None]
+        if not values:
+            return ""
+        first, top = values[0], max(values)
+        return ms(first) + (f" (max {ms(top)})" if top > 1.1 * first + 0.05 else "")
+
+    lines = ["**Where the step goes** (ms per step; rank 0, max over ranks in brackets; GPU times from CUDA events, "
+             "communication from torch.profiler on the steps after the timed ones)", "",
+             "| run | ms/step | outside steps | data wait | count items | logging | rest of gap | fwd+bwd+clip (GPU) "
+             "| optimizer (GPU) | sched+zero_grad (GPU) | mask building host / GPU | NCCL kernels | NCCL exposed "
+             "| GPU idle |",
+             "| --- |" + " ---: |" * 13]
+    for r in result["rows"]:
+        ranks = r.get("profile")
+        if r["status"] != "ok" or not ranks:
+            continue
+        outside = r["outside_step_share"] * r["step_ms"]
+        gap = ranks[0]["gap"]
+        rest = outside - sum(v for v in gap.values() if v is not None)
+        mask = ranks[0]["mask_building"]
+        lines.append("| " + " | ".join([
+            r["name"], f"{r['step_ms']:.1f}", f"{outside:.1f} ({100 * r['outside_step_share']:.1f}%)",
+            across(ranks, lambda p: p["gap"]["data_wait_ms"]), across(ranks, lambda p: p["gap"]["count_items_ms"]),
+            across(ranks, lambda p: p["gap"]["log_save_eval_ms"]), f"{rest:.1f}",
+            across(ranks, lambda p: p["step"].get("forward_backward_clip_ms")),
+            across(ranks, lambda p: p["step"].get("optimizer_ms")),
+            across(ranks, lambda p: p["step"].get("scheduler_zero_grad_ms")),
+            "" if mask["host_ms"] is None else f"{ms(mask['host_ms'])} / {ms(mask['gpu_ms'])}",
+            across(ranks, lambda p: (p["profiled"] or {}).get("communication_ms")),
+            across(ranks, lambda p: (p["profiled"] or {}).get("exposed_communication_ms")),
+            across(ranks, lambda p: (p["profiled"] or {}).get("gpu_idle_ms"))]) + " |")
     return "\n".join(lines)
 
 
@@ -345,9 +436,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timed_steps", type=int, default=30)
     parser.add_argument("--launch", nargs="+", default=["none"],
                         help="none (one process), or ddp:N / fsdp:N (accelerate launch with examples/accelerate/"
-                             "{ddp,fsdp}.yaml on N GPUs); every run under each; baselines under none and ddp only")
+                             "{ddp,fsdp}.yaml on N GPUs); every run under each; a baseline under fsdp wraps its own layer")
     parser.add_argument("--no_compile", action="store_true")
     parser.add_argument("--timeout_s", type=int, default=240, help="per run")
+    parser.add_argument("--profile", nargs="*", default=None, metavar="LAUNCH",
+                        help="profile the runs under these launches (all, if none named): where a step's time goes, "
+                             "per rank (benchmarks/step_profile.py), on --profile_steps more steps after the timed ones")
+    parser.add_argument("--profile_steps", type=int, default=3)
+    parser.add_argument("--side_by_side", action="store_true",
+                        help="start the one-process runs together, one GPU each (needs as many GPUs as runs)")
+    parser.add_argument("--deadline_s", type=float, default=None,
+                        help="a budget for the whole call: a run that cannot finish in what is left (its timeout, or "
+                             "--expected_run_s) is skipped and marked so, and each run's timeout shrinks to fit")
+    parser.add_argument("--expected_run_s", type=float, default=80.0, help="a run's wall time, for --deadline_s")
     parser.add_argument("--work_dir", default=None)
     parser.add_argument("--out", default=None, help="write every row as JSON here (rewritten after each run)")
     parser.add_argument("--report", nargs="+", default=None,
@@ -363,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
             if len(args.report) > 1:
                 print(f"\n### {Path(path).name}: {result['device']}\n")
             print(table(result))
+            if any("profile" in r for r in result["rows"]):
+                print("\n" + profile_table(result))
         return 0
     if not (args.train_file and args.tokenizer):
         parser.error("--train_file and --tokenizer are needed (or --report)")
@@ -384,20 +487,55 @@ def main(argv: list[str] | None = None) -> int:
               "torch": torch.__version__,
               "settings": {k: Path(v).name if k == "tokenizer" else v for k, v in common.items() if k != "train_file"},
               "train_file": Path(args.train_file).name, "rows": []}
+    started = time.perf_counter()
+
+    def timeout_left() -> int | None:  # None: no time left for another run
+        if args.deadline_s is None:
+            return args.timeout_s
+        left = args.deadline_s - (time.perf_counter() - started)
+        return int(min(args.timeout_s, left)) if left >= min(args.timeout_s, args.expected_run_s) else None
+
+    def record(rows):
+        result["rows"].extend(rows)
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1))
+
     for how in args.launch:
+        profiled = args.profile is not None and (not args.profile or how in args.profile)
+        specs = []
         for name in args.runs:
-            if name in PACKAGE_RUNS:
-                spec = dict(common, kind="package", extra=PACKAGE_RUNS[name][1], launch=how)
-            elif how.startswith("fsdp"):
-                continue  # the FSDP config wraps LookAroundLayer: not a baseline's layer
-            else:
-                spec = dict(common, kind="baseline", baseline=name, launch=how)
+            kind = dict(kind="package", extra=PACKAGE_RUNS[name][1]) if name in PACKAGE_RUNS else \
+                dict(kind="baseline", baseline=name)
             label = name if how == "none" else f"{name} @{how}"
-            result["rows"].append(launch(label, spec, work, args.timeout_s))
-            if args.out:
-                Path(args.out).write_text(json.dumps(result, indent=1))
+            specs.append((label, dict(common, **kind, launch=how, profile=profiled,
+                                      profile_steps=args.profile_steps if profiled else 0)))
+        if how == "none" and args.side_by_side and device == "cuda":
+            if len(specs) > torch.cuda.device_count():
+                parser.error(f"--side_by_side: {len(specs)} runs, {torch.cuda.device_count()} GPUs")
+            timeout = timeout_left()
+            if timeout is None:
+                record([skipped(label, spec) for label, spec in specs])
+                continue
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(len(specs)) as pool:
+                rows = list(pool.map(lambda i: launch(specs[i][0], dict(specs[i][1], gpu=i), work, timeout),
+                                     range(len(specs))))
+            record(rows)
+            continue
+        for label, spec in specs:
+            timeout = timeout_left()
+            record([skipped(label, spec) if timeout is None else launch(label, spec, work, timeout)])
     print(table(result))
+    if any("profile" in r for r in result["rows"]):
+        print("\n" + profile_table(result))
     return 0 if all(r["status"] == "ok" for r in result["rows"]) else 1
+
+
+def skipped(label: str, spec: dict) -> dict:
+    print(f"[cli_bench] {label}: skipped (--deadline_s reached)", flush=True)
+    return {"name": label, "kind": spec["kind"], "launch": spec["launch"], "status": "skipped",
+            "error": "skipped: --deadline_s reached", "wall_s": 0}
 
 
 if __name__ == "__main__":

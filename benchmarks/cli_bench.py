@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -293,10 +294,14 @@ def launch(name: str, spec: dict, work: Path, timeout_s: int) -> dict:
         # one process, one GPU (several would mean DataParallel); side by side, each its own
         env["CUDA_VISIBLE_DEVICES"] = str(spec.get("gpu", env.get("CUDA_VISIBLE_DEVICES", "0")))
     with open(log, "w") as out:
+        # a session of its own: on a timeout the launcher's ranks go too, and free their GPUs for the next run
+        proc = subprocess.Popen([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
         try:
-            code = subprocess.run([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                  timeout=timeout_s).returncode
+            code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             code = "timeout"
     row = {"name": name, "kind": spec["kind"], "launch": spec["launch"], "wall_s": round(time.perf_counter() - t, 1)}
     if code == 0 and Path(spec["result"]).is_file():
@@ -351,7 +356,7 @@ def launch_table(result: dict, how: str) -> str:
             continue
         b = rows.get(baseline)
         base = f"{b['model']} {rate(b['tokens_per_s'])}" if b and b["status"] == "ok" else \
-            (f"{baseline}: failed" if b else "not run")
+            (f"{baseline}: {b['status']}" if b else "not run")
         if r["status"] != "ok":
             lines.append(f"| {name} | **{r['status']}**: {r['error'][:120]} | | | | {base} | |"
                          + (" |" if how != "none" else ""))
@@ -535,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
 def skipped(label: str, spec: dict) -> dict:
     print(f"[cli_bench] {label}: skipped (--deadline_s reached)", flush=True)
     return {"name": label, "kind": spec["kind"], "launch": spec["launch"], "status": "skipped",
-            "error": "skipped: --deadline_s reached", "wall_s": 0}
+            "error": "--deadline_s reached", "wall_s": 0}
 
 
 if __name__ == "__main__":

@@ -178,9 +178,9 @@ def profile_callback(warmup_steps: int, timed_steps: int, profile_steps: int, fo
                 })
             last_timed = warmup_steps + timed_steps
             if profile_steps and step == last_timed:
-                self.profiler = torch.profiler.profile(
-                    activities=[torch.profiler.ProfilerActivity.CPU]
-                    + ([torch.profiler.ProfilerActivity.CUDA] if cuda else []))
+                # kernels only on a GPU: a small trace, quick to write and read
+                self.profiler = torch.profiler.profile(activities=[
+                    torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU])
                 self.profiler.start()
                 self.window = time.perf_counter()
             elif self.profiler is not None and step == last_timed + profile_steps:

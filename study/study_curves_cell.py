@@ -196,7 +196,9 @@ def evaluate(model, tokenizer, spec, log, folder: Path | None = None) -> dict:
     from hf_lookaround.models.lookaround.generation_lookaround import is_one_stream_group_model
 
     out, skipped = {}, {}
-    if is_one_stream_group_model(model.config):
+    if not spec.get("perplexity", True):
+        skipped["perplexity"] = "the protocol asks for no perplexity (evaluation.perplexity = false)"
+    elif is_one_stream_group_model(model.config):
         out["perplexity"] = one_stream_perplexity(model, tokenizer, spec, log)
         skipped["masked_prefix"] = "dar's one-stream form is block-causal: it has no bidirectional prefix to mask"
     elif is_two_stream(model):

@@ -192,7 +192,8 @@ def _spec(protocol, stamp, args, objective, seed, gpu, prep, settings, deadline_
             "command_label": args.command_label, "part": str(args.part), "gpu": gpu, "device": args.device,
             "threads": threads, "cell_dir": str(cell_dir), "records_dir": str(args.records_dir),
             "deadline_unix": deadline_unix, "eval_minutes_guess": args.eval_minutes_guess,
-            "steps_this_command": args.steps_this_command, "second_scorer": args.second_scorer}
+            "steps_this_command": args.steps_this_command, "second_scorer": args.second_scorer,
+            "perplexity": protocol.get("evaluation", {}).get("perplexity", True)}
 
 
 def _start(spec: dict, env: dict) -> subprocess.Popen:

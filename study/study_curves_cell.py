@@ -77,7 +77,7 @@ def _stop_callback(target_step: int, deadline_unix: float):
     return StopAtCheckpointOrDeadline()
 
 
-def build_trainer(spec, tokenizer, target_step: int):
+def build_trainer(spec, tokenizer, target_step: int, eval_blocks=None):
     import datasets
 
     from study_cell import _training_args
@@ -98,7 +98,7 @@ def build_trainer(spec, tokenizer, target_step: int):
         drop_unread_content=s.get("drop_unread_content", False))
     # the package's one training assembly (the initial weights of this seed, its collators, the Trainer)
     return P.build_trainer(config, model_args, objective_args, args, tokenizer,
-                           datasets.load_from_disk(spec["prep"]["train_blocks"]), block_size=s["block_size"],
+                           datasets.load_from_disk(spec["prep"]["train_blocks"]), eval_blocks, block_size=s["block_size"],
                            callbacks=[_stop_callback(target_step, spec["deadline_unix"])])
 
 
@@ -196,7 +196,9 @@ def evaluate(model, tokenizer, spec, log, folder: Path | None = None) -> dict:
     from hf_lookaround.models.lookaround.generation_lookaround import is_one_stream_group_model
 
     out, skipped = {}, {}
-    if is_one_stream_group_model(model.config):
+    if not spec.get("perplexity", True):
+        skipped["perplexity"] = "the protocol asks for no perplexity (evaluation.perplexity = false)"
+    elif is_one_stream_group_model(model.config):
         out["perplexity"] = one_stream_perplexity(model, tokenizer, spec, log)
         skipped["masked_prefix"] = "dar's one-stream form is block-causal: it has no bidirectional prefix to mask"
     elif is_two_stream(model):

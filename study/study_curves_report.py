@@ -186,14 +186,64 @@ def _has(r, measure) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
+# the verdict rules a protocol names
+# ---------------------------------------------------------------------------------------------
+# issue 32's rules, for a protocol that names none (study_protocol_curves.json): the Holm family is the tests that
+# have data, a test runs on whatever seeds both sides have (at least 2), missing data rules out "holds" only
+ISSUE32_RULES = {"family": "tests with data", "seeds": "at least 2", "missing": "rules out holds only"}
+# issue 42's rules (tests.rules of study_protocol_c1.json): missing data cannot move a verdict
+FIXED_RULES = {"family": "fixed", "seeds": "all", "missing": "cannot tell both ways"}
+
+
+def rules_of(protocol: dict) -> dict:
+    rules = {**ISSUE32_RULES, **protocol["tests"].get("rules", {})}
+    allowed = {"family": ("tests with data", "fixed"), "seeds": ("at least 2", "all"),
+               "missing": ("rules out holds only", "cannot tell both ways")}
+    for key, value in rules.items():
+        if key not in allowed or value not in allowed[key]:
+            raise ValueError(f"protocol tests.rules: {key}={value!r} is not one of {allowed.get(key, sorted(allowed))}")
+    return rules
+
+
+def check_no_duplicate_tests(protocol: dict) -> None:
+    """A test listed twice (same claim, sides and measure) would sit twice in its Holm family."""
+    seen = set()
+    for test in protocol["tests"]["list"]:
+        key = tuple(test[:4])
+        if key in seen:
+            raise ValueError(f"protocol tests.list holds {list(key)} twice: drop one (a duplicate doubles its weight "
+                             "in the Holm family)")
+        seen.add(key)
+    for a, b in protocol["tests"].get("same_quantity", []):
+        if any(t[3] == b for t in protocol["tests"]["list"]) and any(t[3] == a for t in protocol["tests"]["list"]):
+            raise ValueError(f"protocol tests.list tests both {a} and {b}, which the protocol says are the same "
+                             "quantity: drop one")
+
+
+def protocol_seeds(protocol: dict, objective: str) -> set[int]:
+    """Every seed the protocol runs for ``objective`` (over its parts, optional blocks included)."""
+    out = set()
+    for part in protocol["parts"].values():
+        for block in [part] + ([part["optional"]] if "optional" in part else []):
+            if objective in block["objectives"]:
+                out |= set(block["seeds"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # tests at one checkpoint
 # ---------------------------------------------------------------------------------------------
-def run_test(group, test, draws: Draws | None) -> dict:
+def run_test(group, test, draws: Draws | None, required_seeds: set[int] | None = None) -> dict:
+    """One paired test. ``required_seeds``: the test counts only with every one of them on both sides (else it
+    has no data, and ``missing_seeds`` names what is missing)."""
     claim, a, b, measure, expected, effect, null = test
     A, B = group.get(a, {}), group.get(b, {})
     seeds = sorted(s for s in set(A) & set(B) if _has(A[s], measure) and _has(B[s], measure))
     out = {"claim": claim, "a": a, "b": b, "measure": measure, "expected": expected, "effect": effect, "null": null,
            "seeds": seeds, "n": len(seeds), "p": float("nan")}
+    if required_seeds is not None and not set(required_seeds) <= set(seeds):
+        out["missing_seeds"] = sorted(set(required_seeds) - set(seeds))
+        return out
     if len(seeds) < 2:
         return out
     pc = paired_comparison([value(A[s], measure) for s in seeds], [value(B[s], measure) for s in seeds], null=null)
@@ -205,25 +255,44 @@ def run_test(group, test, draws: Draws | None) -> dict:
     return out
 
 
-def decide(results: list[dict]) -> None:
-    """Holm over the checkpoint's tests, then study18's rule (in place)."""
-    adjusted = holm([r["p"] for r in results])
-    m = max(1, sum(not math.isnan(p) for p in adjusted))
+def _has_data(r) -> bool:
+    return r["n"] >= 2 and "missing_seeds" not in r
+
+
+def decide(results: list[dict], rules: dict = ISSUE32_RULES) -> None:
+    """Holm over the checkpoint's tests (the family the rules name), then study18's rule (in place)."""
+    fixed = rules["family"] == "fixed"
+    adjusted = holm([r["p"] for r in results], fixed_family=fixed)
+    m = len(results) if fixed else max(1, sum(not math.isnan(p) for p in adjusted))
     for r, p in zip(results, adjusted):
         r["p_holm"], r["family"] = p, m
-        side = 0 if r["n"] < 2 or r["mean"] == r["null"] else (1 if r["mean"] > r["null"] else -1)
+        side = 0 if not _has_data(r) or r["mean"] == r["null"] else (1 if r["mean"] > r["null"] else -1)
         boot_ok = "boot_low" not in r or (side > 0 and r["boot_low"] > r["null"]) or (side < 0 and r["boot_high"] < r["null"])
         r["called"] = bool(side and not math.isnan(p) and p < LEVEL and boot_ok)
-        r["outcome"] = ("no data" if r["n"] < 2 else "not called" if not r["called"] else
+        r["outcome"] = ("no data" if not _has_data(r) else "not called" if not r["called"] else
                         "differs" if r["expected"] == 0 else "supports" if side == r["expected"] else "contradicts")
-        if r["n"] >= 2 and not r["called"]:
+        if _has_data(r) and not r["called"]:
             r["seeds_paper"] = seeds_for_power(r["effect"], r["sd"], 0.8, LEVEL / m)
             r["seeds_observed"] = seeds_for_power(abs(r["mean"] - r["null"]), r["sd"], 0.8, LEVEL / m)
 
 
-def verdict(outcomes: list[str]) -> str:
+def verdict(outcomes: list[str], rules: dict = ISSUE32_RULES) -> str:
+    """A claim's verdict from its tests' outcomes.
+
+    With ``missing: cannot tell both ways`` (and a fixed family, every seed required) a test without data could
+    still go either way, so it rules out "holds" and "does not hold" alike, except where the present tests already
+    decide: a call against (or a difference) stays a call whatever the missing test shows, since filling it in can
+    only lower the other tests' Holm p-values. Without those rules (issue 32's) "does not hold" was reachable from
+    a family that a missing test had shrunk, which more data could undo."""
     if any(o == "differs" for o in outcomes):  # a two-sided test of no predicted direction (P: dar's two forms)
         return "the forms differ"
+    if rules["missing"] == "cannot tell both ways":
+        if any(o == "contradicts" for o in outcomes):
+            return "does not hold"
+        missing = sum(o == "no data" for o in outcomes)
+        if missing:
+            return "no data" if missing == len(outcomes) else f"cannot tell ({missing} of {len(outcomes)} without data)"
+        return "holds" if outcomes and all(o == "supports" for o in outcomes) else "cannot tell"
     if outcomes and all(o == "supports" for o in outcomes):
         return "holds"
     if any(o == "contradicts" for o in outcomes):
@@ -232,12 +301,17 @@ def verdict(outcomes: list[str]) -> str:
 
 
 def analyse(checkpoints: dict, protocol: dict, n_boot: int = N_BOOT) -> dict[int, list[dict]]:
+    rules = rules_of(protocol)
+    check_no_duplicate_tests(protocol)
     out = {}
     for tokens, group in checkpoints.items():
         any_record = next((r for o in group.values() for r in o.values()), None)
         draws = Draws(any_record, n_boot) if any_record is not None else None
-        results = [run_test(group, t, draws) for t in protocol["tests"]["list"]]
-        decide(results)
+        results = []
+        for t in protocol["tests"]["list"]:
+            required = protocol_seeds(protocol, t[1]) & protocol_seeds(protocol, t[2]) if rules["seeds"] == "all" else None
+            results.append(run_test(group, t, draws, required))
+        decide(results, rules)
         out[tokens] = results
     return out
 
@@ -262,16 +336,18 @@ def _test_label(r) -> str:
     return f"{r['measure']}: {r['a']} − {r['b']}" + (f" (null {r['null']:+g})" if r["null"] else "")
 
 
-def claim_lines(claim: str, analysis: dict) -> list[str]:
+def claim_lines(claim: str, analysis: dict, rules: dict = ISSUE32_RULES) -> list[str]:
     lines = [f"### {claim}", "", "| test | tokens | n | mean diff [95 % t] | bootstrap 95 % | p (Holm) | outcome | "
              "seeds for 80 % (paper / observed effect) |", "| --- | --- | ---: | --- | --- | ---: | --- | --- |"]
     verdicts = []
     for tokens, results in analysis.items():
         mine = [r for r in results if r["claim"] == claim]
-        verdicts.append(f"{tokens_tag(tokens)}: **{verdict([r['outcome'] for r in mine])}**")
+        verdicts.append(f"{tokens_tag(tokens)}: **{verdict([r['outcome'] for r in mine], rules)}**")
         for r in mine:
             boot = f"[{_f(r.get('boot_low'))}, {_f(r.get('boot_high'))}]" if "boot_low" in r else "–"
             need = f"{r.get('seeds_paper') or '–'} / {r.get('seeds_observed') or '–'}" if "seeds_paper" in r else ""
+            if "missing_seeds" in r:
+                need = "seeds missing: " + ", ".join(map(str, r["missing_seeds"]))
             lines.append(f"| {_test_label(r)} | {tokens_tag(tokens)} | {r['n']} | {_f(r.get('mean'))} "
                          f"[{_f(r.get('low'))}, {_f(r.get('high'))}] | {boot} | {_f(r.get('p_holm'), '.3g')} | "
                          f"{r['outcome']} | {need} |")
@@ -284,6 +360,7 @@ def claim_lines(claim: str, analysis: dict) -> list[str]:
 
 
 def summary_lines(protocol: dict, analysis: dict) -> list[str]:
+    rules = rules_of(protocol)
     """One row per claim: its verdict at each checkpoint, the last one's being the verdict of record."""
     tags = [tokens_tag(t) for t in analysis]
     lines = ["## Verdicts", "", f"The verdict of record is the last checkpoint's ({tags[-1]} tokens); the earlier ones "
@@ -291,7 +368,7 @@ def summary_lines(protocol: dict, analysis: dict) -> list[str]:
              "in its section below.", "", "| claim | " + " | ".join(tags) + " |",
              "| --- |" + " --- |" * len(tags)]
     for claim in dict.fromkeys(t[0] for t in protocol["tests"]["list"]):
-        row = [verdict([r["outcome"] for r in results if r["claim"] == claim]) for results in analysis.values()]
+        row = [verdict([r["outcome"] for r in results if r["claim"] == claim], rules) for results in analysis.values()]
         lines.append(f"| {claim} | " + " | ".join(row[:-1] + [f"**{row[-1]}**"]) + " |")
     return lines + [""]
 
@@ -401,7 +478,7 @@ def build_report(bundles, output: Path, plots_dir: Path | None, protocol_path: P
     lines += _second_scorer_lines(protocol, kept)
     lines += summary_lines(protocol, analysis)
     for claim in dict.fromkeys(t[0] for t in protocol["tests"]["list"]):
-        lines += claim_lines(claim, analysis)
+        lines += claim_lines(claim, analysis, rules_of(protocol))
         if plots_dir is not None:
             Path(plots_dir).mkdir(parents=True, exist_ok=True)
             path = plot_claim(claim, analysis, Path(plots_dir) / f"curve_{claim}.png")

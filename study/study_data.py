@@ -143,6 +143,21 @@ def _fingerprint_files(files) -> list:
     return [[Path(f).name, Path(f).stat().st_size] for f in files]
 
 
+def corpus_sha256(corpus_dir) -> dict:
+    """The SHA-256 of every file of the corpus's splits (``{split: {file name: sha256}}``): a record names the
+    slice it trained on by content, not by a folder name (docs/gutenberg.md lists the slice's hashes)."""
+    out = {}
+    for split in SPLITS:
+        out[split] = {}
+        for f in split_files(Path(corpus_dir), split):
+            digest = hashlib.sha256()
+            with open(f, "rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+            out[split][Path(f).name] = digest.hexdigest()
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # preparation
 # ---------------------------------------------------------------------------------------------

@@ -123,10 +123,18 @@ def paired_comparison(a, b, level: float = CALL_LEVEL, null: float = 0.0) -> Pai
 # ---------------------------------------------------------------------------------------------
 # multiple comparisons
 # ---------------------------------------------------------------------------------------------
-def holm(pvalues) -> list[float]:
-    """Holm's step-down adjusted p-values, in the input order. NaN (a test that could not be run) stays NaN and
-    does not count in the family size. Reject hypothesis i at family-wise level alpha iff adjusted[i] < alpha."""
+def holm(pvalues, fixed_family: bool = False) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order. NaN (a test that could not be run) stays NaN.
+    Reject hypothesis i at family-wise level alpha iff adjusted[i] < alpha.
+
+    ``fixed_family=False``: a NaN test leaves the family (issue 32's rule: the family is what finished).
+    ``fixed_family=True``: the family is every test given (the protocol's list) and a NaN test counts as p = 1,
+    the largest it could be: data that arrives later can only lower the others' adjusted p-values, never raise them,
+    so a test called without it stays called with it."""
     p = [float(x) for x in pvalues]
+    if fixed_family:
+        filled = [1.0 if math.isnan(v) else v for v in p]
+        return [float("nan") if math.isnan(v) else a for v, a in zip(p, holm(filled))]
     valid = sorted((v, i) for i, v in enumerate(p) if not math.isnan(v))
     m = len(valid)
     out = [float("nan")] * len(p)

@@ -294,13 +294,19 @@ def launch(name: str, spec: dict, work: Path, timeout_s: int) -> dict:
         # one process, one GPU (several would mean DataParallel); side by side, each its own
         env["CUDA_VISIBLE_DEVICES"] = str(spec.get("gpu", env.get("CUDA_VISIBLE_DEVICES", "0")))
     with open(log, "w") as out:
-        # a session of its own: on a timeout the launcher's ranks go too, and free their GPUs for the next run
-        proc = subprocess.Popen([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            # the launcher and its ranks (torch's elastic agent starts them in sessions of their own), so that
+            # they free their GPUs for the next run
+            import psutil
+
+            for pid in [c.pid for c in psutil.Process(proc.pid).children(recursive=True)] + [proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             proc.wait()
             code = "timeout"
     row = {"name": name, "kind": spec["kind"], "launch": spec["launch"], "wall_s": round(time.perf_counter() - t, 1)}

@@ -219,10 +219,13 @@ def test_output_flags_and_return_dict_follow_transformers_kwargs(name, tiny_mode
     torch.testing.assert_close(as_tuple[1 if cls is LookAroundViTForPreTraining else 0], first, rtol=0, atol=0)
 
 
-def test_the_classifier_refuses_a_plan_it_would_ignore(tiny_model):
+def test_the_classifier_refuses_a_plan_it_would_ignore_and_labels_out_of_range(tiny_model):
     model, plan = tiny_model(LookAroundViTForImageClassification, num_labels=3), plan_for("gvp")
     with pytest.raises(ValueError, match="LookAroundViTForImageClassification takes no group_ids"):
         model(pixel_values=images(), group_ids=plan.group_ids)
+    with pytest.raises(ValueError, match=r"class labels must lie in \[0, 3\), got \[0, 3\]"):
+        model(pixel_values=images(), labels=torch.tensor([0, 3]))
+    assert torch.isfinite(model(pixel_values=images(), labels=torch.tensor([0, 2])).loss)
 
 
 # ------------------------------------------------------------------------------------------ bad input

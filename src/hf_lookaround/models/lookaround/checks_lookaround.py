@@ -354,6 +354,14 @@ def check_image_plan(group_ids, target_positions, shape, prefix: int = 1) -> Non
                          "sees them (a plan's targets have rank >= 1, its prefix rank 0)")
 
 
+def check_image_classification_inputs(model, kwargs: dict, labels) -> None:
+    """`LookAroundViTForImageClassification`: no plan, and class ids in range for single-label classification."""
+    refuse_plan_inputs(model, kwargs)
+    if (labels is not None and model.config.problem_type in (None, "single_label_classification")
+            and model.num_labels > 1 and labels.dtype in (torch.long, torch.int)):
+        check_class_labels(labels, model.num_labels)
+
+
 def check_vit_pretraining_inputs(group_ids, target_positions) -> None:
     if group_ids is None or target_positions is None:
         raise ValueError("LookAroundViTForPreTraining needs group_ids and target_positions (a plan); "

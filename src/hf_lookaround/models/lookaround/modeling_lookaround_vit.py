@@ -35,16 +35,15 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .checks_lookaround import (
-    check_class_labels,
     check_codebook_is_set,
     check_codebook_tables,
     check_codebook_width,
+    check_image_classification_inputs,
     check_pixel_decoder_is_set,
     check_pixel_values,
     check_vit_inputs,
     check_vit_pretraining_inputs,
     check_visual_token_ids,
-    refuse_plan_inputs,
 )
 from .configuration_lookaround_vit import LookAroundViTConfig
 from .modeling_lookaround import LookAroundForPreTrainingOutput, LookAroundModel, LookAroundPreTrainedModel
@@ -448,17 +447,13 @@ class LookAroundViTForImageClassification(LookAroundViTPreTrainedModel):
         input_ids (d2d), class_labels, condition_embeds: as in [`LookAroundViTModel`] (a class-conditional model
         classifies with no class, -1, unless told otherwise; a model without a class table needs
         condition_embeds)."""
-        refuse_plan_inputs(self, kwargs)
+        check_image_classification_inputs(self, kwargs, labels)
         outputs = self.vit(pixel_values, input_ids=input_ids, class_labels=class_labels,
                            condition_embeds=condition_embeds, **kwargs)
         logits = self.classifier(self.dropout(outputs.pooler_output))
         loss = None
         if labels is not None:
-            labels = labels.to(logits.device)
-            if (self.config.problem_type in (None, "single_label_classification") and self.num_labels > 1
-                    and labels.dtype in (torch.long, torch.int)):
-                check_class_labels(labels, self.num_labels)
-            loss = self.loss_function(labels, logits, self.config)
+            loss = self.loss_function(labels.to(logits.device), logits, self.config)
         return ImageClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )

@@ -121,6 +121,44 @@ def test_single_stream_causal_and_masked_heads_do_not_leak(impl, tiny_model, lea
     leak_audit.assert_reads_only(reach, may_read, must_read="all", what="masked-LM token")
 
 
+def test_a_new_attention_kernel_is_one_registration(tiny_model):
+    """Issue 38: a kernel joins the models in one call (its attention function and its plan mask, here SDPA's): the
+    pretraining head then runs with it and gives SDPA's loss. A kernel with no plan mask is a one-line error that
+    names the registered ones."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import AttentionInterface
+
+    from hf_lookaround.models.lookaround.masking_lookaround import PlanMaskInterface, register_attention_kernel
+
+    calls = []
+
+    def counted_sdpa(*args, **kwargs):
+        calls.append(1)
+        return sdpa_attention_forward(*args, **kwargs)
+
+    ids, mask, lengths = batch_inputs()
+    plan = random_plans(lengths, ids.shape[1], seed=5)["dar"]
+    labels = torch.where(plan.is_target, ids, -100)
+    try:
+        register_attention_kernel("test_sdpa_alias", counted_sdpa, "sdpa")
+        AttentionInterface.register("test_kernel_without_mask", sdpa_attention_forward)
+        losses = {}
+        for impl in ("sdpa", "test_sdpa_alias"):
+            model = tiny_model(H.LookAroundForPreTraining, impl)
+            losses[impl] = model(input_ids=ids, attention_mask=mask, group_ids=plan.group_ids, labels=labels).loss
+        assert len(calls) == model.config.num_hidden_layers, "the registered kernel did not run in every layer"
+        torch.testing.assert_close(losses["test_sdpa_alias"], losses["sdpa"], rtol=0, atol=0)
+        unmasked = tiny_model(H.LookAroundForPreTraining, "test_kernel_without_mask")
+        registered = r"registered: eager, flex_attention, lookaround_auto, sdpa, test_sdpa_alias\. Register"
+        with pytest.raises(ValueError, match=r"'test_kernel_without_mask' has no plan mask; " + registered) as error:
+            unmasked(input_ids=ids, attention_mask=mask, group_ids=plan.group_ids, labels=labels)
+        assert "\n" not in str(error.value)
+    finally:
+        for name in ("test_sdpa_alias", "test_kernel_without_mask"):
+            AttentionInterface._global_mapping.pop(name, None)
+            PlanMaskInterface._global_mapping.pop(name, None)
+
+
 @torch.no_grad()
 def test_flex_forward_ignores_tokens_it_must_not_see(static_flex_shapes, tiny_model):
     """FlexAttention has no CPU backward: check the same rule by perturbing invisible tokens."""

@@ -184,6 +184,50 @@ def test_image_classification(problem_type, num_labels, labels, pooling, tiny_mo
     assert model.vit.embeddings.patch_embeddings.weight.grad.abs().sum() > 0
 
 
+# ------------------------------------------------------------------------------------------ output flags
+def head_call(model, x, plan, **flags):
+    if isinstance(model, LookAroundViTForPreTraining):
+        return model(pixel_values=x, group_ids=plan.group_ids, target_positions=plan.target_positions(), **flags)
+    return model(pixel_values=x, **flags)
+
+
+@pytest.mark.parametrize("name", HEADS)
+def test_output_flags_and_return_dict_follow_transformers_kwargs(name, tiny_model, tiny_vit_config):
+    """The ViT heads take transformers' output flags through **kwargs (as the text model does, issue 38): no head
+    names them, yet every head returns the hidden states and attention weights of each layer, and a tuple with
+    return_dict=False."""
+    import inspect
+
+    cls = HEADS[name][1]
+    assert not {"output_hidden_states", "output_attentions", "return_dict"} & set(
+        inspect.signature(cls.forward).parameters), f"{cls.__name__}.forward names an output flag"
+    model, x, plan = tiny_model(cls, "eager", num_labels=3), images(), plan_for("gvp")
+    config = tiny_vit_config()
+    plain = head_call(model, x, plan)
+    assert plain.hidden_states is None and plain.attentions is None
+    out = head_call(model, x, plan, output_hidden_states=True, output_attentions=True)
+    layers, width, rows = config.num_hidden_layers, config.sequence_length, config.sequence_length
+    if cls is LookAroundViTForPreTraining:  # the query stream's rows (one per target slot) attend too
+        rows += plan.target_positions().shape[1]
+    assert len(out.hidden_states) == layers + 1 and len(out.attentions) == layers
+    assert all(h.shape == (2, width, config.hidden_size) for h in out.hidden_states)
+    assert all(a.shape == (2, config.num_attention_heads, rows, width) for a in out.attentions)
+    first = plain.logits if hasattr(plain, "logits") else plain.last_hidden_state
+    as_tuple = head_call(model, x, plan, return_dict=False)
+    assert isinstance(as_tuple, tuple)
+    # (loss, logits, ...) with a loss, (logits, ...) or (last_hidden_state, ...) without: None fields are dropped
+    torch.testing.assert_close(as_tuple[1 if cls is LookAroundViTForPreTraining else 0], first, rtol=0, atol=0)
+
+
+def test_the_classifier_refuses_a_plan_it_would_ignore_and_labels_out_of_range(tiny_model):
+    model, plan = tiny_model(LookAroundViTForImageClassification, num_labels=3), plan_for("gvp")
+    with pytest.raises(ValueError, match="LookAroundViTForImageClassification takes no group_ids"):
+        model(pixel_values=images(), group_ids=plan.group_ids)
+    with pytest.raises(ValueError, match=r"class labels must lie in \[0, 3\), got \[0, 3\]"):
+        model(pixel_values=images(), labels=torch.tensor([0, 3]))
+    assert torch.isfinite(model(pixel_values=images(), labels=torch.tensor([0, 2])).loss)
+
+
 # ------------------------------------------------------------------------------------------ bad input
 def test_bad_inputs_raise_clear_errors(tiny_model, tiny_vit_config):
     model = tiny_model(LookAroundViTForPreTraining)

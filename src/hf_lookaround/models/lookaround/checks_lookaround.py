@@ -158,11 +158,12 @@ def check_labels(labels: torch.Tensor, vocab_size: int, shape=None) -> None:
 
 
 def refuse_plan_inputs(model, kwargs: dict) -> None:
-    """The single-stream heads take no plan: a `group_ids` passed to them would be swallowed by `**kwargs`."""
+    """The single-stream heads (text and image classification too) take no plan: a `group_ids` passed to them would
+    be swallowed by `**kwargs`."""
     given = [name for name in PLAN_INPUTS if kwargs.get(name) is not None]
     if given:
         raise ValueError(f"{type(model).__name__} takes no {', '.join(given)} (it would ignore them): a plan is "
-                         "read by LookAroundForPreTraining (AutoModelForPreTraining); load the checkpoint with that "
+                         "read by the pretraining head (AutoModelForPreTraining); load the checkpoint with that "
                          "head, or drop them")
 
 
@@ -229,3 +230,189 @@ def check_next_token_view_inputs(config, input_ids, attention_mask, **given) -> 
         run = real.long().diff(dim=-1, prepend=torch.zeros_like(real[:, :1], dtype=torch.long))
         if bool((run > 0).long().sum(-1).gt(1).any()):
             raise ValueError("the attention_mask must mark one run of real tokens per row (left or right padding)")
+
+
+def check_class_labels(labels: torch.Tensor, num_labels: int) -> None:
+    """Single-label classification: class ids in [0, num_labels)."""
+    if _skip_values(labels):
+        return
+    if labels.min() < 0 or labels.max() >= num_labels:
+        raise ValueError(f"class labels must lie in [0, {num_labels}), got {labels.unique().tolist()}")
+
+
+# ----------------------------------------------------------------------------------------------
+# The vision model (LookAroundViT*): patches, condition tokens, an image plan, the visual tokenizer
+# ----------------------------------------------------------------------------------------------
+def check_vit_inputs(config, *, pixel_values, input_ids, group_ids, target_positions, class_labels,
+                     condition_embeds) -> None:
+    """Everything `LookAroundViTModel.forward` takes, checked before any work (the backbone checks its own inputs)."""
+    batch = check_patch_inputs(config, pixel_values, input_ids)
+    check_condition_inputs(config, batch, class_labels, condition_embeds)
+    if group_ids is not None:
+        check_image_plan(group_ids, target_positions, (batch, config.sequence_length), config.num_prefix_tokens)
+
+
+def check_patch_inputs(config, pixel_values, input_ids) -> int:
+    """The patches come from pixels (p2p, p2d; d2d tokenises them) or from visual-token ids (d2d). Returns the batch."""
+    mode = config.target_mode
+    if mode != "d2d":
+        if input_ids is not None:
+            raise ValueError(f"target_mode {mode!r} reads pixels: pass pixel_values, not input_ids")
+        if pixel_values is None:
+            raise ValueError("LookAroundViTModel needs pixel_values of shape (batch, channels, height, width)")
+    elif (pixel_values is None) == (input_ids is None):
+        raise ValueError("target_mode 'd2d' reads visual tokens: pass exactly one of input_ids (batch, "
+                         "num_patches) or pixel_values (tokenised with the model's codebook)")
+    if pixel_values is not None:
+        check_pixel_values(pixel_values, config)
+        return pixel_values.shape[0]
+    check_visual_token_ids(input_ids, config.codebook_size, "input_ids (visual tokens)", config.num_patches)
+    return input_ids.shape[0]
+
+
+def check_pixel_values(pixel_values: torch.Tensor, config) -> None:
+    c, s = config.num_channels, config.image_size
+    if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != (c, s, s):
+        raise ValueError(
+            f"pixel_values must have shape (batch, {c}, {s}, {s}) (num_channels, image_size, image_size of the "
+            f"config), got {tuple(pixel_values.shape)}; resize the images or build a config for their size"
+        )
+
+
+def check_visual_token_ids(ids: torch.Tensor, codebook_size: int, name: str = "visual-token ids",
+                           num_patches: int | None = None) -> None:
+    """Visual tokens are integer ids in [0, codebook_size); as a model input, one per patch."""
+    if num_patches is not None and (ids.dim() != 2 or ids.shape[1] != num_patches or ids.is_floating_point()):
+        raise ValueError(f"{name} must be integer ids of shape (batch, {num_patches}) (one per patch), "
+                         f"got {ids.dtype} {tuple(ids.shape)}")
+    if _skip_values(ids):
+        return
+    if ids.min() < 0 or ids.max() >= codebook_size:
+        raise ValueError(f"{name} must lie in [0, {codebook_size}) (codebook_size), got ids from "
+                         f"{int(ids.min())} to {int(ids.max())}")
+
+
+def check_condition_inputs(config, batch: int, class_labels, condition_embeds) -> None:
+    """The condition tokens carry a class (`class_labels`, -1: none; needs a class table) or given embeddings
+    (`condition_embeds`), never both; a model without condition tokens takes neither."""
+    n_cond, hidden = config.num_condition_tokens, config.hidden_size
+    if not n_cond:
+        if class_labels is not None or condition_embeds is not None:
+            raise ValueError("class_labels / condition_embeds need condition tokens: this model has "
+                             "num_condition_tokens=0 (set it, and num_condition_classes, in the config)")
+        return
+    if class_labels is not None and condition_embeds is not None:
+        raise ValueError("pass either class_labels or condition_embeds for the condition tokens, not both")
+    if condition_embeds is not None:
+        if condition_embeds.dim() != 3 or tuple(condition_embeds.shape) != (batch, n_cond, hidden):
+            raise ValueError(f"condition_embeds must have shape ({batch}, {n_cond}, {hidden}) (batch, "
+                             f"num_condition_tokens, hidden_size), got {tuple(condition_embeds.shape)}")
+        return
+    if class_labels is None:
+        raise ValueError(
+            f"this model has {n_cond} condition token(s): pass class_labels (batch,) (-1 for no class) or "
+            f"condition_embeds ({batch}, {n_cond}, {hidden})"
+        )
+    if not config.num_condition_classes:
+        raise ValueError("class_labels need a class-embedding table: this model has num_condition_classes=0; "
+                         "pass condition_embeds instead, or build the config with num_condition_classes")
+    class_labels = torch.as_tensor(class_labels)
+    if class_labels.dim() != 1 or class_labels.shape[0] != batch or class_labels.is_floating_point():
+        raise ValueError(f"class_labels must be integer class ids of shape ({batch},), got "
+                         f"{class_labels.dtype} {tuple(class_labels.shape)}")
+    num_classes = config.num_condition_classes
+    if not _skip_values(class_labels) and (class_labels.min() < -1 or class_labels.max() >= num_classes):
+        raise ValueError(f"class_labels must lie in [0, {num_classes}) (num_condition_classes), or be -1 for no "
+                         f"class; got {class_labels.unique().tolist()}")
+
+
+def check_image_plan(group_ids, target_positions, shape, prefix: int = 1) -> None:
+    """A plan over ``[CLS, conditions, patches]``: the prefix has the lowest rank and is never a target; every
+    target ranks above the prefix, so that it sees it."""
+    if tuple(group_ids.shape) != tuple(shape):
+        raise ValueError(
+            f"group_ids must cover [CLS, condition tokens, patches]: shape {tuple(shape)}, got "
+            f"{tuple(group_ids.shape)}; draw the plan for config.sequence_length = {shape[1]} positions with "
+            f"num_condition_tokens=config.num_prefix_tokens = {prefix}"
+        )
+    if torch.compiler.is_compiling():
+        return  # value checks need a host sync
+    if (group_ids[:, :prefix].amax(-1) > group_ids[:, prefix:].amin(-1)).any():
+        raise ValueError(f"the CLS token and the condition tokens (positions 0..{prefix - 1}) must have the lowest "
+                         f"rank of their row (rank 0 of a plan drawn with num_condition_tokens={prefix})")
+    if target_positions is None:
+        return
+    if ((target_positions >= 0) & (target_positions < prefix)).any():
+        raise ValueError(f"positions 0..{prefix - 1} are the CLS token and the condition tokens, which have no "
+                         f"pixels: a prefix position cannot be a target (patches start at position {prefix})")
+    slots = target_positions.clamp(min=0).to(group_ids.device)
+    target_rank = group_ids.gather(1, slots)
+    unseen = (target_positions.to(group_ids.device) >= 0) & (
+        target_rank <= group_ids[:, :prefix].amax(-1, keepdim=True))
+    if unseen.any():
+        raise ValueError("every target must have a higher rank than the CLS and condition tokens, so that it "
+                         "sees them (a plan's targets have rank >= 1, its prefix rank 0)")
+
+
+def check_image_classification_inputs(model, kwargs: dict, labels) -> None:
+    """`LookAroundViTForImageClassification`: no plan, and class ids in range for single-label classification."""
+    refuse_plan_inputs(model, kwargs)
+    if (labels is not None and model.config.problem_type in (None, "single_label_classification")
+            and model.num_labels > 1 and labels.dtype in (torch.long, torch.int)):
+        check_class_labels(labels, model.num_labels)
+
+
+def check_vit_pretraining_inputs(group_ids, target_positions) -> None:
+    if group_ids is None or target_positions is None:
+        raise ValueError("LookAroundViTForPreTraining needs group_ids and target_positions (a plan); "
+                         "hf_lookaround.data.image_collator.ImagePlanCollator emits them")
+
+
+def check_codebook_width(patch_width: int, codebook: torch.Tensor) -> None:
+    if patch_width != codebook.shape[-1]:
+        raise ValueError(f"patches have {patch_width} values but the codebook's centroids have "
+                         f"{codebook.shape[-1]}: the codebook was fitted for another patch size or channel count")
+
+
+def check_codebook_tables(config, codebook, pixel_decoder) -> None:
+    """`set_visual_codebook`: tables of (codebook_size, patch_dim), finite, with at least 2 distinct centroids."""
+    if not config.uses_codebook:
+        raise ValueError(f"target_mode {config.target_mode!r} regresses pixels and has no codebook; build the "
+                         f"model with target_mode 'p2d' or 'd2d' to use visual tokens")
+    want = (config.codebook_size, config.patch_dim)
+    for name, table in (("codebook", codebook), ("pixel_decoder", pixel_decoder)):
+        if table is None:
+            continue
+        table = torch.as_tensor(table)
+        if tuple(table.shape) != want:
+            raise ValueError(
+                f"{name} has shape {tuple(table.shape)} but this model takes ({config.codebook_size}, "
+                f"{config.patch_dim}) (config.codebook_size, num_channels * patch_size**2): fit the codebook with "
+                f"codebook_size={config.codebook_size} and patch_size={config.patch_size}, or build the config "
+                f"with codebook_size={table.shape[0]}"
+            )
+        if not torch.isfinite(table).all():
+            raise ValueError(f"{name} holds non-finite values")
+    if torch.unique(torch.as_tensor(codebook), dim=0).shape[0] < 2:
+        raise ValueError("the codebook needs at least 2 distinct centroids")
+
+
+def check_codebook_is_set(config, codebook: torch.Tensor) -> None:
+    """All zeros = no codebook set yet (a fitted one has >= 2 distinct centroids)."""
+    if torch.compiler.is_compiling():
+        return  # needs a host sync: checked by the first eager call
+    if not codebook.any():
+        raise ValueError(
+            f"target_mode {config.target_mode!r} needs a visual codebook and none is set: fit one with "
+            f"hf_lookaround.visual_tokenizer.fit_codebook(images, patch_size={config.patch_size}, "
+            f"codebook_size={config.codebook_size}) and call model.set_visual_codebook(codebook)"
+        )
+
+
+def check_pixel_decoder_is_set(pixel_decoder: torch.Tensor) -> None:
+    if not pixel_decoder.any():
+        raise ValueError(
+            "this model has a codebook but no pixel decoder, so visual tokens cannot become pixels: call "
+            "model.set_visual_codebook(codebook, pixel_decoder=hf_lookaround.visual_tokenizer.fit_pixel_decoder("
+            "images, codebook, patch_size))"
+        )

@@ -1,19 +1,23 @@
 """Masks from plans: the one rule that says who may see whom, in the form each attention kernel takes.
 
 A plan gives every row (content stream, then query stream) and every key a group rank; ``may_attend`` turns
-ranks into attention. ``create_plan_mask`` builds the masks of one forward on the device: a boolean mask for
-SDPA, an additive one for eager, a ``BlockMask`` for FlexAttention, or None for the plain causal fast path
-(as ``transformers.masking_utils.create_causal_mask`` does for causal models).
+ranks into attention. ``create_plan_mask`` builds the masks of one forward on the device, in the form the kernel
+named by ``attn_implementation`` takes: ``PLAN_MASKS`` maps each kernel to the function that builds its mask (a
+boolean mask for SDPA, an additive one for eager, a ``BlockMask`` for FlexAttention), as transformers'
+``AttentionMaskInterface`` does for causal models; None is the plain causal fast path. A new kernel is one call:
+``register_attention_kernel(name, attention_function, plan_mask)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+from transformers.utils.generic import GeneralInterface
 
 # A rank no real token has: padded target slots get it, so they see nothing.
 NO_TARGET_RANK = -1
@@ -68,11 +72,15 @@ AUTO_ATTENTION = "lookaround_auto"
 FLEX_ATTENTION_MIN_KEYS = 4096
 
 
-def resolve_attention_implementation(implementation: str, key_len: int) -> str:
-    """The kernel a forward over ``key_len`` keys uses: ``lookaround_auto`` picks SDPA or FlexAttention by length."""
-    if implementation == AUTO_ATTENTION:
-        return "flex_attention" if key_len >= FLEX_ATTENTION_MIN_KEYS else "sdpa"
-    return implementation
+def resolve_attention_implementation(implementation: str, key_len: int, device=None, built_once: bool = False) -> str:
+    """The kernel a forward over ``key_len`` keys uses: ``lookaround_auto`` picks SDPA or FlexAttention by length.
+    A mask ``built_once`` (the same for every batch of a shape) on CUDA is a BlockMask at any length: built once, a
+    block-sparse mask beats SDPA's dense one."""
+    if implementation != AUTO_ATTENTION:
+        return implementation
+    if key_len >= FLEX_ATTENTION_MIN_KEYS or (built_once and device is not None and torch.device(device).type == "cuda"):
+        return "flex_attention"
+    return "sdpa"
 
 
 @dataclass
@@ -133,24 +141,91 @@ class AttentionPlan:
                                  device=q_rank.device, _compile=compile_builder)
 
 
+# ----------------------------------------------------------------------------------------------
+# The mask of each attention kernel: one registry, keyed by ``attn_implementation``.
+# ----------------------------------------------------------------------------------------------
+def boolean_plan_mask(plan: AttentionPlan, sees: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, L, K) bool, True = attend (SDPA). Rows that see nothing (``sees`` False) see every key here: the caller
+    zeroes them after the kernel."""
+    return plan.dense() | ~sees[:, None, :, None]
+
+
+def additive_plan_mask(plan: AttentionPlan, sees: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, L, K) in ``dtype``: 0 where a row attends, the dtype's minimum elsewhere (eager)."""
+    allowed = boolean_plan_mask(plan, sees, dtype)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def block_plan_mask(plan: AttentionPlan, sees: torch.Tensor, dtype: torch.dtype):
+    """A FlexAttention ``BlockMask`` (:meth:`AttentionPlan.block_mask`); rows that see nothing are zeroed after."""
+    return plan.block_mask()
+
+
+@dataclass(frozen=True)
+class PlanMask:
+    """How one attention kernel takes a plan's mask.
+
+    build: ``(plan, sees, dtype) -> mask``, from the plan's ranks on the device (``sees``: (B, L) bool, the rows
+        that see some key; the others must see every key inside the kernel, so that no softmax is empty).
+    block_sparse: the mask is a FlexAttention ``BlockMask`` (a one-stream mixture batch then assembles it from its
+        family masks instead of evaluating the grid).
+    causal_without_mask: the kernel runs a plain causal forward (no padding, no cache offset) with no mask at all,
+        through its own causal path (``is_causal``; SDPA may then pick its flash kernel).
+    """
+
+    build: Callable
+    block_sparse: bool = False
+    causal_without_mask: bool = False
+
+
+def auto_plan_mask(plan: AttentionPlan, sees: torch.Tensor, dtype: torch.dtype):
+    """``lookaround_auto``: the mask of the kernel it picks for this many keys."""
+    kernel = resolve_attention_implementation(AUTO_ATTENTION, plan.key_rank.shape[1])
+    return PLAN_MASKS[kernel].build(plan, sees, dtype)
+
+
+class PlanMaskInterface(GeneralInterface):
+    """``attn_implementation`` -> its :class:`PlanMask`: the one place that says which mask each kernel takes.
+    Like transformers' ``AttentionMaskInterface``, a ``register`` is seen by every instance."""
+
+    _global_mapping = {
+        "eager": PlanMask(additive_plan_mask),
+        "sdpa": PlanMask(boolean_plan_mask, causal_without_mask=True),
+        "flex_attention": PlanMask(block_plan_mask, block_sparse=True),
+        AUTO_ATTENTION: PlanMask(auto_plan_mask, causal_without_mask=True),
+    }
+
+
+PLAN_MASKS: PlanMaskInterface = PlanMaskInterface()
+
+
+def plan_mask_of(implementation: str) -> PlanMask:
+    """The registered mask of a kernel; an unknown one is a one-line error naming the registered kernels."""
+    if implementation not in PLAN_MASKS:
+        raise ValueError(
+            f"attention kernel {implementation!r} has no plan mask; registered: {', '.join(sorted(PLAN_MASKS))}. "
+            "Register it with register_attention_kernel(name, attention_function, plan_mask)"
+        )
+    return PLAN_MASKS[implementation]
+
+
+def register_attention_kernel(name: str, attention_function: Callable, plan_mask: PlanMask | str) -> None:
+    """Make ``attn_implementation=name`` work: ``attention_function`` joins transformers' ``AttentionInterface`` and
+    ``plan_mask`` (a :class:`PlanMask`, or the name of a registered kernel whose mask it takes) the plan masks."""
+    AttentionInterface.register(name, attention_function)
+    PlanMaskInterface.register(name, plan_mask_of(plan_mask) if isinstance(plan_mask, str) else plan_mask)
+
+
 def prepare_attention_mask(plan: AttentionPlan, implementation: str, dtype: torch.dtype):
-    """The mask in the form the backend takes, and the (B, L, 1, 1) factor that zeroes rows that see nothing.
+    """The mask in the form the kernel takes, and the (B, L, 1, 1) factor that zeroes rows that see nothing.
 
     Rows that see nothing (a query row with no lower rank, a padded target slot) would give NaN in a
     softmax. They are let see every key inside the kernel, then multiplied by zero: no NaN, and
     exactly zero gradient to every key.
     """
     sees = plan.row_sees_something()
-    row_factor = sees[:, :, None, None].to(dtype)
-    implementation = resolve_attention_implementation(implementation, plan.key_rank.shape[1])
-    if implementation == "flex_attention":
-        return plan.block_mask(), row_factor
-    mask = plan.dense() | ~sees[:, None, :, None]
-    if implementation == "sdpa":
-        return mask, row_factor
-    # eager (and any other kernel taking an additive mask)
-    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return additive.masked_fill(~mask, torch.finfo(dtype).min), row_factor
+    kernel = resolve_attention_implementation(implementation, plan.key_rank.shape[1])
+    return plan_mask_of(kernel).build(plan, sees, dtype), sees[:, :, None, None].to(dtype)
 
 
 @dataclass
@@ -246,7 +321,7 @@ def create_plan_mask(
             query_mask, query_row_factor = query_rows_of(prepared, plan, implementation, dtype)
             prepared = dataclasses.replace(prepared, query_mask=query_mask, query_row_factor=query_row_factor)
         return prepared
-    if plain_causal and implementation in ("sdpa", AUTO_ATTENTION):
+    if plain_causal and plan_mask_of(implementation).causal_without_mask:
         return None
     if row_kind is not None:
         return mixed_row_masks(row_kind, static_group_size, num_content, implementation, dtype)
@@ -265,9 +340,7 @@ def block_causal_masks(group_size: int, length: int, implementation: str, dtype:
     training): the same for every batch, so they are built once per shape, from :func:`may_attend` (a row sees the
     keys of its own and every earlier group), with a batch dimension of 1 that broadcasts. A BlockMask costs
     milliseconds to build; a compiled step then reads the same mask every time (``model.prepare_attention``)."""
-    kernel = resolve_attention_implementation(implementation, length)
-    if implementation == AUTO_ATTENTION and torch.device(device).type == "cuda":
-        kernel = "flex_attention"  # built once, a block-sparse BlockMask beats SDPA's dense mask at any length
+    kernel = resolve_attention_implementation(implementation, length, device, built_once=True)
     key = (group_size, length, kernel, dtype, str(device))
     if key not in _BLOCK_CAUSAL_MASKS:
         rank = torch.div(torch.arange(length, device=device), group_size, rounding_mode="floor")[None]
@@ -384,10 +457,8 @@ def mixed_row_masks(row_kind: torch.Tensor, group_size: int, width: int, impleme
     on the GPU (FlexAttention, and ``lookaround_auto`` on CUDA as for :func:`block_causal_masks`), a dense mask from
     the same ranks otherwise (SDPA, eager)."""
     check_row_kind(row_kind, row_kind.shape[0])
-    kernel = resolve_attention_implementation(implementation, width)
-    if implementation == AUTO_ATTENTION and row_kind.device.type == "cuda":
-        kernel = "flex_attention"
-    if kernel == "flex_attention":
+    kernel = resolve_attention_implementation(implementation, width, row_kind.device, built_once=True)
+    if plan_mask_of(kernel).block_sparse:
         row_factor = torch.ones(1, width, 1, 1, dtype=dtype, device=row_kind.device)  # every row sees a key
         return PreparedAttention(mixed_block_mask(row_kind, group_size, width), row_factor, width, width)
     return build_prepared_attention(mixed_rows_plan(row_kind, group_size, width), kernel, dtype, width,

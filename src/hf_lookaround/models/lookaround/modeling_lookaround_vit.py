@@ -31,8 +31,20 @@ import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.modeling_outputs import ImageClassifierOutput, ModelOutput
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 
+from .checks_lookaround import (
+    check_codebook_is_set,
+    check_codebook_tables,
+    check_codebook_width,
+    check_image_classification_inputs,
+    check_pixel_decoder_is_set,
+    check_pixel_values,
+    check_vit_inputs,
+    check_vit_pretraining_inputs,
+    check_visual_token_ids,
+)
 from .configuration_lookaround_vit import LookAroundViTConfig
 from .modeling_lookaround import LookAroundForPreTrainingOutput, LookAroundModel, LookAroundPreTrainedModel
 
@@ -66,9 +78,7 @@ _ENCODE_CHUNK = 65536
 def encode_patches(patches_normalised: torch.Tensor, codebook: torch.Tensor) -> torch.LongTensor:
     """(..., P) normalised patches -> (...) ids of their nearest centroid in ``codebook`` (K, P), squared
     Euclidean distance; ties go to the lower id."""
-    if patches_normalised.shape[-1] != codebook.shape[-1]:
-        raise ValueError(f"patches have {patches_normalised.shape[-1]} values but the codebook's centroids have "
-                         f"{codebook.shape[-1]}: the codebook was fitted for another patch size or channel count")
+    check_codebook_width(patches_normalised.shape[-1], codebook)
     x = patches_normalised.float().reshape(-1, codebook.shape[-1])
     c = codebook.float()
     c_norm = c.square().sum(-1)
@@ -80,9 +90,7 @@ def encode_patches(patches_normalised: torch.Tensor, codebook: torch.Tensor) -> 
 
 def decode_ids(ids: torch.LongTensor, codebook: torch.Tensor) -> torch.Tensor:
     """(...) ids -> (..., P): the centroid (or any per-id table of the codebook's shape) of each id."""
-    if not torch.compiler.is_compiling() and ids.numel() and (ids.min() < 0 or ids.max() >= codebook.shape[0]):
-        raise ValueError(f"visual-token ids must lie in [0, {codebook.shape[0]}) (the codebook size), got ids from "
-                         f"{int(ids.min())} to {int(ids.max())}")
+    check_visual_token_ids(ids, codebook.shape[0])
     return codebook[ids]
 
 
@@ -168,15 +176,6 @@ class LookAroundViTPreTrainedModel(LookAroundPreTrainedModel):
         return vit.config.uses_codebook and bool(vit.visual_codebook.any())
 
 
-def check_pixel_values(pixel_values: torch.Tensor, config: LookAroundViTConfig) -> None:
-    c, s = config.num_channels, config.image_size
-    if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != (c, s, s):
-        raise ValueError(
-            f"pixel_values must have shape (batch, {c}, {s}, {s}) (num_channels, image_size, image_size of the "
-            f"config), got {tuple(pixel_values.shape)}; resize the images or build a config for their size"
-        )
-
-
 class LookAroundViTEmbeddings(nn.Module):
     """The input sequence ``[CLS, cond_1..cond_C, patch_0..patch_{N-1}]``.
 
@@ -217,36 +216,12 @@ class LookAroundViTEmbeddings(nn.Module):
         return self.patch_embeddings(pixel_values.to(dtype)).flatten(2).transpose(1, 2)  # (B, N, D)
 
     def condition_sequence(self, batch: int, class_labels, condition_embeds) -> torch.Tensor | None:
-        n_cond, hidden = self.config.num_condition_tokens, self.config.hidden_size
-        if not n_cond:
-            if class_labels is not None or condition_embeds is not None:
-                raise ValueError("class_labels / condition_embeds need condition tokens: this model has "
-                                 "num_condition_tokens=0 (set it, and num_condition_classes, in the config)")
+        """The condition tokens `(B, C, D)`, None without any (`check_condition_inputs` has checked the inputs)."""
+        if not self.config.num_condition_tokens:
             return None
-        if class_labels is not None and condition_embeds is not None:
-            raise ValueError("pass either class_labels or condition_embeds for the condition tokens, not both")
         if condition_embeds is not None:
-            if condition_embeds.dim() != 3 or tuple(condition_embeds.shape) != (batch, n_cond, hidden):
-                raise ValueError(f"condition_embeds must have shape ({batch}, {n_cond}, {hidden}) (batch, "
-                                 f"num_condition_tokens, hidden_size), got {tuple(condition_embeds.shape)}")
             return condition_embeds
-        if class_labels is None:
-            raise ValueError(
-                f"this model has {n_cond} condition token(s): pass class_labels (batch,) (-1 for no class) or "
-                f"condition_embeds ({batch}, {n_cond}, {hidden})"
-            )
-        if self.class_embeddings is None:
-            raise ValueError("class_labels need a class-embedding table: this model has num_condition_classes=0; "
-                             "pass condition_embeds instead, or build the config with num_condition_classes")
         class_labels = torch.as_tensor(class_labels, device=self.condition_tokens.device)
-        if class_labels.dim() != 1 or class_labels.shape[0] != batch or class_labels.is_floating_point():
-            raise ValueError(f"class_labels must be integer class ids of shape ({batch},), got "
-                             f"{class_labels.dtype} {tuple(class_labels.shape)}")
-        num_classes = self.config.num_condition_classes
-        if not torch.compiler.is_compiling() and class_labels.numel() and (
-                class_labels.min() < -1 or class_labels.max() >= num_classes):
-            raise ValueError(f"class_labels must lie in [0, {num_classes}) (num_condition_classes), or be -1 for no "
-                             f"class; got {class_labels.unique().tolist()}")
         has_class = (class_labels >= 0)[:, None, None]
         classes = self.class_embeddings(class_labels.clamp(min=0))[:, None, :]  # the same class in every slot
         return self.condition_tokens + torch.where(has_class, classes, torch.zeros_like(classes))
@@ -273,41 +248,15 @@ class LookAroundViTModel(LookAroundViTPreTrainedModel):
 
     # ------------------------------------------------------------------ the visual tokenizer
     def _set_visual_codebook(self, codebook, pixel_decoder=None) -> None:
-        config = self.config
-        if not config.uses_codebook:
-            raise ValueError(f"target_mode {config.target_mode!r} regresses pixels and has no codebook; build the "
-                             f"model with target_mode 'p2d' or 'd2d' to use visual tokens")
-        want = (config.codebook_size, config.patch_dim)
-        for name, table in (("codebook", codebook), ("pixel_decoder", pixel_decoder)):
-            if table is None:
-                continue
-            table = torch.as_tensor(table)
-            if tuple(table.shape) != want:
-                raise ValueError(
-                    f"{name} has shape {tuple(table.shape)} but this model takes ({config.codebook_size}, "
-                    f"{config.patch_dim}) (config.codebook_size, num_channels * patch_size**2): fit the codebook with "
-                    f"codebook_size={config.codebook_size} and patch_size={config.patch_size}, or build the config "
-                    f"with codebook_size={table.shape[0]}"
-                )
-            if not torch.isfinite(table).all():
-                raise ValueError(f"{name} holds non-finite values")
+        check_codebook_tables(self.config, codebook, pixel_decoder)
         codebook = torch.as_tensor(codebook)
-        if torch.unique(codebook, dim=0).shape[0] < 2:
-            raise ValueError("the codebook needs at least 2 distinct centroids")
         with torch.no_grad():
             self.visual_codebook.copy_(codebook)
             # a new codebook invalidates the old decoder: zeros = no decoder
             self.visual_codebook_pixels.copy_(torch.as_tensor(pixel_decoder) if pixel_decoder is not None else 0)
 
     def _require_codebook(self) -> None:
-        if torch.compiler.is_compiling():
-            return  # needs a host sync: checked by the first eager call
-        if not self.visual_codebook.any():
-            raise ValueError(
-                f"target_mode {self.config.target_mode!r} needs a visual codebook and none is set: fit one with "
-                f"hf_lookaround.visual_tokenizer.fit_codebook(images, patch_size={self.config.patch_size}, "
-                f"codebook_size={self.config.codebook_size}) and call model.set_visual_codebook(codebook)"
-            )
+        check_codebook_is_set(self.config, self.visual_codebook)
 
     def visual_token_ids(self, pixel_values: torch.Tensor) -> torch.LongTensor:
         """(B, C, H, W) -> (B, N): the visual token of every patch (nearest centroid of the normalised patch)."""
@@ -319,40 +268,16 @@ class LookAroundViTModel(LookAroundViTPreTrainedModel):
     def decode_visual_tokens(self, ids: torch.LongTensor) -> torch.Tensor:
         """(B, N) ids -> (B, N, C*p*p) pixels of each patch, through the pixel decoder."""
         self._require_codebook()
-        if not self.visual_codebook_pixels.any():
-            raise ValueError(
-                "this model has a codebook but no pixel decoder, so visual tokens cannot become pixels: call "
-                "model.set_visual_codebook(codebook, pixel_decoder=hf_lookaround.visual_tokenizer.fit_pixel_decoder("
-                "images, codebook, patch_size))"
-            )
+        check_pixel_decoder_is_set(self.visual_codebook_pixels)
         return decode_ids(ids, self.visual_codebook_pixels)
-
-    def _check_visual_token_ids(self, input_ids: torch.Tensor) -> None:
-        n, k = self.config.num_patches, self.config.codebook_size
-        if input_ids.dim() != 2 or input_ids.shape[1] != n or input_ids.is_floating_point():
-            raise ValueError(f"input_ids (visual tokens) must be integer ids of shape (batch, {n}) (one per patch), "
-                             f"got {input_ids.dtype} {tuple(input_ids.shape)}")
-        if not torch.compiler.is_compiling() and input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= k):
-            raise ValueError(f"input_ids (visual tokens) must lie in [0, {k}) (codebook_size), got ids from "
-                             f"{int(input_ids.min())} to {int(input_ids.max())}")
 
     def patch_embeddings_of(self, pixel_values=None, input_ids=None) -> torch.Tensor:
         """(B, N, D): the embedding of every patch, from pixels (p2p, p2d; d2d tokenises them first) or from
         visual-token ids (d2d)."""
-        mode = self.config.target_mode
-        if mode != "d2d":
-            if input_ids is not None:
-                raise ValueError(f"target_mode {mode!r} reads pixels: pass pixel_values, not input_ids")
-            if pixel_values is None:
-                raise ValueError("LookAroundViTModel needs pixel_values of shape (batch, channels, height, width)")
-            check_pixel_values(pixel_values, self.config)
+        if self.config.target_mode != "d2d":
             return self.embeddings.embed_pixels(pixel_values)
-        if (pixel_values is None) == (input_ids is None):
-            raise ValueError("target_mode 'd2d' reads visual tokens: pass exactly one of input_ids (batch, "
-                             "num_patches) or pixel_values (tokenised with the model's codebook)")
         if input_ids is None:
             input_ids = self.visual_token_ids(pixel_values)
-        self._check_visual_token_ids(input_ids)
         return self.embeddings.visual_token_embeddings(input_ids)
 
     @can_return_tuple
@@ -361,12 +286,10 @@ class LookAroundViTModel(LookAroundViTPreTrainedModel):
         pixel_values: torch.FloatTensor | None = None,
         group_ids: torch.LongTensor | None = None,
         target_positions: torch.LongTensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
         input_ids: torch.LongTensor | None = None,
         class_labels: torch.LongTensor | None = None,
         condition_embeds: torch.FloatTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> LookAroundViTModelOutput:
         r"""
         pixel_values (`(B, C, H, W)`): the images.
@@ -380,21 +303,21 @@ class LookAroundViTModel(LookAroundViTPreTrainedModel):
             ``num_condition_tokens=config.num_prefix_tokens``). Given, both streams run.
         target_positions (`(B, M)` long, optional): positions (>= `config.num_prefix_tokens`) where the query
             stream runs, -1 pads.
+        kwargs: transformers' output flags (`output_hidden_states`, `output_attentions`), read by the backbone's
+            `capture_outputs`; `return_dict`, read by `can_return_tuple`.
         """
+        class_labels = self._default_class_labels(pixel_values, input_ids, group_ids, class_labels, condition_embeds)
+        check_vit_inputs(self.config, pixel_values=pixel_values, input_ids=input_ids, group_ids=group_ids,
+                         target_positions=target_positions, class_labels=class_labels,
+                         condition_embeds=condition_embeds)
         patch_embeds = self.patch_embeddings_of(pixel_values, input_ids)
-        if (group_ids is None and class_labels is None and condition_embeds is None
-                and self.embeddings.class_embeddings is not None):
-            class_labels = torch.full((patch_embeds.shape[0],), -1, dtype=torch.long, device=patch_embeds.device)
         embeds = self.embeddings(patch_embeds, class_labels, condition_embeds)
-        if group_ids is not None:
-            self._check_plan(group_ids, target_positions, embeds.shape[:2], self.config.num_prefix_tokens)
         outputs = self.encoder(
             inputs_embeds=embeds,
             group_ids=group_ids,
             target_positions=target_positions,
             attention_pattern="bidirectional",
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
+            **kwargs,
         )
         hidden = outputs.last_hidden_state
         prefix = self.config.num_prefix_tokens
@@ -408,30 +331,15 @@ class LookAroundViTModel(LookAroundViTPreTrainedModel):
             attentions=outputs.attentions,
         )
 
-    @staticmethod
-    def _check_plan(group_ids, target_positions, shape, prefix: int = 1) -> None:
-        if tuple(group_ids.shape) != tuple(shape):
-            raise ValueError(
-                f"group_ids must cover [CLS, condition tokens, patches]: shape {tuple(shape)}, got "
-                f"{tuple(group_ids.shape)}; draw the plan for config.sequence_length = {shape[1]} positions with "
-                f"num_condition_tokens=config.num_prefix_tokens = {prefix}"
-            )
-        if torch.compiler.is_compiling():
-            return  # value checks need a host sync
-        if (group_ids[:, :prefix].amax(-1) > group_ids[:, prefix:].amin(-1)).any():
-            raise ValueError(f"the CLS token and the condition tokens (positions 0..{prefix - 1}) must have the lowest "
-                             f"rank of their row (rank 0 of a plan drawn with num_condition_tokens={prefix})")
-        if target_positions is not None:
-            if ((target_positions >= 0) & (target_positions < prefix)).any():
-                raise ValueError(f"positions 0..{prefix - 1} are the CLS token and the condition tokens, which have no "
-                                 f"pixels: a prefix position cannot be a target (patches start at position {prefix})")
-            slots = target_positions.clamp(min=0).to(group_ids.device)
-            target_rank = group_ids.gather(1, slots)
-            unseen = (target_positions.to(group_ids.device) >= 0) & (
-                target_rank <= group_ids[:, :prefix].amax(-1, keepdim=True))
-            if unseen.any():
-                raise ValueError("every target must have a higher rank than the CLS and condition tokens, so that it "
-                                 "sees them (a plan's targets have rank >= 1, its prefix rank 0)")
+    def _default_class_labels(self, pixel_values, input_ids, group_ids, class_labels, condition_embeds):
+        """Features without a plan (probing, classification, the pipeline) of a class-conditional model carry no
+        class (-1) unless told otherwise: the true class is never read from a label by accident. A plan needs an
+        explicit choice."""
+        given = pixel_values if pixel_values is not None else input_ids
+        if (group_ids is not None or class_labels is not None or condition_embeds is not None or given is None
+                or self.embeddings.class_embeddings is None):
+            return class_labels
+        return torch.full(given.shape[:1], -1, dtype=torch.long, device=given.device)
 
 
 class LookAroundViTForPreTraining(LookAroundViTPreTrainedModel):
@@ -460,12 +368,10 @@ class LookAroundViTForPreTraining(LookAroundViTPreTrainedModel):
         pixel_values: torch.FloatTensor | None = None,
         group_ids: torch.LongTensor | None = None,
         target_positions: torch.LongTensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
         input_ids: torch.LongTensor | None = None,
         class_labels: torch.LongTensor | None = None,
         condition_embeds: torch.FloatTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> LookAroundViTForPreTrainingOutput:
         r"""
         group_ids (`(B, T)`): the plan (required). target_positions (`(B, M)`): the patches to predict, as
@@ -475,15 +381,10 @@ class LookAroundViTForPreTraining(LookAroundViTPreTrainedModel):
         input_ids (`(B, N)`, d2d only): visual-token ids instead of pixel_values (they are also the targets).
         class_labels (`(B,)`) or condition_embeds (`(B, C, D)`): what the condition tokens carry.
         """
-        if group_ids is None or target_positions is None:
-            raise ValueError(
-                "LookAroundViTForPreTraining needs group_ids and target_positions (a plan); "
-                "hf_lookaround.data.image_collator.ImagePlanCollator emits them"
-            )
+        check_vit_pretraining_inputs(group_ids, target_positions)
         outputs = self.vit(
-            pixel_values, group_ids=group_ids, target_positions=target_positions,
-            output_hidden_states=output_hidden_states, output_attentions=output_attentions,
-            input_ids=input_ids, class_labels=class_labels, condition_embeds=condition_embeds,
+            pixel_values, group_ids=group_ids, target_positions=target_positions, input_ids=input_ids,
+            class_labels=class_labels, condition_embeds=condition_embeds, **kwargs,
         )
         logits = self.decoder(outputs.query_hidden_state)
         slots = outputs.target_positions
@@ -537,29 +438,22 @@ class LookAroundViTForImageClassification(LookAroundViTPreTrainedModel):
         self,
         pixel_values: torch.FloatTensor | None = None,
         labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
         input_ids: torch.LongTensor | None = None,
         class_labels: torch.LongTensor | None = None,
         condition_embeds: torch.FloatTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> ImageClassifierOutput:
         r"""labels (`(B,)`): class ids in ``[0, num_labels)``, or floats for regression / multi-label.
         input_ids (d2d), class_labels, condition_embeds: as in [`LookAroundViTModel`] (a class-conditional model
         classifies with no class, -1, unless told otherwise; a model without a class table needs
         condition_embeds)."""
-        outputs = self.vit(pixel_values, output_hidden_states=output_hidden_states,
-                           output_attentions=output_attentions, input_ids=input_ids, class_labels=class_labels,
-                           condition_embeds=condition_embeds)
+        check_image_classification_inputs(self, kwargs, labels)
+        outputs = self.vit(pixel_values, input_ids=input_ids, class_labels=class_labels,
+                           condition_embeds=condition_embeds, **kwargs)
         logits = self.classifier(self.dropout(outputs.pooler_output))
         loss = None
         if labels is not None:
-            labels = labels.to(logits.device)
-            if (self.config.problem_type in (None, "single_label_classification") and self.num_labels > 1
-                    and labels.dtype in (torch.long, torch.int) and not torch.compiler.is_compiling()
-                    and labels.numel() and (labels.min() < 0 or labels.max() >= self.num_labels)):
-                raise ValueError(f"class labels must lie in [0, {self.num_labels}), got {labels.unique().tolist()}")
-            loss = self.loss_function(labels, logits, self.config)
+            loss = self.loss_function(labels.to(logits.device), logits, self.config)
         return ImageClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )

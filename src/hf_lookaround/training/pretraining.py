@@ -63,6 +63,7 @@ from ..data.text import (
 )
 from ..models.lookaround.generation_lookaround import is_one_stream_group_model
 from . import checkpointing
+from .divergence import FiniteTrainingGuard
 
 logger = logging.getLogger(__name__)
 
@@ -154,14 +155,17 @@ class ObjectiveArgumentsBase:
         self.params  # every flag of the objective (and of a mixture's components) checked now, not mid-run
 
     def _refuse_other_forms(self) -> None:
-        """A form flag (--ar_form, --dar_form, --masked_form) set for an objective it does not belong to."""
-        own = set(objectives.get(self.objective).flags)
-        if self.is_mixture:  # a mixture's components take their own forms (the one-stream mixture)
+        """A flag of another objective (a form such as --dar_form, or a value such as --mask_ratio) set for an
+        objective it does not belong to: the objectives' ``Params`` say which flags are whose."""
+        own = set(objectives.get(self.objective).flags) | {"objective"}
+        if self.is_mixture:  # a mixture's components take their own flags (the one-stream mixture)
             own |= {flag for name in self._component_names() for flag in objectives.get(name).flags}
         for f in dataclasses.fields(self):
-            if f.name.endswith("_form") and f.name not in own and getattr(self, f.name) != f.default:
+            if f.name not in own and getattr(self, f.name) != _default(f):
                 owners = [name for name, o in objectives.OBJECTIVES.items() if f.name in o.flags]
-                raise ValueError(f"--{f.name} {getattr(self, f.name)} applies to --objective {' / '.join(owners)} only, "
+                value = getattr(self, f.name)
+                value = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+                raise ValueError(f"--{f.name} {value} applies to --objective {' / '.join(owners)} only, "
                                  f"not --objective {self.objective}; drop --{f.name}")
 
     def objective_params(self, name: str):
@@ -722,7 +726,8 @@ def build_trainer(config, model_args: ModelArguments, objective_args: ObjectiveA
         data_collator=train_collator,
         eval_data_collator=eval_collator,
         processing_class=tokenizer,
-        callbacks=[CollatorEpochCallback(train_collator), *callbacks],
+        # a run that diverges stops in one line, and no marker calls non-finite weights complete
+        callbacks=[CollatorEpochCallback(train_collator), FiniteTrainingGuard(), *callbacks],
         run_settings=run_settings,
     )
 

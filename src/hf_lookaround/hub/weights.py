@@ -8,6 +8,7 @@ runs them all; ``load.load_checkpoint`` is the one loader the commands use.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from .files import read_json
@@ -23,7 +24,13 @@ def _check_safetensors(path: Path, where: str) -> None:
     try:
         with safe_open(str(path), framework="numpy") as f:
             keys = list(f.keys())
+    except PermissionError:
+        raise ValueError(f"{path.name} in {where} cannot be read: permission denied; give this user read access "
+                         f"(chmod +r {path})") from None
     except Exception as err:  # safetensors raises its own error type; name the file instead
+        if not os.access(path, os.R_OK):
+            raise ValueError(f"{path.name} in {where} cannot be read: permission denied; give this user read access "
+                             f"(chmod +r {path})") from None
         raise ValueError(
             f"{path.name} in {where} is not a valid safetensors file ({err}); it is truncated or corrupt. "
             f"Save the model again with save_pretrained and re-upload it (hf-lookaround push <dir> <repo>)."

@@ -33,3 +33,11 @@ def test_each_hostile_input_ends_in_the_one_line_expected(ctx, capsys, name):
 
         out = ctx["work"] / "run-nan"
         assert not (out / checkpointing.FINAL_MARKER).exists() and checkpointing.complete_checkpoints(out) == []
+
+
+def test_demo_takes_underscore_flags_and_still_the_dashed_ones():
+    from hf_lookaround.cli.demo import _parser
+
+    new = _parser().parse_args(["--block_size", "7", "--output_dir", "x", "--no_baseline", "--tokens_per_objective", "5"])
+    old = _parser().parse_args(["--block-size", "7", "--output-dir", "x", "--no-baseline", "--tokens-per-objective", "5"])
+    assert vars(new) == vars(old) and new.block_size == 7 and new.no_baseline and new.tokens_per_objective == 5

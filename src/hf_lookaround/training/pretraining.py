@@ -158,7 +158,7 @@ class ObjectiveArgumentsBase:
     def _refuse_other_forms(self) -> None:
         """A flag of another objective (a form such as --dar_form, or a value such as --mask_ratio) set for an
         objective it does not belong to: the objectives' ``Params`` say which flags are whose."""
-        own = set(objectives.get(self.objective).flags) | {"objective"}
+        own = set(objectives.get(self.objective).flags) | {"objective", "mixture"}  # --mixture: checked below
         if self.is_mixture:  # a mixture's components take their own flags (the one-stream mixture)
             own |= {flag for name in self._component_names() for flag in objectives.get(name).flags}
         for f in dataclasses.fields(self):

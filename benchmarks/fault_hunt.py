@@ -18,6 +18,10 @@ then resumes it as a user would (``--resume_from_checkpoint last`` when a comple
 what the resume started from, whether that checkpoint was complete and intact, and the largest absolute
 difference between the final weights and the reference's (0 = bit-identical).
 
+``--battery`` runs the hostile inputs of :data:`BATTERY` instead (bad data records, nonsense values, another
+objective's flags, a diverging run, damaged checkpoints and tokenizers), each as its own process, and checks that
+each ends in exit status 2 and the one line expected (tests/test_faults_battery.py asserts the same in-process).
+
 A tiny model on a synthetic corpus, on the CPU: 24 trials take a few minutes. Needs this package (``src/``
 on ``PYTHONPATH`` or installed), torch, transformers, datasets, safetensors.
 """
@@ -170,7 +174,16 @@ def main(argv=None) -> None:
     parser.add_argument("--workdir", default=None, help="keep the runs here (default: a temporary folder)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("--extra", default="", help="more pretrain arguments, in one string (e.g. evaluation)")
+    parser.add_argument("--battery", action="store_true",
+                        help="run the battery of hostile inputs instead (each must end in one expected line)")
     args = parser.parse_args(argv)
+    if args.battery:
+        sys.path.insert(0, str(ROOT / "src"))
+        work = Path(args.workdir or tempfile.mkdtemp(prefix="fault_battery_"))
+        rows = run_battery(work)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        sys.exit(0 if all(r["ok"] for r in rows) else 1)
     rng = random.Random(args.seed)
     extra = args.extra.split()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="fault_hunt_"))
@@ -268,6 +281,219 @@ def table(rows: list[dict]) -> str:
     lines.append(f"\n{ok}/{len(rows)} resumed from an intact complete checkpoint (or from scratch) and finished; "
                  f"{same}/{len(rows)} bit-identical to the uninterrupted run; largest difference {worst:.3g}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The battery: hostile inputs, each with the one line it must end in (rc 2, no traceback). Run on the CPU in a
+# minute or two: python benchmarks/fault_hunt.py --battery. tests/test_faults_battery.py asserts every case.
+# ---------------------------------------------------------------------------------------------
+class Case:
+    """One hostile input: ``argv(ctx)`` the command line (``ctx``: the paths of :func:`battery_fixtures`), and
+    ``expect(ctx)`` the substrings its one error line must hold."""
+
+    def __init__(self, name: str, argv, expect):
+        self.name, self.argv, self.expect = name, argv, expect
+
+
+def _pretrain(ctx, data="good.jsonl", *extra, out="run-bad"):
+    return ["pretrain", "--train_files", str(ctx["data"] / data), "--tokenizer_name", str(ctx["tokenizer"]),
+            "--preset", "tiny", "--config_overrides", TINY, "--block_size", "16", "--do_train", "--max_steps", "4",
+            "--per_device_train_batch_size", "4", "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true",
+            "--validation_split_percentage", "0", "--output_dir", str(ctx["work"] / out), *extra]
+
+
+def _tokenizer(ctx, data, *extra):
+    return ["train-tokenizer", str(ctx["data"] / data), "-o", str(ctx["work"] / "tok-bad"), "--vocab_size", "300",
+            *extra]
+
+
+def _perplexity(ctx, data="good.jsonl", *extra):
+    return ["perplexity", "--model_name_or_path", str(ctx["run"]), "--dataset", str(ctx["data"] / data),
+            "--device", "cpu", "--output_dir", str(ctx["work"] / "ppl-bad"), *extra]
+
+
+def _generate(ctx, *extra, model=None):
+    return ["generate", str(model or ctx["run"]), "--num_tokens", "3", "--device", "cpu", *extra]
+
+
+def _in(ctx, name):
+    return str(ctx["data"] / name)
+
+
+BATTERY = [
+    # data records: checked by data/records.py before any library sees them
+    Case("bare number line, train-tokenizer", lambda c: _tokenizer(c, "bare.jsonl"),
+         lambda c: [f"{_in(c, 'bare.jsonl')}:2:", "must be a JSON object", "not a number"]),
+    Case("null line, pretrain", lambda c: _pretrain(c, "null.jsonl"),
+         lambda c: [f"{_in(c, 'null.jsonl')}:2:", "must be a JSON object", "not null"]),
+    Case("bare number line, perplexity", lambda c: _perplexity(c, "bare.jsonl"),
+         lambda c: [f"{_in(c, 'bare.jsonl')}:2:", "must be a JSON object"]),
+    Case("text 5, perplexity", lambda c: _perplexity(c, "number_text.jsonl"),
+         lambda c: [f"{_in(c, 'number_text.jsonl')}:2:", "holds a number, not a string"]),
+    Case("list text, train-tokenizer", lambda c: _tokenizer(c, "list_text.jsonl"),
+         lambda c: [f"{_in(c, 'list_text.jsonl')}:2:", "holds a list, not a string"]),
+    Case("dict text, pretrain", lambda c: _pretrain(c, "dict_text.jsonl"),
+         lambda c: [f"{_in(c, 'dict_text.jsonl')}:2:", "holds an object, not a string"]),
+    Case("record without text after the first, perplexity", lambda c: _perplexity(c, "missing_text.jsonl"),
+         lambda c: [_in(c, "missing_text.jsonl"), "1 record(s) hold no 'text'", "lines 3"]),
+    Case("100,000 nested brackets, pretrain", lambda c: _pretrain(c, "deep.jsonl"),
+         lambda c: [f"{_in(c, 'deep.jsonl')}:2:", "nested deeper than"]),
+    Case("5,000 nested brackets, train-tokenizer", lambda c: _tokenizer(c, "deep5000.jsonl"),
+         lambda c: [f"{_in(c, 'deep5000.jsonl')}:1:", "nested deeper than"]),
+    Case("gzip cut in half, train-tokenizer", lambda c: _tokenizer(c, "cut.jsonl.gz"),
+         lambda c: [_in(c, "cut.jsonl.gz"), "gzip stream is cut short"]),
+    Case("gzip cut in half, perplexity", lambda c: _perplexity(c, "cut.jsonl.gz"),
+         lambda c: [_in(c, "cut.jsonl.gz"), "gzip stream is cut short"]),
+    Case("gzip cut in half, pretrain", lambda c: _pretrain(c, "cut.jsonl.gz"),
+         lambda c: [_in(c, "cut.jsonl.gz"), "gzip stream is cut short"]),
+    Case("probe, cut last line", lambda c: ["probe", "--model_name_or_path", str(c["run"]), "--dataset",
+                                            str(c["data"] / "probe_cut"), "--device", "cpu",
+                                            "--output_dir", str(c["work"] / "probe-bad")],
+         lambda c: [f"{c['data'] / 'probe_cut' / 'train.jsonl'}:4:", "not a JSON record"]),
+    Case("invalid JSON line, train-tokenizer", lambda c: _tokenizer(c, "bad_json.jsonl"),
+         lambda c: [f"{_in(c, 'bad_json.jsonl')}:2:", "not a JSON record"]),
+    Case("invalid JSON line, perplexity", lambda c: _perplexity(c, "bad_json.jsonl"),
+         lambda c: [f"{_in(c, 'bad_json.jsonl')}:2:", "not a JSON record"]),
+    Case("non-UTF-8 byte on line 3, pretrain", lambda c: _pretrain(c, "latin1.jsonl"),
+         lambda c: [f"{_in(c, 'latin1.jsonl')}:3:", "not UTF-8"]),
+    Case("non-UTF-8 byte on line 3, train-tokenizer", lambda c: _tokenizer(c, "latin1.jsonl"),
+         lambda c: [f"{_in(c, 'latin1.jsonl')}:3:", "not UTF-8"]),
+    Case("empty file, train-tokenizer", lambda c: _tokenizer(c, "empty.jsonl"),
+         lambda c: [_in(c, "empty.jsonl"), "empty"]),
+    Case("empty file, perplexity", lambda c: _perplexity(c, "empty.jsonl"),
+         lambda c: [_in(c, "empty.jsonl"), "empty"]),
+    Case("/dev/null, pretrain", lambda c: _pretrain(c, "devnull.jsonl"),
+         lambda c: [_in(c, "devnull.jsonl"), "empty", "/dev/null"]),
+    # values that meant a traceback deep in a run, or quietly meant "off"
+    Case("--gradient_accumulation_steps 0", lambda c: _pretrain(c, "good.jsonl", "--gradient_accumulation_steps", "0"),
+         lambda c: ["--gradient_accumulation_steps 0", ">= 1"]),
+    Case("--validation_split_percentage -5", lambda c: _pretrain(c, "good.jsonl", "--validation_split_percentage", "-5"),
+         lambda c: ["--validation_split_percentage -5"]),
+    Case("--save_steps 0", lambda c: _pretrain(c, "good.jsonl", "--save_steps", "0"), lambda c: ["--save_steps 0"]),
+    Case("--save_total_limit -1", lambda c: _pretrain(c, "good.jsonl", "--save_total_limit", "-1"),
+         lambda c: ["--save_total_limit -1"]),
+    Case("--max_grad_norm nan", lambda c: _pretrain(c, "good.jsonl", "--max_grad_norm", "nan"),
+         lambda c: ["--max_grad_norm nan"]),
+    Case("--config_overrides hidden_size=abc", lambda c: _pretrain(c, "good.jsonl", "--config_overrides", "hidden_size=abc"),
+         lambda c: ["--config_overrides hidden_size=abc", "'hidden_size' takes int"]),
+    Case("--min_frequency -1", lambda c: _tokenizer(c, "good.jsonl", "--min_frequency", "-1"),
+         lambda c: ["min_frequency", "got -1"]),
+    Case("--vocab_size 1000000000", lambda c: _tokenizer(c, "good.jsonl", "--vocab_size", "1000000000"),
+         lambda c: ["vocab_size", "at most 1,000,000"]),
+    Case("generate --num_samples 10000000", lambda c: _generate(c, "--num_samples", "10000000"),
+         lambda c: ["--num_samples 10000000"]),
+    Case("generate --seed 10**23", lambda c: _generate(c, "--seed", str(10**23)), lambda c: ["--seed", "2**63"]),
+    Case("perplexity --batch_size 0", lambda c: _perplexity(c, "good.jsonl", "--batch_size", "0"),
+         lambda c: ["--batch_size 0"]),
+    Case("perplexity --max_documents -1", lambda c: _perplexity(c, "good.jsonl", "--max_documents", "-1"),
+         lambda c: ["--max_documents -1"]),
+    # flags of another objective
+    Case("--objective span --mask_ratio 0.9", lambda c: _pretrain(c, "good.jsonl", "--objective", "span", "--mask_ratio", "0.9"),
+         lambda c: ["--mask_ratio 0.9", "not --objective span"]),
+    Case("--objective vmlm --mask_ratio 0.5", lambda c: _pretrain(c, "good.jsonl", "--objective", "vmlm", "--mask_ratio", "0.5"),
+         lambda c: ["--mask_ratio 0.5", "not --objective vmlm"]),
+    Case("--objective ar --group_size 4", lambda c: _pretrain(c, "good.jsonl", "--objective", "ar", "--group_size", "4"),
+         lambda c: ["--group_size 4", "not --objective ar"]),
+    # runs and checkpoints
+    Case("a run that diverges (--learning_rate 1e30)", lambda c: _pretrain(c, "good.jsonl", "--learning_rate", "1e30",
+                                                                           "--save_steps", "2", out="run-nan"),
+         lambda c: ["training diverged at step", "lower --learning_rate"]),
+    Case("resume with a new --learning_rate", lambda c: _pretrain(c, "good.jsonl", "--resume_from_checkpoint", "last",
+                                                                  "--learning_rate", "0.01", "--max_steps", "6",
+                                                                  out=c["run"].name),
+         lambda c: ["--learning_rate", "cannot resume"]),
+    Case("missing tensors, config.json without architectures", lambda c: _generate(c, model=c["no_arch"]),
+         lambda c: [str(c["no_arch"]), "missing"]),
+    Case("a cut tokenizer.json", lambda c: _generate(c, "--tokenizer", str(c["cut_tokenizer"])),
+         lambda c: [str(c["cut_tokenizer"] / "tokenizer.json"), "not valid JSON"]),
+]
+
+
+def _write_lines(path: Path, lines) -> None:
+    path.write_text("".join(line + "\n" for line in lines))
+
+
+def battery_fixtures(work: Path, run: Path | None = None) -> dict:
+    """The bad data files, a tokenizer and (unless ``run`` is given) a finished tiny run the battery reads."""
+    import gzip
+
+    from safetensors.torch import load_file, save_file
+
+    data = work / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    corpus = write_corpus(data, documents=40)
+    good = corpus.read_text().splitlines()
+    (data / "good.jsonl").write_text(corpus.read_text())
+    record = json.dumps({"text": "a plain document"})
+    _write_lines(data / "bare.jsonl", [record, "5"])
+    _write_lines(data / "null.jsonl", [record, "null"])
+    _write_lines(data / "number_text.jsonl", [record, '{"text": 5}'])
+    _write_lines(data / "list_text.jsonl", [record, '{"text": ["a", "b"]}'])
+    _write_lines(data / "dict_text.jsonl", [good[0], '{"text": {"a": "b"}}', *good[1:]])
+    _write_lines(data / "missing_text.jsonl", [record, record, '{"title": "no text"}'])
+    _write_lines(data / "deep.jsonl", [good[0], "[" * 100_000 + "]" * 100_000, *good[1:]])
+    _write_lines(data / "deep5000.jsonl", ['{"text": ' + "[" * 5000 + "]" * 5000 + "}"])
+    _write_lines(data / "bad_json.jsonl", [record, '{"text": "cut sho'])
+    (data / "latin1.jsonl").write_bytes(("\n".join(good[:2]) + "\n").encode() + '{"text": "caf\u00e9"}\n'.encode("latin-1"))
+    (data / "empty.jsonl").write_text("")
+    if not (data / "devnull.jsonl").exists():
+        (data / "devnull.jsonl").symlink_to(os.devnull)
+    packed = gzip.compress(("\n".join(good * 20) + "\n").encode())
+    (data / "cut.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    probe = data / "probe_cut"
+    probe.mkdir(exist_ok=True)
+    rows = [json.dumps({"sentence": f"row {i}", "label": i % 2}) for i in range(4)]
+    for split in ("train", "validation", "test"):
+        (probe / f"{split}.jsonl").write_text("\n".join(rows)[:-5] + "\n")  # the last line cut short
+
+    from hf_lookaround.data.tokenization import train_tokenizer
+
+    tokenizer = work / "tokenizer"
+    if not (tokenizer / "tokenizer.json").is_file():
+        train_tokenizer([json.loads(line)["text"] for line in good], vocab_size=300, output_dir=tokenizer)
+    ctx = {"work": work, "data": data, "tokenizer": tokenizer}
+    if run is None:
+        run = work / "run"
+        if not (run / "final_model_complete.json").is_file():
+            from hf_lookaround import cli
+
+            if cli.main(_pretrain(ctx, "good.jsonl", "--save_steps", "2", out="run")) != 0:
+                raise RuntimeError("the battery's reference run failed")
+    ctx["run"] = run
+    # the run's weights less one tensor, and a config.json without `architectures`
+    no_arch = work / "no_arch"
+    if not no_arch.is_dir():
+        shutil.copytree(run, no_arch, ignore=shutil.ignore_patterns("checkpoint-*", "*.lock", "final_model_complete.json"))
+        weights = load_file(no_arch / "model.safetensors")
+        weights.pop(sorted(k for k in weights if ".layers." in k)[0])
+        save_file(weights, no_arch / "model.safetensors", metadata={"format": "pt"})
+        config = json.loads((no_arch / "config.json").read_text())
+        config.pop("architectures", None)
+        (no_arch / "config.json").write_text(json.dumps(config))
+    ctx["no_arch"] = no_arch
+    cut_tokenizer = work / "cut_tokenizer"
+    if not cut_tokenizer.is_dir():
+        shutil.copytree(tokenizer, cut_tokenizer)
+        text = (cut_tokenizer / "tokenizer.json").read_text()
+        (cut_tokenizer / "tokenizer.json").write_text(text[: len(text) // 2])
+    ctx["cut_tokenizer"] = cut_tokenizer
+    return ctx
+
+
+def run_battery(work: Path) -> list[dict]:
+    """Each case as its own process: the rc, the last line of stderr, and whether it is the one line expected."""
+    ctx = battery_fixtures(work)
+    rows = []
+    for case in BATTERY:
+        proc = subprocess.run(command(case.argv(ctx)), env=env(), capture_output=True, text=True)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("hf-lookaround ")]
+        line = errors[-1] if errors else (proc.stderr.strip().splitlines() or [""])[-1]
+        ok = (proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr
+              and all(part in line for part in case.expect(ctx)))
+        rows.append({"case": case.name, "rc": proc.returncode, "ok": ok, "line": line})
+        print(f"| {case.name} | {proc.returncode} | {'yes' if ok else 'NO'} | {line[:160]} |", flush=True)
+    print(f"\n{sum(r['ok'] for r in rows)}/{len(rows)} cases end in the one line expected")
+    return rows
 
 
 if __name__ == "__main__":

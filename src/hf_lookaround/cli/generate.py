@@ -21,6 +21,10 @@ COMMAND = "hf-lookaround generate"
 logger = logging.getLogger(__name__)
 
 
+# the most samples of one call: they are the rows of one batch (10,000,000 failed in the allocator)
+MAX_SAMPLES = 1024
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-lookaround generate",
@@ -69,8 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``hf-lookaround generate``; bad input raises ValueError, which the CLI prints as one line (exit 2)."""
     args = build_parser().parse_args(argv)
-    if args.num_samples < 1:
-        raise ValueError(f"--num_samples {args.num_samples}: must be at least 1")
+    if not 1 <= args.num_samples <= MAX_SAMPLES:
+        raise ValueError(f"--num_samples {args.num_samples}: must be between 1 and {MAX_SAMPLES} (the samples are the "
+                         "rows of one batch); for more, run the command again with other --seed values")
+    if not 0 <= args.seed < 2**63:  # torch's generators take a 64-bit seed
+        raise ValueError(f"--seed {args.seed}: must be between 0 and 2**63 - 1")
     args.device = resolve_device(args.device)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # to stderr
 

@@ -81,10 +81,11 @@ def _load_model(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    for flag in ("max_length", "stride"):
+    for flag in ("max_length", "stride", "batch_size", "max_documents"):
         value = getattr(args, flag)
         if value is not None and value < 1:
-            raise ValueError(f"--{flag} {value}: must be a positive number of tokens (leave it out for the default)")
+            unit = {"batch_size": "windows per forward", "max_documents": "documents"}.get(flag, "tokens")
+            raise ValueError(f"--{flag} {value}: must be a positive number of {unit} (leave it out for the default)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from hf_lookaround.data.tokenization import auto_tokenizer
     from hf_lookaround.evaluation.tasks import load_texts

@@ -47,6 +47,8 @@ def seeded_sample(rows, n: int | None, seed: int, *, what: str, flag: str, label
     ``what`` names the split in the log ("test examples"), ``flag`` the option that asked for the cut. With
     ``label_column`` (or an ``ImageSource``'s labels), a warning names the classes of the split the sample holds
     no example of."""
+    if n is not None and n < 1:  # a negative n would slice from the end: 19 of 20 for -1
+        raise ValueError(f"{flag} {n}: must be a positive number of {what} (leave it out to use them all)")
     total = len(rows)
     if n is None or n >= total:
         return rows

@@ -34,14 +34,17 @@ loads the cached Arrow files instead of tokenizing again.
 
 from __future__ import annotations
 
-import gzip
+import errno
 import itertools
 import json
 import logging
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import records
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ __all__ = [
     "pack_blocks",
     "build_blocks",
     "split_for_rank",
+    "disk_full_is_one_line",
     "is_split_by_node",
     "rank_local_prepare",
     "chunk_into_blocks",
@@ -79,6 +83,10 @@ def _suffix(path: Path) -> str | None:
 def find_files(path: str | Path) -> list[Path]:
     """The text files of ``path`` (a file, or a folder searched recursively), in sorted order."""
     path = Path(path)
+    if records.is_devnull(path):
+        raise ValueError(f"{path}: the file is empty (it is {os.devnull}); give a file that holds documents")
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise ValueError(f"{path}: not a regular file (a device, pipe or socket); give a data file or folder")
     if path.is_file():
         if _suffix(path) is None:
             raise ValueError(f"{path}: unsupported file type; use one of {TEXT_SUFFIXES}")
@@ -103,32 +111,8 @@ def special_token_ids(tokenizer) -> tuple[int, int | None]:
 # ---------------------------------------------------------------------------------------------
 # Plain readers (small inputs: the tokenizer CLI, tests). The training data goes through `datasets`.
 # ---------------------------------------------------------------------------------------------
-def _open(path: Path):
-    return gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else open(path, encoding="utf-8")
-
-
 def _read_file(path: Path, text_column: str) -> Iterator[str]:
-    suffix = _suffix(path)
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        parquet = pq.ParquetFile(path)
-        if text_column not in parquet.schema_arrow.names:
-            raise ValueError(f"{path}: no field {text_column!r} (fields: {parquet.schema_arrow.names}); set --text_column")
-        for batch in parquet.iter_batches(columns=[text_column]):
-            yield from batch.column(0).to_pylist()
-        return
-    with _open(path) as f:
-        if suffix.startswith(".txt"):
-            yield f.read()
-            return
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if text_column not in record:
-                raise ValueError(f"{path}:{lineno}: no field {text_column!r} (fields: {sorted(record)}); set --text_column")
-            yield record[text_column]
+    yield from records.read_documents(path, text_column)
 
 
 def _iter_hub_dataset(name: str, text_column: str, split: str) -> Iterator[str]:
@@ -137,9 +121,20 @@ def _iter_hub_dataset(name: str, text_column: str, split: str) -> Iterator[str]:
 
 
 def iter_texts(inputs: str | Sequence[str], text_column: str = "text", split: str = "train") -> Iterator[str]:
-    """Yield the non-empty documents of ``inputs`` (paths or `datasets` names), in order, one at a time."""
+    """Yield the non-empty documents of ``inputs`` (paths or `datasets` names), in order, one at a time; every
+    record of a local file is checked first (:mod:`records`), and inputs that hold no document are refused."""
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]
+    local = [p for item in inputs if Path(item).exists() for p in find_files(item)]
+    empty = [p for p in local if records.check_file(p, text_column) == 0]
+    if local and len(empty) == len(local) == len(inputs):
+        raise ValueError(f"no text in {', '.join(map(str, empty))}: the file(s) are empty; give files that hold "
+                         "documents")
+    return _iter_texts(inputs, text_column, split)
+
+
+def _iter_texts(inputs, text_column: str, split: str) -> Iterator[str]:
+    found = 0
     for item in inputs:
         path = Path(item)
         sources = (_read_file(p, text_column) for p in find_files(path)) if path.exists() else [
@@ -148,7 +143,11 @@ def iter_texts(inputs: str | Sequence[str], text_column: str = "text", split: st
         for source in sources:
             for text in source:
                 if text and not text.isspace():
+                    found += 1
                     yield text
+    if not found:
+        raise ValueError(f"no text found in {', '.join(map(str, inputs))}: every document is empty (field "
+                         f"{text_column!r})")
 
 
 def load_texts(inputs, text_column: str = "text", split: str = "train") -> list[str]:
@@ -187,8 +186,9 @@ def load_text_dataset(inputs: str | Sequence[str], text_column: str = "text", sp
     files = [p for i in inputs for p in find_files(i)]
     if not files:
         raise ValueError(f"no text found in {inputs!r}: no files of the types {TEXT_SUFFIXES}")
-    # `datasets` fails on an empty JSON Lines or parquet file with a bare StopIteration: leave them out
-    empty = [p for p in files if _is_empty(p)]
+    # every record is checked before `datasets` sees it (Arrow's reader segfaults on deep nesting, stringifies
+    # nothing, names no line); empty files are left out (`datasets` fails on them with a bare StopIteration)
+    empty = [p for p in files if records.check_file(p, text_column) == 0]
     if len(empty) == len(files):
         raise ValueError(f"no text in {', '.join(map(str, empty))}: the file(s) are empty; give files that hold "
                          f"documents ({split} data)")
@@ -199,53 +199,14 @@ def load_text_dataset(inputs: str | Sequence[str], text_column: str = "text", sp
     for (builder, _), group in itertools.groupby(files, key=_file_kind):
         kwargs = {"sample_by": "document"} if builder == "text" else {}
         group = list(group)
-        try:
+        with disk_full_is_one_line(cache_dir):
             ds = datasets.load_dataset(builder, data_files=[str(p) for p in group], split="train",
                                        streaming=streaming, cache_dir=cache_dir, **kwargs)
-        except Exception as err:  # DatasetGenerationError, ArrowInvalid, ...: none of them names the file
-            problem = next(filter(None, (_file_problem(p, text_column) for p in group)), None)
-            if problem is None:
-                raise
-            raise ValueError(problem) from err
         if builder == "text" and text_column != "text":
             ds = ds.rename_column("text", text_column)
         ds = _only_text_column(ds, text_column, f"{builder} files")
-        if builder == "json" and not streaming:
-            _refuse_records_without_text(ds, group, text_column)
         parts.append(ds)
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-
-
-def _records_without_text(path: Path, text_column: str) -> list[int]:
-    """The line numbers (of a .json array: the record numbers) of the records of ``path`` that hold no
-    ``text_column`` string (the field absent, or null)."""
-    def bad(record) -> bool:
-        return not isinstance(record, dict) or record.get(text_column) is None
-
-    with _open(path) as f:
-        first = _first_line(path) or ""
-        if first.lstrip().startswith("[") and not first.rstrip().endswith("}"):  # a .json array
-            return [i for i, record in enumerate(json.load(f), 1) if bad(record)]
-        return [lineno for lineno, line in enumerate(f, 1) if line.strip() and bad(json.loads(line))]
-
-
-def _refuse_records_without_text(ds, files: list[Path], text_column: str, shown: int = 5) -> None:
-    """Refuse JSON data some of whose records hold no ``text_column`` (the builder fills them with null, and they
-    would be left out of training without a word): name the file, the first line numbers and the count."""
-    if ds.data.column(text_column).null_count == 0:
-        return
-    found = [(path, lines) for path in files if (lines := _records_without_text(path, text_column))]
-    if not found:
-        return
-    path, lines = found[0]
-    where = "record" if (_first_line(path) or "").lstrip().startswith("[") else "line"
-    more = sum(len(lines) for _, lines in found[1:])
-    raise ValueError(
-        f"{path}: {len(lines)} record(s) hold no {text_column!r} text ({where}s "
-        f"{', '.join(map(str, lines[:shown]))}{', ...' if len(lines) > shown else ''})"
-        + (f", and {more} more in {len(found) - 1} other file(s)" if more else "")
-        + f": every record must hold its document in {text_column!r}; fix or remove them, or set --text_column"
-    )
 
 
 def _file_kind(path: Path) -> tuple[str, object]:
@@ -260,104 +221,34 @@ def _file_kind(path: Path) -> tuple[str, object]:
         import pyarrow.parquet as pq
 
         return builder, tuple(pq.read_schema(path).names)
-    first = _first_line(path) or ""
-    try:
-        record = json.loads(first)
-    except ValueError:  # a .json array or a record over several lines: that file alone
+    first = next((line for _, line in records.read_lines(path) if line.strip()), "")
+    if first.lstrip().startswith("[") and not first.rstrip().endswith("}"):  # a .json array: that file alone
         return builder, str(path)
-    return builder, tuple(sorted(record)) if isinstance(record, dict) else str(path)
+    return builder, tuple(sorted(_first_record(path) or ()))
 
 
-def _damaged(path: Path, err: Exception) -> str:
-    return f"{path}: cannot be read ({err}): the file is damaged or cut short; fix or remove it"
+def _first_record(path: Path):
+    """The first record of a JSON data file (None: there is none), checked by :mod:`records`."""
+    return next((record for _, record in records.read_records(path)), None)
 
 
-def _not_utf8(path: Path, err: UnicodeDecodeError) -> str:
-    """The message for a file that is not UTF-8, with the first such line (a decoder's error knows only a byte)."""
-    line = ""
+@contextmanager
+def disk_full_is_one_line(cache_dir):
+    """Turn a full disk under the ``datasets`` cache (an ``OSError`` wrapped in ``DatasetGenerationError`` or
+    raised by ``.map``'s writer) into one line naming the cache folder."""
     try:
-        with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as f:
-            for number, raw in enumerate(f, 1):
-                try:
-                    raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    line = f":{number}"
-                    break
-    except (OSError, EOFError):
-        pass
-    return (f"{path}{line}: not UTF-8 text ({err.reason}, byte {err.object[err.start:err.start + 1]!r}): convert "
-            "the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`")
+        yield
+    except Exception as err:
+        cause = err
+        while cause is not None and not (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        import datasets
 
-
-def check_utf8(path) -> None:
-    """Raise ValueError naming ``path`` and its first line that is not UTF-8 (``datasets`` and ``json`` name neither)."""
-    path = Path(path)
-    try:
-        with _open(path) as f:
-            for _ in f:
-                pass
-    except UnicodeDecodeError as err:
-        raise ValueError(_not_utf8(path, err)) from None
-
-
-def _first_line(path: Path) -> str | None:
-    """The first non-blank line of a text file (None: there is none)."""
-    try:
-        with _open(path) as f:
-            return next((line for line in f if line.strip()), None)
-    except UnicodeDecodeError as err:
-        raise ValueError(_not_utf8(path, err)) from None
-    except (OSError, EOFError) as err:  # e.g. a cut-short .gz
-        raise ValueError(_damaged(path, err)) from None
-
-
-def _is_empty(path: Path) -> bool:
-    """Whether a data file holds no record (a .txt file is one document, even when empty)."""
-    builder = _BUILDERS[_suffix(path)]
-    if builder == "text":
-        return False
-    if builder == "parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            return pq.read_metadata(path).num_rows == 0
-        except Exception as err:
-            raise ValueError(f"{path}: not a readable parquet file ({err}); fix or remove it") from None
-    return _first_line(path) is None
-
-
-def _file_problem(path: Path, text_column: str) -> str | None:
-    """What makes ``path`` unreadable as a data file, in one line naming it (None: nothing found)."""
-    builder = _BUILDERS[_suffix(path)]
-    if builder == "parquet":
-        try:
-            import pyarrow.parquet as pq
-
-            pq.read_table(path, columns=[text_column])
-        except Exception as err:
-            return f"{path}: not a readable parquet file with a {text_column!r} column ({err}); fix or remove it"
-        return None
-    lineno = 0
-    try:
-        with _open(path) as f:
-            if builder == "text":
-                f.read()
-                return None
-            first = _first_line(path) or ""
-            if first.lstrip().startswith("[") and not first.rstrip().endswith("}"):  # a .json array
-                json.load(f)
-                return None
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    json.loads(line)
-    except UnicodeDecodeError as err:
-        return _not_utf8(path, err)
-    except ValueError as err:
-        return (f"{path}:{lineno}: not a JSON record ({getattr(err, 'msg', err)}): the line is cut short or "
-                "malformed; fix or remove it")
-    except (OSError, EOFError) as err:
-        return _damaged(path, err)
-    return None
+        folder = cache_dir or datasets.config.HF_DATASETS_CACHE
+        raise ValueError(f"no space left on the disk of the datasets cache ({folder}) while preparing the data: free "
+                         "space there, or give --cache_dir a folder on a larger disk") from None
 
 
 def _load_hub(name: str, text_column: str, split: str, streaming: bool, cache_dir, config_name):
@@ -613,12 +504,14 @@ def build_blocks(ds, tokenizer, block_size: int, text_column: str = "text", num_
     ``log``: log the summary (False on all but the main process of a multi-process run)."""
     import datasets
 
-    tokenized = tokenize_documents(ds, tokenizer, text_column, num_proc=num_proc,
-                                   load_from_cache_file=load_from_cache_file, batch_size=batch_size)
-    if isinstance(tokenized, datasets.Dataset) and len(tokenized) == 0:
-        raise ValueError(f"no text found in the {what}: every document is empty (field {text_column!r})")
-    blocks, stats = pack_blocks(tokenized, tokenizer, block_size, num_proc=num_proc,
-                                load_from_cache_file=load_from_cache_file, batch_size=batch_size)
+    cache_files = getattr(ds, "cache_files", None)
+    with disk_full_is_one_line(str(Path(cache_files[0]["filename"]).parent) if cache_files else None):
+        tokenized = tokenize_documents(ds, tokenizer, text_column, num_proc=num_proc,
+                                       load_from_cache_file=load_from_cache_file, batch_size=batch_size)
+        if isinstance(tokenized, datasets.Dataset) and len(tokenized) == 0:
+            raise ValueError(f"no text found in the {what}: every document is empty (field {text_column!r})")
+        blocks, stats = pack_blocks(tokenized, tokenizer, block_size, num_proc=num_proc,
+                                    load_from_cache_file=load_from_cache_file, batch_size=batch_size)
     if log and stats is not None:
         logger.info("%s: %s", what, stats.describe())
     elif log:

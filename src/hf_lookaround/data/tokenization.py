@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-__all__ = ["SPECIAL_TOKENS", "train_tokenizer", "encode_sentences", "tokenizer_files"]
+__all__ = ["SPECIAL_TOKENS", "check_tokenizer_settings", "train_tokenizer", "encode_sentences", "tokenizer_files"]
 
 BOS, EOS, PAD, MASK, UNK = "<s>", "</s>", "[PAD]", "[MASK]", "[UNK]"
 # the order fixes the ids: [PAD] = 0, <s> = 1, </s> = 2, [UNK] = 3, [MASK] = 4
@@ -54,7 +54,31 @@ def auto_tokenizer(name_or_path, **kwargs):
         found = ", ".join(tokenizer_files(folder)) or "no tokenizer file"
         raise ValueError(f"{folder} holds no tokenizer: tokenizer.json is missing (found {found}); give the folder "
                          "that hf-lookaround train-tokenizer or pretrain wrote, or copy its tokenizer.json here")
-    return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    except Exception:
+        if folder.is_dir():  # a cut tokenizer.json or tokenizer_config.json: tokenizers' message names no file
+            from ..hub.files import load_json_file
+
+            for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+                if (folder / name).is_file():
+                    load_json_file(folder / name)
+        raise
+
+
+# the most tokens a byte-level BPE may have: past this the trainer allocates tens of GB (1e9 aborted allocating 70 GB)
+MAX_VOCAB_SIZE = 1_000_000
+
+
+def check_tokenizer_settings(vocab_size: int, min_frequency: int = 2, model_max_length: int | None = None) -> None:
+    """Values the tokenizers trainer would take and then fail on (an overflow, an abort), refused in one line."""
+    if not 256 + len(SPECIAL_TOKENS) <= vocab_size <= MAX_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be at least {256 + len(SPECIAL_TOKENS)} (256 bytes + special tokens) and at "
+                         f"most {MAX_VOCAB_SIZE:,}, got {vocab_size}")
+    if min_frequency < 0:
+        raise ValueError(f"min_frequency must be >= 0 (how often a pair must occur to be merged), got {min_frequency}")
+    if model_max_length is not None and model_max_length < 1:
+        raise ValueError(f"model_max_length must be a positive number of tokens, got {model_max_length}")
 
 
 def train_tokenizer(
@@ -68,8 +92,7 @@ def train_tokenizer(
     """Train a byte-level BPE on ``texts`` and return a ``PreTrainedTokenizerFast`` (saved to ``output_dir`` if given)."""
     from transformers import PreTrainedTokenizerFast
 
-    if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must be at least {256 + len(SPECIAL_TOKENS)} (256 bytes + special tokens), got {vocab_size}")
+    check_tokenizer_settings(vocab_size, min_frequency, model_max_length)
     if output_dir is not None and Path(output_dir).exists() and not Path(output_dir).is_dir():
         # save_pretrained would only log an error and save nothing
         raise ValueError(f"--output_dir {output_dir} is a file, not a folder: a tokenizer is saved as several files "

@@ -7,13 +7,11 @@ there. Errors say what to pass instead.
 
 from __future__ import annotations
 
-import gzip
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data.text import check_utf8
+from ..data import records
 
 logger = logging.getLogger(__name__)
 
@@ -71,23 +69,12 @@ def _split_file(directory: Path, split: str) -> Path | None:
 
 
 def _read_text_file(path: Path, text_column: str) -> list[str]:
-    check_utf8(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    stem = path.name[:-3] if path.suffix == ".gz" else path.name
-    with opener(path, "rt", encoding="utf-8") as handle:
-        if stem.endswith(".jsonl"):
-            rows = [json.loads(line) for line in handle if line.strip()]
-        elif stem.endswith(".json"):
-            rows = json.load(handle)
-            rows = rows if isinstance(rows, list) else [rows]
-        elif stem.endswith(".txt"):
-            # one document per file: perplexity needs running text, not lines out of context
-            return [handle.read()]
-        else:
-            raise ValueError(f"unsupported text file {path}; use .jsonl, .json or .txt (optionally .gz)")
-    if rows and text_column not in rows[0]:
-        raise ValueError(f"{path} has no {text_column!r} field (fields: {sorted(rows[0])}); pass --text_column")
-    return [row[text_column] for row in rows]
+    if _builder_for(str(path)) not in ("json", "text"):
+        raise ValueError(f"unsupported text file {path}; use .jsonl, .json or .txt (optionally .gz)")
+    if records.check_file(path, text_column) == 0:
+        raise ValueError(f"{path}: the file is empty; give a file that holds documents")
+    # .txt: one document per file (perplexity needs running text, not lines out of context)
+    return list(records.read_documents(path, text_column))
 
 
 def load_texts(source: str, split: str = "test", text_column: str = "text", config_name: str | None = None) -> list[str]:
@@ -150,8 +137,9 @@ def load_labeled_splits(
         for split, file in files.items():
             if not Path(file).is_file():
                 raise ValueError(f"--{split}_file {file} does not exist")
-        for file in files.values():
-            check_utf8(file)
+        for file in files.values():  # every record checked, naming file and line, before `datasets` reads it
+            if records.check_file(file, None) == 0:
+                raise ValueError(f"{file}: the file is empty; give a file that holds examples")
         builders = {_builder_for(f) for f in files.values()}
         if len(builders) != 1:
             raise ValueError(f"all data files must have the same format, got {files}")

@@ -20,6 +20,19 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
+def load_json_file(path) -> Any:
+    """The JSON of ``path``; a file cut short or damaged raises one line that names it (``json`` names no file)."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason}): the file is damaged; write it again") from None
+    except ValueError as err:
+        where = f" at line {err.lineno} column {err.colno}" if hasattr(err, "lineno") else ""
+        raise ValueError(f"{path}: not valid JSON ({getattr(err, 'msg', err)}{where}): the file is cut short or "
+                         "damaged; write it again (or remove it)") from None
+
+
 
 def write_text(path: Path, text: str) -> None:
     # unlink first: in a staging folder the old file is a symlink into the user's checkpoint

@@ -8,6 +8,7 @@ runs them all; ``load.load_checkpoint`` is the one loader the commands use.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from .files import read_json
@@ -23,7 +24,13 @@ def _check_safetensors(path: Path, where: str) -> None:
     try:
         with safe_open(str(path), framework="numpy") as f:
             keys = list(f.keys())
+    except PermissionError:
+        raise ValueError(f"{path.name} in {where} cannot be read: permission denied; give this user read access "
+                         f"(chmod +r {path})") from None
     except Exception as err:  # safetensors raises its own error type; name the file instead
+        if not os.access(path, os.R_OK):
+            raise ValueError(f"{path.name} in {where} cannot be read: permission denied; give this user read access "
+                             f"(chmod +r {path})") from None
         raise ValueError(
             f"{path.name} in {where} is not a valid safetensors file ({err}); it is truncated or corrupt. "
             f"Save the model again with save_pretrained and re-upload it (hf-lookaround push <dir> <repo>)."
@@ -121,27 +128,14 @@ def _stored_shapes(files) -> dict[str, tuple]:
     return shapes
 
 
-def check_tensors(folder, files) -> None:
-    """The tensors in ``files`` must be those of the model that ``folder``'s config.json describes (its
-    ``architectures`` class, built on the meta device: no memory), with the same shapes. ``from_pretrained``
-    would re-initialise missing tensors and drop unexpected ones with a warning, and stop on a changed shape
-    with a traceback that suggests ``ignore_mismatched_sizes`` (which re-initialises them too)."""
+def _tensor_problems(cls, config, stored: dict) -> tuple[int, list[str]]:
+    """How many tensors differ between ``stored`` (name -> shape) and ``cls(config)``'s, and how."""
     import torch
-    import transformers
 
-    import hf_lookaround
-
-    folder = Path(folder)
-    config = transformers.AutoConfig.from_pretrained(folder)
-    name = (config.architectures or [""])[0]
-    cls = getattr(hf_lookaround, name, None) if name.startswith("LookAround") else None
-    if cls is None:  # no LookAround class recorded: nothing to compare with
-        return
     with torch.device("meta"):
         model = cls(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     tied = getattr(model, "all_tied_weights_keys", None) or {}  # lm_head.weight -> embed_tokens.weight: saved once
-    stored = _stored_shapes(files)
     # a tied pair is saved once, under either name
     saved_as = {**tied, **{source: target for target, source in tied.items()}}
     missing = [k for k in expected if k not in stored and saved_as.get(k) not in stored and k not in tied]
@@ -155,10 +149,44 @@ def check_tensors(folder, files) -> None:
         problems.append(f"{len(unexpected)} unexpected tensor(s) ({_listed(unexpected)})")
     if changed:
         problems.append(f"{len(changed)} tensor(s) of another shape: {_listed(changed, 2)}")
-    if not problems:
+    return len(missing) + len(unexpected) + len(changed), problems
+
+
+def _head_classes(config) -> list:
+    """The LookAround classes to compare a checkpoint with: its ``architectures`` class, or (none recorded: an
+    edited or hand-written config.json) every head of its model_type, since any of them may have saved it."""
+    import hf_lookaround
+
+    from .remote_code import REMOTE_CODE
+
+    name = (config.architectures or [""])[0]
+    if name.startswith("LookAround"):
+        return [c for c in [getattr(hf_lookaround, name, None)] if c is not None]
+    if name or config.model_type not in REMOTE_CODE:
+        return []
+    return [getattr(hf_lookaround, cls) for _, cls in REMOTE_CODE[config.model_type][3].values()]
+
+
+def check_tensors(folder, files) -> None:
+    """The tensors in ``files`` must be those of the model that ``folder``'s config.json describes (its
+    ``architectures`` class, built on the meta device: no memory; without one, the head of its model_type that
+    matches best), with the same shapes. ``from_pretrained`` would re-initialise missing tensors and drop
+    unexpected ones with a warning, and stop on a changed shape with a traceback that suggests
+    ``ignore_mismatched_sizes`` (which re-initialises them too)."""
+    import transformers
+
+    folder = Path(folder)
+    config = transformers.AutoConfig.from_pretrained(folder)
+    classes = _head_classes(config)
+    if not classes:  # not a LookAround class: nothing to compare with
         return
+    stored = _stored_shapes(files)
+    found = [(cls, _tensor_problems(cls, config, stored)) for cls in classes]
+    if any(count == 0 for _, (count, _) in found):
+        return
+    cls, (_, problems) = min(found, key=lambda pair: pair[1][0])  # the head that matches best
     hint = "The weights file is incomplete or of another model: save the model again, or use an intact checkpoint"
-    if changed:
+    if any("another shape" in p for p in problems):
         saved = read_json(folder / "config.json") or {}
         absent = [k for k in type(config)().to_diff_dict() if k not in saved and k != "transformers_version"]
         removed = f" (config.json lacks {_listed(absent)}: removed fields take their defaults)" if absent else ""

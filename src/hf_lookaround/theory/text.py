@@ -22,8 +22,6 @@ gone and both objectives become n-gram co-occurrence models.
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -32,6 +30,7 @@ from typing import Callable, Hashable
 import numpy as np
 import torch
 
+from ..data import records
 from ..plans import make_plan
 from .cooccurrence import Cooccurrence, cooccurrence_matrix, full_context, pairs_from_plan
 
@@ -54,20 +53,16 @@ def load_texts(path, text_field: str = "text", max_documents: int | None = None)
         raise ValueError(f"--data {path} does not exist")
     texts: list[str] = []
     for file in files:
-        opener = gzip.open if file.name.endswith(".gz") else open
-        with opener(file, "rt", encoding="utf-8") as handle:
-            for line_no, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                if ".jsonl" in file.name:
-                    record = json.loads(line)
-                    if text_field not in record:
-                        raise ValueError(f"{file}:{line_no} has no field {text_field!r}; pass --text-field")
-                    texts.append(str(record[text_field]))
-                else:
-                    texts.append(line.rstrip("\n"))
-                if max_documents is not None and len(texts) >= max_documents:
-                    return texts
+        if ".jsonl" in file.name:  # every record checked (object, string text, JSON, UTF-8, gzip, nesting)
+            documents = records.read_documents(file, text_field)
+        else:  # one document per non-empty line
+            documents = (line.rstrip("\n") for _, line in records.read_lines(file))
+        for text in documents:
+            if not text.strip():
+                continue
+            texts.append(text)
+            if max_documents is not None and len(texts) >= max_documents:
+                return texts
     return texts
 
 

@@ -46,6 +46,9 @@ from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+# the final marker, the lock and what an unfinished run is: from the bundle, where from_pretrained checks them too
+from ..models.lookaround.loading_lookaround import FINAL_MARKER, LOCK_FILE, unfinished_run  # noqa: F401
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -75,7 +78,6 @@ __all__ = [
 ]
 
 COMPLETE_MARKER = "checkpoint_complete.json"
-LOCK_FILE = ".hf_lookaround.lock"
 # an empty or unreadable lock older than this is no run's (a run writes its record right after creating the file)
 STALE_UNREADABLE_LOCK_S = 10.0
 _SAMPLE = 1 << 16  # bytes read at the start, middle and end of a file for its sample digest
@@ -234,7 +236,6 @@ def _write_marker(folder: Path, files: list[Path], marker_name: str, **fields) -
 # ---------------------------------------------------------------------------------------------
 # the final model of output_dir, checked as checkpoints are
 # ---------------------------------------------------------------------------------------------
-FINAL_MARKER = "final_model_complete.json"
 _FINAL_MODEL_FILES = ("config.json", "generation_config.json", "trainer_state.json", "model*.safetensors",
                       "model.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
 
@@ -249,18 +250,6 @@ def mark_final_model(output_dir, global_step: int) -> None:
     """After the final ``save_model`` and ``save_state``: record the final model's files as a checkpoint's marker
     does, so that a rerun can tell a damaged final model (:func:`final_model_problems`)."""
     _write_marker(Path(output_dir), final_model_files(output_dir), FINAL_MARKER, global_step=int(global_step))
-
-
-def unfinished_run(folder) -> str | None:
-    """Why ``folder`` must not be loaded as a model yet (None: it may): the ``output_dir`` of a ``pretrain`` run
-    still writing its final model, or killed before it ended (its lock is there, and :data:`FINAL_MARKER`, written
-    last, is not). Its weights may be there without the card or every head's ``auto_map``."""
-    root = Path(folder)
-    if (root / LOCK_FILE).is_file() and not (root / FINAL_MARKER).is_file():
-        return (f"{root} is the output_dir of a pretrain run that has not finished ({LOCK_FILE} is there, and "
-                f"{FINAL_MARKER}, written last, is not): wait for the run to end (or resume a killed one with "
-                "--resume_from_checkpoint last), or load one of its complete checkpoint-N folders")
-    return None
 
 
 def _safetensors_problem(path: Path) -> str | None:

@@ -63,6 +63,8 @@ from ..data.text import (
 )
 from ..models.lookaround.generation_lookaround import is_one_stream_group_model
 from . import checkpointing
+from ..hub.files import load_json_file
+from .divergence import FiniteTrainingGuard
 
 logger = logging.getLogger(__name__)
 
@@ -154,14 +156,17 @@ class ObjectiveArgumentsBase:
         self.params  # every flag of the objective (and of a mixture's components) checked now, not mid-run
 
     def _refuse_other_forms(self) -> None:
-        """A form flag (--ar_form, --dar_form, --masked_form) set for an objective it does not belong to."""
-        own = set(objectives.get(self.objective).flags)
-        if self.is_mixture:  # a mixture's components take their own forms (the one-stream mixture)
+        """A flag of another objective (a form such as --dar_form, or a value such as --mask_ratio) set for an
+        objective it does not belong to: the objectives' ``Params`` say which flags are whose."""
+        own = set(objectives.get(self.objective).flags) | {"objective", "mixture"}  # --mixture: checked below
+        if self.is_mixture:  # a mixture's components take their own flags (the one-stream mixture)
             own |= {flag for name in self._component_names() for flag in objectives.get(name).flags}
         for f in dataclasses.fields(self):
-            if f.name.endswith("_form") and f.name not in own and getattr(self, f.name) != f.default:
+            if f.name not in own and getattr(self, f.name) != _default(f):
                 owners = [name for name, o in objectives.OBJECTIVES.items() if f.name in o.flags]
-                raise ValueError(f"--{f.name} {getattr(self, f.name)} applies to --objective {' / '.join(owners)} only, "
+                value = getattr(self, f.name)
+                value = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+                raise ValueError(f"--{f.name} {value} applies to --objective {' / '.join(owners)} only, "
                                  f"not --objective {self.objective}; drop --{f.name}")
 
     def objective_params(self, name: str):
@@ -346,7 +351,26 @@ class LookAroundTrainingArguments(TrainingArguments):
             self.dataloader_workers_by_default = True
             self.dataloader_num_workers = default_dataloader_workers(self.use_cpu)
         self.dataloader_pin_memory = self.dataloader_pin_memory and pin_memory_useful(self.use_cpu)
+        check_trainer_values(self)
         super().__post_init__()
+
+
+def check_trainer_values(args) -> None:
+    """Trainer values that fail deep in a run (a ZeroDivisionError after the model is built) or quietly mean "off"
+    (0 saves, a negative limit, a NaN clipping norm), refused in one line before any work."""
+    if args.gradient_accumulation_steps < 1:
+        raise ValueError(f"--gradient_accumulation_steps {args.gradient_accumulation_steps}: must be >= 1 (batches "
+                         "per optimizer step)")
+    if str(getattr(args.save_strategy, "value", args.save_strategy)) == "steps" and args.save_steps <= 0:
+        raise ValueError(f"--save_steps {args.save_steps:g}: must be > 0 (steps between checkpoints, or a fraction "
+                         "of the run below 1); to save no checkpoint, pass --save_strategy no")
+    if args.save_total_limit is not None and args.save_total_limit < 1:
+        raise ValueError(f"--save_total_limit {args.save_total_limit}: must be >= 1 (checkpoints kept); leave it out "
+                         "to keep every checkpoint")
+    if not math.isfinite(args.max_grad_norm) or args.max_grad_norm < 0:
+        raise ValueError(f"--max_grad_norm {args.max_grad_norm}: must be a finite number >= 0 (0: no clipping)")
+    if args.logging_steps <= 0 and str(getattr(args.logging_strategy, "value", args.logging_strategy)) == "steps":
+        raise ValueError(f"--logging_steps {args.logging_steps:g}: must be > 0")
 
 
 def launched_on_cpu_only() -> bool:
@@ -590,6 +614,16 @@ def check_tokenizer(tokenizer, objective_args: ObjectiveArguments) -> None:
         raise ValueError("the tokenizer has no BOS or CLS token to start each block with (the rank-0 condition token)")
 
 
+def _override_value(config, key: str, value: str):
+    """``value`` of ``--config_overrides key=value`` as the type the field holds (JSON for booleans and None)."""
+    old = getattr(config, key)
+    try:
+        return type(old)(value) if old is not None and not isinstance(old, bool) else json.loads(value)
+    except ValueError:
+        kind = "JSON (true, false, null, a number)" if old is None or isinstance(old, bool) else type(old).__name__
+        raise ValueError(f"--config_overrides {key}={value}: the field {key!r} takes {kind}, got {value!r}") from None
+
+
 def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments, tokenizer, block_size: int):
     from ..models.lookaround.configuration_lookaround import LookAroundConfig
 
@@ -608,8 +642,7 @@ def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments,
             key, _, value = item.partition("=")
             if not hasattr(config, key.strip()):
                 raise ValueError(f"--config_overrides: the config has no field {key.strip()!r}")
-            old = getattr(config, key.strip())
-            setattr(config, key.strip(), type(old)(value) if old is not None and not isinstance(old, bool) else json.loads(value))
+            setattr(config, key.strip(), _override_value(config, key.strip(), value))
     if not model_args.model_name_or_path:
         config.vocab_size = len(tokenizer)
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id"):
@@ -714,6 +747,11 @@ def build_trainer(config, model_args: ModelArguments, objective_args: ObjectiveA
     train_collator = without_unread_content(train_collator, objective_args, training_args, block_size)
     # only the loss is needed from evaluation: gathering (B, M, V) logits would waste memory
     training_args.prediction_loss_only = True
+    if run_settings is not None:
+        # a resume restores the checkpoint's schedule: a new learning rate or schedule would be ignored without a word
+        run_settings = {**run_settings, "learning_rate": training_args.learning_rate,
+                        "lr_scheduler_type": str(getattr(training_args.lr_scheduler_type, "value",
+                                                         training_args.lr_scheduler_type))}
     return LookAroundTrainer(
         model=model,
         args=training_args,
@@ -722,7 +760,8 @@ def build_trainer(config, model_args: ModelArguments, objective_args: ObjectiveA
         data_collator=train_collator,
         eval_data_collator=eval_collator,
         processing_class=tokenizer,
-        callbacks=[CollatorEpochCallback(train_collator), *callbacks],
+        # a run that diverges stops in one line, and no marker calls non-finite weights complete
+        callbacks=[CollatorEpochCallback(train_collator), FiniteTrainingGuard(), *callbacks],
         run_settings=run_settings,
     )
 
@@ -743,6 +782,9 @@ def check_launch(training_args: TrainingArguments) -> None:
 
 def check_data_args(data_args: DataArguments, training_args: TrainingArguments) -> None:
     """Refuse combinations the data path cannot honour, before anything is read."""
+    if not 0 <= data_args.validation_split_percentage < 100:
+        raise ValueError(f"--validation_split_percentage {data_args.validation_split_percentage:g}: must be at least 0 "
+                         "and below 100 (the percentage of the training documents held out)")
     if data_args.block_size < 2:
         raise ValueError(f"--block_size must be >= 2 (BOS + at least one token), got {data_args.block_size}")
     for name in ("max_train_samples", "max_eval_samples"):
@@ -1157,7 +1199,7 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         logger.info("%s is the end of this training (step %d): nothing to train; the final model is saved",
                     checkpoint, trainer_state_step(checkpoint))
         if results.is_file():
-            metrics.update(json.loads(results.read_text()))
+            metrics.update(load_json_file(results))  # a cut file is named
         if not training_args.do_eval or (Path(training_args.output_dir) / "eval_results.json").is_file():
             return metrics
         trainer._load_from_checkpoint(training_args.output_dir)  # evaluate the final weights

@@ -55,6 +55,7 @@ from .checks_lookaround import (
     check_single_stream_head_inputs,
 )
 # generate(..., group_size=t): semi-AR group decoding; the next-token view of dar's one-stream form
+from .loading_lookaround import check_loaded
 from .generation_lookaround import GroupDecodingMixin, is_one_stream_group_model, one_stream_next_token_layouts
 from .masking_lookaround import (
     AUTO_ATTENTION,
@@ -363,6 +364,8 @@ class LookAroundPreTrainedModel(PreTrainedModel):
         loading_info = PreTrainedModel._finalize_model_loading(model, load_config, loading_info)
         if isinstance(model, LookAroundPreTrainedModel):
             model.freeze_unused_parameters()
+        # incomplete or non-finite weights, or an unfinished run, are refused wherever from_pretrained runs
+        check_loaded(model, load_config.pretrained_model_name_or_path, loading_info.missing_keys)
         return loading_info
 
     def _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs):

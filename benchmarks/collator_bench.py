@@ -16,7 +16,7 @@ estimate of the cost):
   no format): reading the ints is then most of the call;
 - ``plan``: ``objectives.make_plan`` alone;
 - ``plan, per-row loop``: the plans as drawn before (``reference_make_plan``, kept in
-  ``tests/test_plans_vectorised.py``), and ``collator, per-row loop``: the full call with those plans.
+  ``tests/test_plans.py``), and ``collator, per-row loop``: the full call with those plans.
 
 Rows ``dar, one stream`` and ``mixture, one stream`` are the one-stream forms (``--dar_form single_stream``, and
 ``--masked_form single_stream`` for the mixture's masked rows), on the same ``T`` ids (their batches are ``T + 2``
@@ -51,7 +51,7 @@ MIXTURE = ["dar=0.5", "vmlm=0.5"]  # the mixture measured: UL2-style, half semi-
 ONE_STREAM = {"dar, one stream": dict(dar_form="single_stream"),
               "mixture, one stream": dict(dar_form="single_stream", masked_form="single_stream")}
 ROWS = OBJECTIVES + tuple(ONE_STREAM)
-REFERENCE_FILE = Path(__file__).resolve().parent.parent / "tests" / "test_plans_vectorised.py"
+REFERENCE_FILE = Path(__file__).resolve().parent.parent / "tests" / "test_plans.py"
 
 
 class BenchTokenizer:

@@ -1,4 +1,4 @@
-"""The batch-vectorised plans against the per-row loop they replaced.
+"""The plans of every objective, drawn for a whole batch at once, against the per-row loop they replaced (29bc920).
 
 ``reference_*`` below is the per-row implementation of ``hf_lookaround.plans`` as it was before the
 plans were drawn for a whole batch at once (copied unchanged, only renamed). It is the slow reference:

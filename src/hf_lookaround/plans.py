@@ -17,7 +17,7 @@ Every plan function takes the valid ``lengths`` of a batch (padding is on the ri
 length ``seq_len`` and a ``torch.Generator``, and returns a :class:`Plan`. A prefix of
 ``num_condition_tokens`` (BOS/CLS or other conditioning) always has rank 0, is never a target,
 and the objective's own ranks start at 1 after it. A plan is drawn for the whole batch at once (no
-loop over rows); ``tests/test_plans_vectorised.py`` checks it against the former per-row drawing.
+loop over rows); ``tests/test_plans.py`` checks it against the former per-row drawing.
 """
 
 from __future__ import annotations

@@ -118,13 +118,10 @@ def _add_plan_flags(group) -> None:
                                help=f"{fields[flag].metadata.get('help', '')} (images: {default})")
 
 
-def _check_plan_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The objective's ``Params`` checks its flags now (one line, before any data is read)."""
+def _check_plan_flags(args: argparse.Namespace) -> None:
+    """The objective's ``Params`` checks its flags now, before any data is read (a ValueError: one line)."""
     o = objectives.get(args.objective)
-    try:
-        o.Params(**{f: getattr(args, f) for f in o.flags if f in o.image_defaults})
-    except ValueError as error:
-        parser.error(str(error))
+    o.Params(**{f: getattr(args, f) for f in o.flags if f in o.image_defaults})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,9 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sample"]:
         return sample_main(argv[1:])
-    parser = _parser()
-    args = parser.parse_args(argv)
-    _check_plan_flags(parser, args)
+    args = _parser().parse_args(argv)
+    _check_plan_flags(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     print(json.dumps(run(args), indent=2))
     return 0

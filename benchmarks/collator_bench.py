@@ -14,9 +14,9 @@ estimate of the cost):
   the others;
 - ``collator, ids as lists``: the same with each example's ids as a list of Python ints (a block dataset with
   no format): reading the ints is then most of the call;
-- ``plan``: ``plans.make_plan`` alone;
+- ``plan``: ``objectives.make_plan`` alone;
 - ``plan, per-row loop``: the plans as drawn before (``reference_make_plan``, kept in
-  ``tests/test_plans_vectorised.py``), and ``collator, per-row loop``: the full call with those plans.
+  ``tests/test_plans.py``), and ``collator, per-row loop``: the full call with those plans.
 
 Rows ``dar, one stream`` and ``mixture, one stream`` are the one-stream forms (``--dar_form single_stream``, and
 ``--masked_form single_stream`` for the mixture's masked rows), on the same ``T`` ids (their batches are ``T + 2``
@@ -43,7 +43,7 @@ from unittest import mock
 
 import torch
 
-from hf_lookaround import plans
+from hf_lookaround.objectives import make_plan
 from hf_lookaround.training.pretraining import ObjectiveArguments, build_collators, without_unread_content
 
 OBJECTIVES = ("ar", "dar", "mlm", "vmlm", "gvp", "mixture")
@@ -51,7 +51,7 @@ MIXTURE = ["dar=0.5", "vmlm=0.5"]  # the mixture measured: UL2-style, half semi-
 ONE_STREAM = {"dar, one stream": dict(dar_form="single_stream"),
               "mixture, one stream": dict(dar_form="single_stream", masked_form="single_stream")}
 ROWS = OBJECTIVES + tuple(ONE_STREAM)
-REFERENCE_FILE = Path(__file__).resolve().parent.parent / "tests" / "test_plans_vectorised.py"
+REFERENCE_FILE = Path(__file__).resolve().parent.parent / "tests" / "test_plans.py"
 
 
 class BenchTokenizer:
@@ -172,11 +172,12 @@ def measure(batch_sizes, seq_len: int, objectives, repeats: int, reference: bool
                 timed("collator", lambda: collator(features))
                 timed("as_pretrain", lambda: wrapped(features))
                 timed("collator_lists", lambda: collator(lists))
-                timed("plan", lambda: plans.make_plan(name, lengths, seq_len, generator=generator, **params))
+                timed("plan", lambda: make_plan(name, lengths, seq_len, generator=generator, **params))
                 if reference and name != "mixture":  # the per-row loop predates mixtures
                     timed("reference_plan", lambda: reference_make_plan(name, lengths, seq_len,
                                                                         generator=generator, **params))
-                    with mock.patch.object(plans, "make_plan", reference_make_plan):
+                    reference_plan = staticmethod(lambda *a, **k: reference_make_plan(name, *a, **k))
+                    with mock.patch.object(type(collator), "plan_function", reference_plan):
                         timed("reference_collator", lambda: collator(features))
                 rows.append(row)
                 print(f"  {objective} B={b}: collator {row['collator_ms']:.3f} ms", flush=True)

@@ -53,7 +53,7 @@ class _Tokenizer:
 # ------------------------------------------------------------------------------------------------
 def worker(args) -> None:
     from hf_lookaround import LookAroundConfig, LookAroundForPreTraining
-    from hf_lookaround.data.collators import make_collator
+    from hf_lookaround.objectives import make_collator
 
     cuda = torch.cuda.is_available() and not args.smoke
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 
 import hf_lookaround as H
-from hf_lookaround.data.collators import make_collator
+from hf_lookaround.objectives import make_collator
 from hf_lookaround.generation import group_generate
 from hf_lookaround.data.tokenization import train_tokenizer
 

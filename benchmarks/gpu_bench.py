@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 import traceback
 
 import torch
+
+from hf_lookaround import objectives
 
 # in the order they run: the issue's targets first, the long grid last (a row past --budget_s is not run)
 SECTIONS = ("long", "masked", "audit", "collator", "grid")
@@ -56,26 +57,18 @@ GVP_WIDTH_MULTIPLE = 256
 def content_width(objective: str, seq_len: int) -> int | str | None:
     """Width of the content rows kept by `drop_unread_content` (None: nothing worth dropping).
 
-    Masked plans: the masked tokens (the top rank) feed no prediction; at least round(min ratio * n) of a
-    sequence's n tokens are masked, so T - round(min ratio * T) columns hold every sequence's kept rows. GVP: the
-    top group ranges from one token to most of the sequence, so the width is the batch's own, rounded up to a
-    multiple of GVP_WIDTH_MULTIPLE (a training run compiles at most T / 256 graphs)."""
-    if objective == "mlm":
-        return seq_len - round(PLAN_PARAMS["mlm"]["mask_ratio"] * seq_len)
-    if objective == "vmlm":
-        return seq_len - round(PLAN_PARAMS["vmlm"]["mask_ratio_range"][0] * seq_len)
+    Masked plans: the objective's bound on the rows a sequence keeps (``objectives.max_content_rows``: its masked
+    tokens, the top rank, feed no prediction). GVP: the top group ranges from one token to most of the sequence, so
+    the width is the batch's own, rounded up to a multiple of GVP_WIDTH_MULTIPLE (a training run compiles at most
+    T / 256 graphs)."""
     if objective == "gvp":
         return f"x{GVP_WIDTH_MULTIPLE}"
-    return None
+    return objectives.max_content_rows(objective, seq_len, **PLAN_PARAMS[objective])
 
 
 def target_width(objective: str, seq_len: int) -> int:
-    """Static width of target_positions: the largest count the plan can draw (masked: ceil(max ratio * T))."""
-    if objective == "mlm":
-        return math.ceil(PLAN_PARAMS["mlm"]["mask_ratio"] * seq_len)
-    if objective == "vmlm":
-        return math.ceil(PLAN_PARAMS["vmlm"]["mask_ratio_range"][1] * seq_len)
-    return seq_len
+    """Static width of target_positions: the largest count the plan can draw (``objectives.max_targets``)."""
+    return objectives.max_targets(objective, seq_len, **PLAN_PARAMS[objective])
 
 
 class Bench:
@@ -186,7 +179,7 @@ class Bench:
 
     # ------------------------------------------------------------------ batches
     def two_stream_batch(self, objective: str, batch: int, seq_len: int, seed: int = 0):
-        from hf_lookaround.plans import make_plan
+        from hf_lookaround.objectives import make_plan
 
         gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(5, self.sizes["vocab"], (batch, seq_len), generator=gen)
@@ -203,7 +196,7 @@ class Bench:
         return dict(input_ids=ids, labels=ids)
 
     def masked_lm_batch(self, batch: int, seq_len: int):
-        from hf_lookaround.plans import make_plan
+        from hf_lookaround.objectives import make_plan
 
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(5, self.sizes["vocab"], (batch, seq_len), generator=gen)
@@ -345,7 +338,7 @@ class Bench:
 
     def section_audit(self):
         from hf_lookaround.leakcheck import audit_two_stream
-        from hf_lookaround.plans import make_plan
+        from hf_lookaround.objectives import make_plan
         import hf_lookaround as H
 
         # the audit takes one backward per target from one graph (retain_graph); compiled backward graphs

@@ -110,7 +110,7 @@ def grads(out):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from hf_lookaround import LookAroundForPreTraining
-    from hf_lookaround.data.collators import make_collator
+    from hf_lookaround.objectives import make_collator
 
     rank, world = dist.get_rank(), dist.get_world_size()
     b = 3
@@ -155,7 +155,7 @@ def heads(out):
         LookAroundForPreTraining,
         LookAroundForSequenceClassification,
     )
-    from hf_lookaround.data.collators import make_collator
+    from hf_lookaround.objectives import make_collator
 
     rank, world = dist.get_rank(), dist.get_world_size()
     tok = _Tokenizer()

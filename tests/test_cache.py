@@ -5,7 +5,7 @@ import torch
 
 import hf_lookaround as H
 from hf_lookaround.models.lookaround.modeling_lookaround import NO_TARGET_RANK
-from hf_lookaround.plans import make_plan
+from hf_lookaround.objectives import make_plan
 
 VOCAB = 61  # tiny_config's vocabulary (tests/conftest.py)
 BACKENDS = ["eager", "sdpa"]

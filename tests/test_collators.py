@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from hf_lookaround.data.collators import make_collator, max_targets
+from hf_lookaround.objectives import make_collator, max_targets
 from hf_lookaround.objectives.ar import AutoregressiveCollator
 from hf_lookaround.objectives.dar import SemiAutoregressiveCollator
 from hf_lookaround.objectives.gvp import GVPCollator

@@ -18,13 +18,14 @@ import hf_lookaround.models.lookaround.masking_lookaround as masking  # the one 
 import hf_lookaround.models.lookaround.modeling_lookaround as modeling
 from hf_lookaround.leakcheck import audit_two_stream
 from hf_lookaround.training.unread_content import drop_unread_content
-from hf_lookaround.plans import make_plan
+from hf_lookaround.objectives import make_plan
 
 VOCAB = 61  # tiny_config's vocabulary (tests/conftest.py)
 BERT_LIKE = dict(position_embedding_type="absolute", norm_type="layernorm", hidden_act="gelu", norm_position="post",
                  attention_bias=True, mlp_bias=True)
 CONFIGS = {"llama": {}, "bert": BERT_LIKE}
-PARAMS = {"ar": {}, "dar": {"t": 2}, "mlm": {"mask_ratio": 0.15}, "vmlm": {}, "gvp": {"num_groups": 4}}
+# every objective of the table, with small plan parameters where its defaults need long sequences
+PARAMS = {**{name: {} for name in objectives.names()}, "dar": {"t": 2}, "mlm": {"mask_ratio": 0.15}, "gvp": {"num_groups": 4}}
 
 
 @pytest.fixture
@@ -55,12 +56,12 @@ def make(tiny_model):
 
 
 def batch_for(objective, seq_len=32, lengths=(32, 27), seed=0, width=None):
-    """A collator-like batch: targets padded to a static width (every objective's largest count)."""
+    """A collator-like batch: targets padded to a static width (the objective's largest count, ``max_targets``)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(4, VOCAB, (len(lengths), seq_len), generator=g)
     mask = (torch.arange(seq_len)[None] < torch.tensor(lengths)[:, None]).long()
     plan = make_plan(objective, list(lengths), seq_len, generator=g, **PARAMS[objective])
-    width = width or (math.ceil(0.3 * seq_len) if objective in ("mlm", "vmlm") else seq_len)
+    width = width or objectives.max_targets(objective, seq_len, **PARAMS[objective])
     return dict(input_ids=ids, attention_mask=mask, group_ids=plan.group_ids,
                 labels=torch.where(plan.is_target, ids, -100), target_positions=plan.target_positions(pad_to=width))
 
@@ -72,11 +73,12 @@ def grads(model):
 # ------------------------------------------------------------------------------------ compiled step, every objective
 @pytest.mark.parametrize("config", ["llama", "bert"])
 def test_compiled_step_with_prepared_masks_every_objective_sdpa(config, make):
-    """fullgraph (no graph break), one graph per target width, same loss and gradients as eager."""
+    """fullgraph (no graph break), one graph per target width, same loss and gradients as eager; every objective of
+    the table (``objectives.names()``), so a new one is covered without editing this test."""
     model = make(config).train()
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend="aot_eager")
     seen_widths = set()
-    for objective in ["ar", "dar", "gvp", "mlm", "vmlm"]:
+    for objective in objectives.names():
         batch = batch_for(objective, seed=len(objective))
         width = batch["target_positions"].shape[1]
         prepared = model.prepare_attention(**batch)
@@ -104,7 +106,7 @@ def test_compiled_flex_forward_with_a_prebuilt_block_mask(config, make):
     reference = make(config, "sdpa").eval()
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend="aot_eager")
     seen_widths = set()
-    for seed, objective in enumerate(["dar", "ar", "gvp", "mlm", "vmlm"]):
+    for seed, objective in enumerate(objectives.names()):
         batch = batch_for(objective, seed=seed)
         width = batch["target_positions"].shape[1]
         prepared = model.prepare_attention(**batch)

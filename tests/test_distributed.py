@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from hf_lookaround.training import checkpointing
-from hf_lookaround.data.collators import make_collator
+from hf_lookaround.objectives import make_collator
 from hf_lookaround.training.pretraining import gradient_accumulation_for, run
 from hf_lookaround.cli.pretrain import parse_args
 from conftest import HUNG_CHILD_SECONDS, PLAN_WORDS  # a guard against a hung child, not a speed test

@@ -22,7 +22,7 @@ WORKER = textwrap.dedent(
     from torch.distributed.fsdp import fully_shard
     import hf_lookaround as H
     from hf_lookaround.evaluation.perplexity import is_two_stream
-    from hf_lookaround.plans import make_plan
+    from hf_lookaround.objectives import make_plan
 
     dist.init_process_group("gloo", rank=0, world_size=1)
     out = sys.argv[1]

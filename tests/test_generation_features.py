@@ -204,7 +204,7 @@ def test_infilling_first_step_is_the_pretraining_forward(tokenizer, objective):
     """The collator's plan on a BOS-prefixed block (BOS rank 0, visible rank 1, the first hidden group rank 2):
     infilling the same hidden set gives, at its first step, the query logits of the pretraining forward."""
     from hf_lookaround import LookAroundForPreTraining
-    from hf_lookaround.data.collators import make_collator
+    from hf_lookaround.objectives import make_collator
     from hf_lookaround.decoding.infill import infill
 
     params = {"mlm": {"mask_ratio": 0.3}, "vmlm": {}, "gvp": {"num_groups": 3}}[objective]

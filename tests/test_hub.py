@@ -26,7 +26,7 @@ from hf_lookaround.cli import push as push_command
 from hf_lookaround.hub import cards, load, push
 from hf_lookaround.models.lookaround.configuration_lookaround import LookAroundConfig
 from hf_lookaround.models.lookaround.modeling_lookaround import LookAroundForPreTraining
-from hf_lookaround.plans import make_plan
+from hf_lookaround.objectives import make_plan
 from hf_lookaround.data.tokenization import train_tokenizer
 from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
 

@@ -10,7 +10,7 @@ import hf_lookaround as H
 from hf_lookaround.objectives import mixture
 from hf_lookaround import objectives, plans
 from hf_lookaround.cli import main as cli_main
-from hf_lookaround.data.collators import make_collator, max_targets
+from hf_lookaround.objectives import make_collator, max_targets
 from hf_lookaround.leakcheck import audit_two_stream
 from hf_lookaround.models.lookaround import generation_lookaround
 from hf_lookaround.training.pretraining import ObjectiveArguments

@@ -16,7 +16,7 @@ from transformers import (
 import hf_lookaround as H
 from hf_lookaround import objectives
 from hf_lookaround.leakcheck import audit_two_stream
-from hf_lookaround.plans import make_plan
+from hf_lookaround.objectives import make_plan
 
 VOCAB = 61  # tiny_config's vocabulary (tests/conftest.py)
 CPU_BACKENDS_WITH_BACKWARD = ["eager", "sdpa"]

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import hf_lookaround as H
-from hf_lookaround import objectives, plans
+from hf_lookaround import objectives
 from hf_lookaround.models.lookaround import configuration_lookaround, generation_lookaround
 
 BUNDLE = Path(generation_lookaround.__file__).parent
@@ -24,7 +24,7 @@ def test_every_objective_module_is_in_the_table_with_a_family():
         assert objective.family in objectives.FAMILIES
         module = importlib.import_module(f"hf_lookaround.objectives.{name}")
         assert module.OBJECTIVE is objective and objective.plan is module.plan
-        assert plans.make_plan(name, [30], 30, generator=None, **objective.defaults).group_ids.shape == (1, 30)
+        assert objectives.make_plan(name, [30], 30, generator=None, **objective.defaults).group_ids.shape == (1, 30)
 
 
 def test_a_look_ahead_config_without_plan_params_decodes_with_its_plans_default_group_size():

@@ -281,7 +281,7 @@ def test_every_trainable_vit_parameter_gets_a_gradient(head, tmp_path, tiny_vit_
         LookAroundViTForImageClassification,
         LookAroundViTForPreTraining,
     )
-    from hf_lookaround.plans import make_plan
+    from hf_lookaround.objectives import make_plan
 
     config = tiny_vit_config(image_size=8, patch_size=4, num_hidden_layers=1, num_labels=2)
     cls = LookAroundViTForPreTraining if head == "pretraining" else LookAroundViTForImageClassification

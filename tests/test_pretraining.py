@@ -99,7 +99,7 @@ def test_single_stream_ar_trains_gpt_and_decodes_with_its_content_stream(tokeniz
     """--ar_form single_stream: GPT's next-token loss on the causal content stream (LookAroundForCausalLM), no plan
     inputs in the batch, the causal perplexity at the end, and `hf-lookaround generate` decoding through it."""
     from hf_lookaround.cli.generate import main as generate
-    from hf_lookaround.data.collators import make_collator
+    from hf_lookaround.objectives import make_collator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "gpt"

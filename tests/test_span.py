@@ -12,10 +12,10 @@ from scipy import stats
 import hf_lookaround as H
 from hf_lookaround import objectives
 from hf_lookaround.cli import main as cli_main
-from hf_lookaround.data.collators import make_collator, max_targets
+from hf_lookaround.objectives import make_collator, max_targets
 from hf_lookaround.demo import DEMO_OBJECTIVES
 from hf_lookaround.objectives import mixture, span
-from hf_lookaround.plans import make_plan
+from hf_lookaround.objectives import make_plan
 from hf_lookaround.training.pretraining import ObjectiveArguments
 from conftest import BOS, EOS, MASK, PAD, ToyTokenizer
 

@@ -15,7 +15,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from hf_lookaround.cli.theory import main  # noqa: E402
-from hf_lookaround.plans import make_plan  # noqa: E402
+from hf_lookaround.objectives import make_plan  # noqa: E402
 from hf_lookaround.theory import (  # noqa: E402
     check_theorem_31,
     closed_form_spectrum,

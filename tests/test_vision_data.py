@@ -390,3 +390,23 @@ def test_without_the_package_the_pipeline_loads_the_processor_and_model_as_remot
     local = pipeline("image-classification", model=str(tmp_path / "ckpt"))(str(image_path), top_k=3)
     assert [r["label"] for r in remote["result"]] == [r["label"] for r in local]
     assert [r["score"] for r in remote["result"]] == pytest.approx([r["score"] for r in local], abs=1e-5)
+
+
+def test_the_plan_flags_are_the_image_objectives_params(tmp_path, capsys):
+    """The vision command's plan flags are built from each image objective's Params, with its image defaults, so an
+    image objective brings its flags; Params checks them before any data is read."""
+    from hf_lookaround import objectives
+    from hf_lookaround.cli.vision import _parser
+
+    parser = _parser()
+    args = parser.parse_args(["--output_dir", str(tmp_path)])
+    for name in objectives.names(images=True):
+        entry = objectives.get(name)
+        for flag, default in entry.image_defaults.items():
+            assert getattr(args, flag) == default, (name, flag)
+            action = next(a for a in parser._actions if a.dest == flag)
+            assert action.help.startswith(entry.Params.__dataclass_fields__[flag].metadata["help"])
+    assert parser.parse_args(["--output_dir", "x", "--mask_ratio_range", "0.2", "0.4"]).mask_ratio_range == [0.2, 0.4]
+    err = cli_error(capsys, tiny_argv("digits", tmp_path / "out", "--segmentation", "spiral"))
+    assert err.strip().splitlines() == ["hf-lookaround vision: error: --segmentation must be one of ('fixed', 'random', "
+                                        "'mixed'), got 'spiral'"]

@@ -31,7 +31,7 @@ _EXPORTS = {
     "LookAroundViTForImageClassification": "models.lookaround.modeling_lookaround_vit",
     "Plan": "plans",
     "PLAN_NAMES": "objectives",
-    "make_plan": "plans",
+    "make_plan": "objectives",
 }
 __all__ = list(_EXPORTS)
 
@@ -52,8 +52,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerl
         LookAroundViTModel,
         LookAroundViTPreTrainedModel,
     )
-    from .objectives import PLAN_NAMES
-    from .plans import Plan, make_plan
+    from .objectives import PLAN_NAMES, make_plan
+    from .plans import Plan
 
 
 def __getattr__(name):

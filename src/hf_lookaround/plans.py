@@ -8,15 +8,16 @@ attention (see ``masking_lookaround.may_attend``):
 - the query stream at ``i`` sees content ``j`` iff ``g[j] < g[i]``.
 
 Each objective's plan function lives in its module of :mod:`hf_lookaround.objectives`; this module holds what
-they share (the :class:`Plan`, length checks, the batched random draws) and :func:`make_plan`, which draws any
-objective's plan by name. Collators, evaluators and the theory module all draw plans through it, so an objective
-means the same thing everywhere.
+they share (the :class:`Plan`, length checks, the batched random draws). Any objective's plan is drawn by name
+with :func:`hf_lookaround.objectives.make_plan` (collators call their objective's plan function directly): the
+collators, evaluators and the theory module all draw the same functions, so an objective means the same thing
+everywhere. This module imports nothing of the objectives: they build on it.
 
 Every plan function takes the valid ``lengths`` of a batch (padding is on the right), the padded
 length ``seq_len`` and a ``torch.Generator``, and returns a :class:`Plan`. A prefix of
 ``num_condition_tokens`` (BOS/CLS or other conditioning) always has rank 0, is never a target,
 and the objective's own ranks start at 1 after it. A plan is drawn for the whole batch at once (no
-loop over rows); ``tests/test_plans_vectorised.py`` checks it against the former per-row drawing.
+loop over rows); ``tests/test_plans.py`` checks it against the former per-row drawing.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from .models.lookaround.masking_lookaround import infilling_ranks
 
 __all__ = [
     "Plan",
-    "make_plan",
     "infilling_ranks",
     "expected_masked_count",
     "host_positions_of",
@@ -133,13 +133,6 @@ def random_subsets(rng: np.random.Generator, counts: np.ndarray, sizes: np.ndarr
     width = int(sizes.max()) if sizes.size else 0
     flags = (np.arange(width) < counts[:, None]).astype(np.int64)  # numpy shuffles 8-byte items fastest
     return shuffle_prefixes(rng, flags, sizes)
-
-
-def make_plan(objective: str, lengths, seq_len: int, generator=None, **params) -> Plan:
-    """Draw the plan of ``objective`` (a name of :data:`hf_lookaround.objectives.PLAN_NAMES`) with its parameters."""
-    from . import objectives  # the objective modules import this one
-
-    return objectives.get(objective).plan(lengths, seq_len, generator=generator, **params)
 
 
 def expected_masked_count(ratio: float, n: int) -> int:

@@ -104,3 +104,23 @@ def test_the_study_uses_the_packages_public_api_without_a_facade():
     assert _private_uses_of_the_package("from hf_lookaround.evaluation import perplexity as M\nM._pad_id(1, 2)\n"
                                         "from hf_lookaround.x import _y\n") == ["from hf_lookaround.x import _y",
                                                                                  "M._pad_id"]
+
+
+def test_the_study_runs_rows_of_the_objectives_presets_and_its_driver_starts_without_torch():
+    """Issue 38: the study keeps no table of its own; its rows are `objectives.presets()` rows, read on first use so
+    that the driver and the report start without torch."""
+    import os
+    import subprocess
+    import sys
+
+    import study_common
+    from hf_lookaround import objectives
+
+    presets = objectives.presets()
+    assert set(study_common.OBJECTIVES) <= set(presets)
+    for row in study_common.OBJECTIVES:
+        name, _, flags = presets[row]
+        assert study_common.STUDY_OBJECTIVES[row] == {"objective": name, **flags}
+    code = "import sys, study_common; assert 'torch' not in sys.modules, 'study_common imported torch'"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "study"), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT / "study")

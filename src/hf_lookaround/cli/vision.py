@@ -5,13 +5,15 @@ sample images from a checkpoint.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
+import typing
 
 import torch
 
-from ..objectives.gvp import SEGMENTATIONS
+from .. import objectives
 from ..data.image_collator import IMAGE_OBJECTIVES
 from ..data.images import TARGET_MODES
 from ..hub.load import load_checkpoint
@@ -60,10 +62,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="one condition token carries the image's class (rank 0, seen by every group)")
     model.add_argument("--class_dropout", type=float, default=0.1,
                        help="class-conditional: the fraction of training images shown with no class (-1)")
-    model.add_argument("--num_groups", type=int, default=20, help="GVP: K")
-    model.add_argument("--segmentation", choices=SEGMENTATIONS, default="mixed", help="GVP segmentation")
-    model.add_argument("--mask_ratio_range", type=float, nargs=2, default=(0.5, 0.75), help="vmlm: U[a, b]")
-    model.add_argument("--mask_ratio", type=float, default=0.75, help="mlm: fixed ratio")
+    _add_plan_flags(model)
     model.add_argument("--patch_size", type=int, default=None, help="default: fashion_mnist 4, digits 2, else 4")
     model.add_argument("--preset", choices=("tiny", "mini", "small", "base"), default=None,
                        help="backbone sizes of a preset (overrides the four size options)")
@@ -96,6 +95,33 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_plan_flags(group) -> None:
+    """The image objectives' plan flags, built from each module's ``Params`` (type, help) with its
+    ``image_defaults`` as defaults, as ``hf-lookaround pretrain`` builds its flags from ``Params``; a flag that
+    several image objectives share must have one image default."""
+    seen: dict[str, object] = {}
+    for name in IMAGE_OBJECTIVES:
+        o = objectives.get(name)
+        hints = typing.get_type_hints(o.Params)
+        fields = {f.name: f for f in dataclasses.fields(o.Params)}
+        for flag, default in o.image_defaults.items():
+            if flag in seen:
+                if seen[flag] != default:
+                    raise TypeError(f"image objectives share --{flag} with different image defaults")
+                continue
+            seen[flag] = default
+            kind = hints[flag]
+            kwargs = {"type": kind}
+            if typing.get_origin(kind) in (list, tuple):  # a range: as many values as the default has
+                kwargs = {"type": typing.get_args(kind)[0], "nargs": len(default)}
+            group.add_argument(f"--{flag}", default=default, **kwargs,
+                               help=f"{fields[flag].metadata.get('help', '')} (images: {default})")
+
+
+def _check_plan_flags(args: argparse.Namespace) -> None:
+    """The objective's ``Params`` checks its flags now, before any data is read (a ValueError: one line)."""
+    o = objectives.get(args.objective)
+    o.Params(**{f: getattr(args, f) for f in o.flags if f in o.image_defaults})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["sample"]:
         return sample_main(argv[1:])
     args = _parser().parse_args(argv)
+    _check_plan_flags(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     print(json.dumps(run(args), indent=2))
     return 0

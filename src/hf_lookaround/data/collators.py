@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -50,8 +50,6 @@ from .. import plans
 __all__ = [
     "PlanCollator",
     "MASKED_FORMS",
-    "make_collator",
-    "max_targets",
     "labels_for",
     "current_process_rank",
 ]
@@ -88,10 +86,13 @@ class PlanCollator:
     _epoch: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     objective: ClassVar[str] = ""
+    # the objective's plan function (its module's ``plan``), named by each objective's collator: the collators sit
+    # below the objectives table, so they draw through the function itself, not by name
+    plan_function: ClassVar[Callable[..., plans.Plan]]
 
     # ----------------------------------------------------------------------------- plan hooks
     def plan_params(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`plans.make_plan` (besides lengths and condition tokens)."""
+        """Keyword arguments of the plan function (besides lengths and condition tokens)."""
         return {}
 
     def uses_maskable(self) -> bool:
@@ -198,7 +199,7 @@ class PlanCollator:
         params["num_condition_tokens"] = self._condition_tokens(input_ids, lengths)
         if self.uses_maskable():
             params["maskable"] = self._maskable(input_ids, lengths)
-        return plans.make_plan(self.objective, lengths, input_ids.shape[1], generator=generator, **params)
+        return self.plan_function(lengths, input_ids.shape[1], generator=generator, **params)
 
     def _maskable(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         # special tokens (bos/eos/pad/cls/sep/mask) are never masked, nor padding; numpy: less overhead per call,
@@ -257,17 +258,3 @@ def padded_width(width: int, multiple: int | None) -> int:
     if multiple:
         width = int(math.ceil(width / multiple) * multiple)
     return width
-
-
-def make_collator(objective: str, tokenizer=None, **params) -> PlanCollator:
-    """The collator of ``objective`` with its parameters (see :func:`hf_lookaround.objectives.make_collator`)."""
-    from .. import objectives  # the objective modules import this one
-
-    return objectives.make_collator(objective, tokenizer, **params)
-
-
-def max_targets(objective: str, seq_len: int, **params) -> int:
-    """An upper bound on the number of loss positions per sequence: a static ``pad_targets_to``."""
-    from .. import objectives
-
-    return objectives.max_targets(objective, seq_len, **params)

@@ -29,7 +29,7 @@ def image_plan(objective: str, batch_size: int, num_patches: int, generator=None
     if objective not in IMAGE_OBJECTIVES:
         raise ValueError(f"image objectives are {IMAGE_OBJECTIVES}, got {objective!r}")
     seq_len = num_patches + num_prefix_tokens
-    return plans.make_plan(objective, [seq_len] * batch_size, seq_len, generator=generator,
+    return objectives.make_plan(objective, [seq_len] * batch_size, seq_len, generator=generator,
                            num_condition_tokens=num_prefix_tokens, **params)
 
 
@@ -80,5 +80,5 @@ def make_image_collator(objective: str, num_patches: int, seed: int = 0, num_pre
     if objective not in IMAGE_OBJECTIVES:
         raise ValueError(f"image objectives are {IMAGE_OBJECTIVES}, got {objective!r}")
     params = {**DEFAULT_IMAGE_PLAN_PARAMS[objective], **params}
-    return ImagePlanCollator(collators.make_collator(objective, seed=seed, **params), num_patches,
+    return ImagePlanCollator(objectives.make_collator(objective, seed=seed, **params), num_patches,
                              num_prefix_tokens, class_conditional, class_dropout)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .. import plans
+from .. import objectives, plans
 from ..models.lookaround.modeling_lookaround_vit import LookAroundViTForPreTraining, patchify, unpatchify
 
 __all__ = ["sample_images", "inference_ranks", "vit_plan", "save_image_grid", "to_display_pixels"]
@@ -45,7 +45,7 @@ def vit_plan(config, objective: str, batch_size: int, generator=None, **params) 
     """A training plan over ``[CLS, conditions, patches]`` of a ViT config: ``config.sequence_length``
     positions, the first ``config.num_prefix_tokens`` of rank 0 (never targets)."""
     seq_len = config.sequence_length
-    return plans.make_plan(objective, [seq_len] * batch_size, seq_len, generator=generator,
+    return objectives.make_plan(objective, [seq_len] * batch_size, seq_len, generator=generator,
                            num_condition_tokens=config.num_prefix_tokens, **params)
 
 

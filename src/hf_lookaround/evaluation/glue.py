@@ -183,20 +183,13 @@ def _metric_config(task_name: str | None, is_regression: bool) -> str:
 
 
 def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_args) -> dict:
-    """Fine-tune and evaluate; return all metrics (also written to ``output_dir/all_results.json``)."""
-    from transformers import (
-        AutoConfig,
-        AutoModelForSequenceClassification,
-        DataCollatorWithPadding,
-        Trainer,
-        set_seed,
-    )
+    """Fine-tune and evaluate; return all metrics (also written to ``output_dir/all_results.json``).
 
-    import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes)
-    from hf_lookaround.data.tokenization import auto_tokenizer, encode_sentences
+    The steps, in order: read the labelled splits, load the model with a head for their labels, tokenize, then
+    train / evaluate / predict with ``Trainer``, and write the fine-tuned model's card."""
+    from transformers import DataCollatorWithPadding, Trainer, set_seed
+
     from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info, load_labeled_splits
-    from hf_lookaround.hub.load import load_checkpoint
-    from hf_lookaround.hub.weights import check_local_checkpoint
 
     set_seed(training_args.seed)
     raw = load_labeled_splits(
@@ -211,10 +204,41 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
     if training_args.do_eval and "validation" not in raw:
         raise ValueError("--do_eval needs a validation split: pass --validation_file")
     labels = label_info(raw, data_args.task_name, data_args.label_column)
-    key1, key2 = detect_sentence_columns(raw["train"], data_args.task_name, data_args.label_column)
-    logger.info("inputs: %s; %s", (key1, key2), "regression" if labels.is_regression else f"{labels.num_labels} classes")
+    columns = detect_sentence_columns(raw["train"], data_args.task_name, data_args.label_column)
+    logger.info("inputs: %s; %s", columns, "regression" if labels.is_regression else f"{labels.num_labels} classes")
 
-    # --- model -------------------------------------------------------------------------------
+    model, tokenizer = _load_model(model_args, data_args, labels)
+    processed = _tokenize_splits(raw, tokenizer, labels, columns, data_args, training_args.seed)
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=processed.get("train") if training_args.do_train else None,
+        eval_dataset=processed.get("validation") if training_args.do_eval else None,
+        processing_class=tokenizer,
+        data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if training_args.fp16 else None),
+        compute_metrics=_metrics_function(data_args.task_name, labels.is_regression),
+    )
+    metrics = _train_evaluate_predict(trainer, tokenizer, processed, labels, model_args, data_args, training_args)
+    if training_args.do_train and trainer.is_world_process_zero():
+        from ..hub.cards import write_model_card
+
+        # the fine-tuned classifier gets its own card: its base model, task and results
+        write_model_card(training_args.output_dir, base_model=model_args.model_name_or_path,
+                         dataset=data_args.dataset_name or data_args.train_file or data_args.task_name,
+                         eval_dataset=data_args.validation_file or data_args.dataset_name or data_args.task_name,
+                         pipeline_tag="text-classification")
+    return metrics
+
+
+def _load_model(model_args: ModelArguments, data_args: DataTrainingArguments, labels):
+    """The checkpoint with a classification head for ``labels`` (a ``label_info``), LoRA adapters if asked, and
+    its tokenizer (padding with EOS where it has no pad token, as run_glue users do)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from hf_lookaround.data.tokenization import auto_tokenizer
+    from hf_lookaround.hub.load import load_checkpoint
+    from hf_lookaround.hub.weights import check_local_checkpoint
+
     common = {"cache_dir": model_args.cache_dir, "revision": model_args.model_revision,
               "trust_remote_code": model_args.trust_remote_code}
     check_local_checkpoint(model_args.model_name_or_path, "hf-lookaround glue", kinds=("text", "other"))
@@ -247,8 +271,15 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
         raise ValueError(f"--max_seq_length {data_args.max_seq_length} exceeds the model's {max_positions} positions")
     if model_args.use_lora:
         model = apply_lora(model, model_args)
+    return model, tokenizer
 
-    # --- data --------------------------------------------------------------------------------
+
+def _tokenize_splits(raw, tokenizer, labels, columns, data_args: DataTrainingArguments, seed: int) -> dict:
+    """The train, validation and test splits, sampled (``--max_*_samples``), tokenized (``columns``: the one or two
+    sentence columns) and labelled with class ids; a warning counts what ``--max_seq_length`` truncated."""
+    from hf_lookaround.data.tokenization import encode_sentences
+
+    key1, key2 = columns
     label_to_id = None if labels.is_regression else {v: i for i, v in enumerate(labels.values)}
 
     def preprocess(batch):
@@ -275,7 +306,7 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
         if split not in caps:
             continue
         # the test split's sample keeps file order: its predictions are written row by row
-        ds = seeded_sample(ds, caps[split], training_args.seed, what=f"{split} examples", flag=flags[split],
+        ds = seeded_sample(ds, caps[split], seed, what=f"{split} examples", flag=flags[split],
                            label_column=data_args.label_column if label_to_id is not None else None,
                            keep_order=split == "test")
         removable = [c for c in ds.column_names if c != "label"]
@@ -285,28 +316,28 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
             logger.warning("%s: truncated %d of %d examples to --max_seq_length %d tokens", split, truncated, len(ds),
                            data_args.max_seq_length)
         processed[split] = ds.remove_columns("was_truncated")
+    return processed
 
-    metric = load_glue_metric(_metric_config(data_args.task_name, labels.is_regression))
+
+def _metrics_function(task_name: str | None, is_regression: bool):
+    """``compute_metrics`` for ``Trainer``: the task's GLUE metric (several values also give their mean,
+    ``combined_score``)."""
+    metric = load_glue_metric(_metric_config(task_name, is_regression))
 
     def compute_metrics(p):
         preds = p.predictions[0] if isinstance(p.predictions, tuple) else p.predictions
-        preds = np.squeeze(preds) if labels.is_regression else np.argmax(preds, axis=1)
+        preds = np.squeeze(preds) if is_regression else np.argmax(preds, axis=1)
         result = metric.compute(predictions=preds, references=p.label_ids)
         if len(result) > 1:
             result["combined_score"] = float(np.mean(list(result.values())))
         return result
 
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=processed.get("train") if training_args.do_train else None,
-        eval_dataset=processed.get("validation") if training_args.do_eval else None,
-        processing_class=tokenizer,
-        data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if training_args.fp16 else None),
-        compute_metrics=compute_metrics,
-    )
+    return compute_metrics
 
-    # --- train / evaluate / predict (all_results.json collects train_* and eval_*) --------------
+
+def _train_evaluate_predict(trainer, tokenizer, processed: dict, labels, model_args, data_args, training_args) -> dict:
+    """``--do_train`` / ``--do_eval`` / ``--do_predict`` in turn; the metrics of each (``all_results.json`` collects
+    train_* and eval_*). Predictions are written to ``predict_results_<task>.txt``."""
     metrics = {}
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
@@ -338,14 +369,6 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
                 f.write("index\tprediction\n")
                 for i, p in enumerate(preds):
                     f.write(f"{i}\t{p:.3f}\n" if labels.is_regression else f"{i}\t{labels.names[int(p)]}\n")
-    if training_args.do_train and trainer.is_world_process_zero():
-        from ..hub.cards import write_model_card
-
-        # the fine-tuned classifier gets its own card: its base model, task and results
-        write_model_card(training_args.output_dir, base_model=model_args.model_name_or_path,
-                         dataset=data_args.dataset_name or data_args.train_file or data_args.task_name,
-                         eval_dataset=data_args.validation_file or data_args.dataset_name or data_args.task_name,
-                         pipeline_tag="text-classification")
     return metrics
 
 

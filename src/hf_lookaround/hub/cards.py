@@ -71,7 +71,7 @@ def model_family(config: dict, objective: str | None = None) -> str:
 
 
 def _default_plan_params(objective: str | None) -> dict:
-    """The parameters :func:`plans.make_plan` uses for ``objective`` when none are given."""
+    """The parameters :func:`objectives.make_plan` uses for ``objective`` when none are given."""
     return objectives.default_plan_params(objective)
 
 

@@ -10,6 +10,10 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+# the lock, the final marker and what an unfinished run is live in the bundle, where from_pretrained checks them
+from ..models.lookaround.loading_lookaround import FINAL_MARKER, LOCK_FILE, unfinished_run  # noqa: F401
+
+
 def read_json(path: Path) -> Any | None:
     if not path.is_file():
         return None

@@ -62,9 +62,7 @@ def load_pretrained(repo_or_dir, head: str = "base", **kwargs):
     ValueError that names the file; ``kwargs`` go to ``from_pretrained`` (``revision``, ``cache_dir``,
     ``token`` and ``local_files_only`` also to the download).
     """
-    import transformers
-
-    import hf_lookaround  # noqa: F401  (importing the package registers the LookAround Auto classes)
+    import transformers  # the package registered the LookAround Auto classes when this module was imported
 
     if head not in HEADS:
         raise ValueError(f"unknown head {head!r}; choose one of {sorted(HEADS)}")

@@ -11,7 +11,7 @@ import logging
 import os
 from pathlib import Path
 
-from .files import read_json
+from .files import read_json, unfinished_run
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +44,6 @@ def check_weights(folder, where: str | None = None) -> list[Path]:
 
     Returns the weight files; raises ValueError naming the missing or corrupt file otherwise.
     """
-    from ..training.checkpointing import unfinished_run
-
     folder = Path(folder)
     where = where or str(folder)
     if unfinished_run(folder):

@@ -16,6 +16,7 @@ import pkgutil
 from .base import (
     ANY_ORDER,
     CAUSAL_HEAD,
+    DEFAULT_MIXTURE,
     FAMILIES,
     FORMS,
     GROUP_DECODING,
@@ -31,12 +32,12 @@ from .base import (
     Objective,
     ObjectiveParams,
 )
-from .mixture import DEFAULT_MIXTURE
 
 __all__ = ["Objective", "ObjectiveParams", "OBJECTIVES", "PLAN_NAMES", "FAMILIES", "FORMS", "LOOK_AHEAD",
            "ANY_ORDER", "MASKED", "MIXTURE", "TWO_STREAM", "SINGLE_STREAM", "get", "family", "families", "names",
            "decoders", "default_plan_params", "max_target_ratio", "default_attention", "card_text",
-           "mixture_components", "make_plan", "make_collator", "max_targets", "presets", "DEFAULT_MIXTURE"]
+           "mixture_components", "make_plan", "make_collator", "max_targets", "max_content_rows", "presets",
+           "DEFAULT_MIXTURE"]
 
 _NOT_OBJECTIVES = {"base"}
 
@@ -166,3 +167,11 @@ def make_collator(objective: str, tokenizer=None, **params):
 def max_targets(objective: str, seq_len: int, **params) -> int:
     """An upper bound on the number of loss positions per sequence: a static ``pad_targets_to``."""
     return max(1, math.ceil(max_target_ratio(objective, params) * seq_len))
+
+
+def max_content_rows(objective: str, seq_len: int, **params) -> int | None:
+    """An upper bound on the content rows a sequence keeps when the rows no prediction reads are dropped
+    (``--drop_unread_content``): its top rank holds at least ``min_top_ratio`` of it. None: no useful bound (GVP's
+    last group may hold a single token)."""
+    least = get(objective).min_top_ratio
+    return None if least is None else math.ceil(seq_len * (1 - float(least(params))))

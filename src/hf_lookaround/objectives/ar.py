@@ -63,6 +63,7 @@ class AutoregressiveCollator(PlanCollator):
 
     form: str = TWO_STREAM
     objective = "ar"
+    plan_function = staticmethod(plan)
 
     def __post_init__(self):
         check_form("form", self.form)

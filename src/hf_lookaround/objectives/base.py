@@ -29,6 +29,9 @@ TWO_STREAM, SINGLE_STREAM = "two_stream", "single_stream"
 FORMS = (TWO_STREAM, SINGLE_STREAM)
 # the heads a single-stream form trains
 CAUSAL_HEAD, MASKED_HEAD = "causal", "masked"
+# the mixture drawn when none is given: semi-AR (t = 2) and variable-length masking, half each; here, below both the
+# table and mixture.py, so that neither imports the other to read it
+DEFAULT_MIXTURE = {"dar": 0.5, "vmlm": 0.5}
 
 
 def flag(default=None, help: str = "", default_factory=None, **metadata):

@@ -179,6 +179,7 @@ class SemiAutoregressiveCollator(PlanCollator):
     group_size: int | Sequence[int] = DEFAULT_T
     form: str = TWO_STREAM
     objective = "dar"
+    plan_function = staticmethod(plan)
 
     def __post_init__(self):
         sizes = [self.group_size] if isinstance(self.group_size, int) else list(self.group_size)

@@ -157,6 +157,7 @@ class GVPCollator(PlanCollator):
     num_groups: int = 20
     segmentation: str = "mixed"
     objective = "gvp"
+    plan_function = staticmethod(plan)
 
     def __post_init__(self):
         if self.segmentation not in SEGMENTATIONS:

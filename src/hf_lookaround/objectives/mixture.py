@@ -28,15 +28,12 @@ from ..data.collators import PlanCollator
 from ..models.lookaround.masking_lookaround import BIDIRECTIONAL_ROW, BLOCK_CAUSAL_ROW
 from ..models.lookaround.masking_lookaround import one_stream_start_rows as start_rows
 from ..plans import Plan, check_lengths
-from .base import CAUSAL_HEAD, MASKED, MIXTURE, SINGLE_STREAM, TWO_STREAM, Objective, ObjectiveParams, \
-    check_form, flag
-
-# the mixture drawn when none is given: semi-AR (t = 2) and variable-length masking, half each
-DEFAULT_MIXTURE = {"dar": 0.5, "vmlm": 0.5}
+from .base import CAUSAL_HEAD, DEFAULT_MIXTURE, MASKED, MIXTURE, SINGLE_STREAM, TWO_STREAM, Objective, \
+    ObjectiveParams, check_form, flag
 
 
 def _table():
-    from . import OBJECTIVES  # the objectives table imports this module
+    from . import OBJECTIVES  # the table finds this module by name (and imports it then): read it on use
 
     return OBJECTIVES
 
@@ -264,6 +261,7 @@ class MixtureCollator(PlanCollator):
     random_replace_prob: float = 0.1
     group_size: int = field(default=0, init=False, repr=False)  # dar's t, in the one-stream form
     objective = "mixture"
+    plan_function = staticmethod(plan)  # _draw calls plan_and_components: the plan and each row's component
 
     def __post_init__(self):
         self.mixture, self.components = check_mixture(self.mixture, self.components)
@@ -278,7 +276,7 @@ class MixtureCollator(PlanCollator):
                                  "no mask token: use one with a mask token (e.g. --train_tokenizer) or the two-stream form")
 
     def uses_maskable(self) -> bool:
-        from . import get  # the objectives table imports this module
+        from . import get  # the table finds this module by name: read it on use
 
         return any(get(name).takes_maskable for name in self.mixture)
 

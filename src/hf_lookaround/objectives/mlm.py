@@ -154,6 +154,7 @@ class MaskedCollator(PlanCollator):
     mask_replace_prob: float = 0.8
     random_replace_prob: float = 0.1
     objective = "mlm"
+    plan_function = staticmethod(plan)
 
     def __post_init__(self):
         self._check_ratio()

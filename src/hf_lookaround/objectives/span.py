@@ -148,6 +148,7 @@ class SpanCorruptionCollator(MaskedCollator):
     mean_span_length: float = 3.0
     corruption_rate: float = 0.15
     objective = "span"
+    plan_function = staticmethod(plan)
 
     def _check_ratio(self):
         self.mean_span_length, self.corruption_rate = check_span(self.mean_span_length, self.corruption_rate)

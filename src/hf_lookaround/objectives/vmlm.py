@@ -84,6 +84,7 @@ class VariableMaskedCollator(MaskedCollator):
 
     mask_ratio_range: tuple[float, float] = (0.15, 0.3)
     objective = "vmlm"
+    plan_function = staticmethod(plan)
 
     def _check_ratio(self):
         self.mask_ratio_range = check_mask_ratio_range(self.mask_ratio_range)

@@ -25,7 +25,6 @@ def mean_pooled_features(
     The tokenizer is loaded from the same directory. Any checkpoint whose ``AutoModel`` returns
     ``last_hidden_state`` works; LookAround checkpoints run their default attention
     (``config.default_attention``: causal for AR checkpoints, bidirectional for masked ones)."""
-    import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes when present)
     from transformers import AutoModel, AutoTokenizer
 
     from ..data.tokenization import encode_sentences

@@ -13,7 +13,7 @@ token-level average that training uses.
 The objects, one function each:
 
 - :func:`plan_distribution` -- the exact distribution of a plan (AR, DAR, MLM, VMLM, ...: each objective
-  module's ``exact_plans``), consistent with the random draws of :func:`hf_lookaround.plans.make_plan`;
+  module's ``exact_plans``), consistent with the random draws of :func:`hf_lookaround.objectives.make_plan`;
 - :func:`pairs_from_plan` -- the pairs of one sequence under one plan;
 - :func:`cooccurrence_matrix` -- ``A[X, X+] = P(X, X+)`` as a ``scipy.sparse`` matrix;
 - :func:`normalised_matrix` -- ``Ā = A / sqrt(P_C P_G)``;

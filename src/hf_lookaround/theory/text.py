@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..data import records
-from ..plans import make_plan
+from ..objectives import make_plan
 from .cooccurrence import Cooccurrence, cooccurrence_matrix, full_context, pairs_from_plan
 
 __all__ = ["load_texts", "build_tokenizer", "token_windows", "context_function", "sampled_cooccurrence"]

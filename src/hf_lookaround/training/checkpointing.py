@@ -26,6 +26,8 @@ is renamed into place (a rename is atomic on POSIX file systems). Readers (``las
 - :func:`mark_final_model` records the final model of ``output_dir`` as a marker records a checkpoint, and
   :func:`final_model_problems` checks it: a finished run rerun with ``last`` rewrites a damaged final model from
   its last checkpoint instead of keeping it;
+- :func:`decide_resume` puts these together for a ``pretrain`` run: the checkpoint it goes on from, and whether
+  it trains, only writes its final model again, or has nothing left to do;
 - :func:`check_output_dir` refuses to start a new run in an occupied folder, and :class:`OutputDirLock` a
   second run writing the same folder at once.
 """
@@ -42,6 +44,7 @@ import shutil
 import socket
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -643,3 +646,104 @@ class OutputDirLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+# ---------------------------------------------------------------------------------------------
+# the resume decision of a pretrain run
+# ---------------------------------------------------------------------------------------------
+# what the checkpoints of output_dir leave a run to do: train (from scratch, or on from a checkpoint); save the final
+# model again from the checkpoint that ends the training, training nothing; or nothing (finished, final model intact)
+TRAIN, SAVE_FINAL, FINISHED = "train", "save_final", "finished"
+
+
+@dataclass(frozen=True)
+class ResumeDecision:
+    checkpoint: str | None  # the checkpoint to go on from (None: train from scratch)
+    action: str  # TRAIN, SAVE_FINAL or FINISHED
+
+
+def decide_resume(training_args, model_config, run_settings: dict | None = None) -> ResumeDecision:
+    """What a ``pretrain`` run does with the checkpoints of its ``output_dir`` (``--resume_from_checkpoint``).
+
+    The main process first moves aside what a killed save left; then every process finds the same checkpoint, and
+    the checkpoints after it (the future this run replaces, and damaged ones) go aside. A checkpoint to resume from
+    is checked (weights complete and finite, the same objective and model size, the training state there unless
+    ``--resume_weights_only``). One that ends the training (``--max_steps`` or the epochs reached) trains nothing:
+    FINISHED where the final model is saved and intact, else SAVE_FINAL."""
+    if not training_args.do_train:
+        return ResumeDecision(None, TRAIN)
+    with training_args.main_process_first(desc="checking checkpoints"):
+        if training_args.should_save:
+            remove_incomplete_checkpoints(training_args.output_dir)
+        checkpoint = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+        if training_args.should_save:
+            set_aside_later_checkpoints(training_args.output_dir, checkpoint)
+    if checkpoint is None:
+        return ResumeDecision(None, TRAIN)
+    from ..hub.weights import check_local_checkpoint
+
+    # Trainer loads a checkpoint's weights non-strictly: missing, unexpected or NaN tensors are refused here
+    check_local_checkpoint(checkpoint, "hf-lookaround pretrain --resume_from_checkpoint", finite=True)
+    check_resume_compatible(checkpoint, model_config, training_args.world_size, run=run_settings)
+    if not finished_training(checkpoint, training_args):
+        check_training_state(checkpoint, training_args)
+        return ResumeDecision(checkpoint, TRAIN)
+    return ResumeDecision(checkpoint, FINISHED if final_model_saved(training_args.output_dir, checkpoint) else SAVE_FINAL)
+
+
+def trainer_state_step(checkpoint) -> int:
+    """The global step recorded in ``checkpoint``'s ``trainer_state.json``."""
+    return json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("global_step", 0)
+
+
+
+def finished_training(checkpoint, training_args) -> bool:
+    """Whether ``checkpoint`` is the end of the training this run asks for (its step reached ``--max_steps``,
+    or its epochs ``--num_train_epochs``): resuming from it must train nothing more."""
+    path = Path(checkpoint) / "trainer_state.json"
+    if not path.is_file():
+        return False
+    state = json.loads(path.read_text())
+    step = state.get("global_step", 0)
+    if training_args.max_steps > 0:
+        return step >= training_args.max_steps
+    return step >= state.get("max_steps", float("inf")) and state.get("epoch", 0) >= training_args.num_train_epochs
+
+
+def final_model_saved(output_dir, checkpoint) -> bool:
+    """Whether ``output_dir`` holds the final model of ``checkpoint`` (the end of the training), intact: a final
+    model that is missing, of another step, or damaged (:func:`final_model_problems`) is written
+    again from the checkpoint, with a warning for a damaged one."""
+    root = Path(output_dir)
+    final_state = root / "trainer_state.json"
+    if not (final_state.is_file() and (root / "config.json").is_file()):
+        return False
+    problems = final_model_problems(root)
+    try:
+        same_step = json.loads(final_state.read_text()).get("global_step") == trainer_state_step(checkpoint)
+    except (OSError, ValueError) as err:
+        problems.append(f"trainer_state.json unreadable ({type(err).__name__})")
+        same_step = True
+    if not same_step:
+        return False
+    if problems:
+        logger.warning("the final model in %s is damaged (%s): writing it again from %s", root,
+                       "; ".join(problems), checkpoint)
+        return False
+    return True
+
+
+def check_training_state(checkpoint, training_args) -> None:
+    """Refuse to resume from ``checkpoint`` if it lacks state besides the weights (``Trainer`` would go on with a
+    fresh optimizer, schedule or RNG and say nothing), unless ``--resume_weights_only true``: then warn."""
+    missing = missing_training_state(checkpoint, training_args.world_size)
+    if not missing:
+        return
+    if not getattr(training_args, "resume_weights_only", False):
+        raise ValueError(
+            f"cannot resume from {checkpoint}: it holds no {'; no '.join(missing)} (a --save_only_model checkpoint, "
+            "or files deleted), so the run would go on with a fresh one; pass --resume_weights_only true to go on "
+            "from its weights anyway, or resume from a checkpoint that holds them"
+        )
+    logger.warning("--resume_weights_only: resuming from the weights of %s; not restored, started fresh: %s",
+                   checkpoint, "; ".join(missing))

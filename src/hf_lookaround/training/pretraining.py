@@ -12,7 +12,7 @@ The pipeline:
 2. load a tokenizer (directory or hub name) or train one on the training text;
 3. build the model: two-stream objectives train ``LookAroundForPreTraining``; the single-stream
    masked form trains ``LookAroundForMaskedLM``. The objective and the plan's parameters are stored
-   in ``config.objective`` / ``config.plan_params`` (the keyword arguments of ``plans.make_plan``),
+   in ``config.objective`` / ``config.plan_params`` (the keyword arguments of ``objectives.make_plan``),
    and ``config.default_attention`` is ``causal`` for ar/dar and ``bidirectional`` otherwise;
 4. tokenize and pack the text into BOS-prefixed blocks (cached ``.map`` calls, :mod:`hf_lookaround.data.text`)
    and train with the objective's collator. Evaluation reports
@@ -51,7 +51,7 @@ from transformers import (
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import objectives
-from ..data.collators import PlanCollator, make_collator, max_targets
+from ..data.collators import PlanCollator
 from ..data.subsets import seeded_sample
 from ..data.text import (
     build_blocks,
@@ -556,10 +556,6 @@ class LookAroundTrainer(Trainer):
 # ---------------------------------------------------------------------------------------------
 # Building blocks (the training assembly, build_trainer below, puts them together)
 # ---------------------------------------------------------------------------------------------
-def trainer_state_step(checkpoint) -> int:
-    return json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("global_step", 0)
-
-
 def load_tokenizer(model_args: ModelArguments, train_texts=None, save_dir=None, block_size=None):
     """The tokenizer named by ``--tokenizer_name`` (or the checkpoint's), or one trained on ``train_texts``
     (any iterable of documents: a generator over the dataset's text column, never a list of the corpus)."""
@@ -692,9 +688,9 @@ def build_collators(objective_args: ObjectiveArguments, tokenizer, seed: int, bl
     params = objective_args.collator_params()
     if static_shapes and not objective_args.single_stream:
         plan_params = objective_args.plan_params()
-        params["pad_targets_to"] = max_targets(objective_args.objective, block_size, **plan_params)
-    train = make_collator(objective_args.objective, tokenizer, seed=seed, **params)
-    evaluation = make_collator(objective_args.objective, tokenizer, seed=seed + 1, **params)
+        params["pad_targets_to"] = objectives.max_targets(objective_args.objective, block_size, **plan_params)
+    train = objectives.make_collator(objective_args.objective, tokenizer, seed=seed, **params)
+    evaluation = objectives.make_collator(objective_args.objective, tokenizer, seed=seed + 1, **params)
     return train, evaluation
 
 
@@ -715,10 +711,9 @@ def without_unread_content(collator, objective_args: ObjectiveArguments, trainin
     multiple = (64 if masked else max(64, block_size // 4)) if training_args.torch_compile else None
     # one width for every batch where the objective bounds what it keeps (masked family: at most T (1 - least
     # ratio) rows), rounded up to the multiple: one compiled graph per run, whatever the data
-    least = objectives.get(objective_args.objective).min_top_ratio
+    bound = objectives.max_content_rows(objective_args.objective, block_size, **objective_args.plan_params())
     min_width = None
-    if multiple and least is not None:
-        bound = math.ceil(block_size * (1 - float(least(objective_args.plan_params()))))
+    if multiple and bound is not None:
         min_width = min(block_size, -(-bound // multiple) * multiple)
     return DropUnreadContent(collator, width_multiple=multiple, min_width=min_width)
 
@@ -1081,60 +1076,11 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
             lock.release()
 
 
-def finished_training(checkpoint, training_args: TrainingArguments) -> bool:
-    """Whether ``checkpoint`` is the end of the training this run asks for (its step reached ``--max_steps``,
-    or its epochs ``--num_train_epochs``): resuming from it must train nothing more."""
-    path = Path(checkpoint) / "trainer_state.json"
-    if not path.is_file():
-        return False
-    state = json.loads(path.read_text())
-    step = state.get("global_step", 0)
-    if training_args.max_steps > 0:
-        return step >= training_args.max_steps
-    return step >= state.get("max_steps", float("inf")) and state.get("epoch", 0) >= training_args.num_train_epochs
-
-
-def final_model_saved(output_dir, checkpoint) -> bool:
-    """Whether ``output_dir`` holds the final model of ``checkpoint`` (the end of the training), intact: a final
-    model that is missing, of another step, or damaged (:func:`checkpointing.final_model_problems`) is written
-    again from the checkpoint, with a warning for a damaged one."""
-    root = Path(output_dir)
-    final_state = root / "trainer_state.json"
-    if not (final_state.is_file() and (root / "config.json").is_file()):
-        return False
-    problems = checkpointing.final_model_problems(root)
-    try:
-        same_step = json.loads(final_state.read_text()).get("global_step") == trainer_state_step(checkpoint)
-    except (OSError, ValueError) as err:
-        problems.append(f"trainer_state.json unreadable ({type(err).__name__})")
-        same_step = True
-    if not same_step:
-        return False
-    if problems:
-        logger.warning("the final model in %s is damaged (%s): writing it again from %s", root,
-                       "; ".join(problems), checkpoint)
-        return False
-    return True
-
-
-def check_training_state(checkpoint, training_args: TrainingArguments) -> None:
-    """Refuse to resume from ``checkpoint`` if it lacks state besides the weights (``Trainer`` would go on with a
-    fresh optimizer, schedule or RNG and say nothing), unless ``--resume_weights_only true``: then warn."""
-    missing = checkpointing.missing_training_state(checkpoint, training_args.world_size)
-    if not missing:
-        return
-    if not getattr(training_args, "resume_weights_only", False):
-        raise ValueError(
-            f"cannot resume from {checkpoint}: it holds no {'; no '.join(missing)} (a --save_only_model checkpoint, "
-            "or files deleted), so the run would go on with a fresh one; pass --resume_weights_only true to go on "
-            "from its weights anyway, or resume from a checkpoint that holds them"
-        )
-    logger.warning("--resume_weights_only: resuming from the weights of %s; not restored, started fresh: %s",
-                   checkpoint, "; ".join(missing))
-
-
 def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: ObjectiveArguments,
          training_args: TrainingArguments, callbacks: list) -> dict:
+    """The run, in order: check the arguments, read the text and build the tokenizer, config and blocks
+    (:func:`_prepare`), assemble the Trainer (:func:`build_trainer`), decide what the output folder's checkpoints
+    leave to do (:func:`checkpointing.decide_resume`), train or save the final model, evaluate, push."""
     if not (training_args.do_train or training_args.do_eval):
         raise ValueError("nothing to do: pass --do_train and/or --do_eval (with neither, no stage would run)")
     if training_args.do_train and training_args.max_steps <= 0 and training_args.num_train_epochs <= 0:
@@ -1143,83 +1089,30 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
     set_seed(training_args.seed)
     apply_global_batch_size(training_args)
     block_size = data_args.block_size
-
     check_launch(training_args)
     check_data_args(data_args, training_args)
     objective_args.check_block_size(block_size)
-    with training_args.main_process_first(desc="loading the text"):
-        train_raw, eval_raw = read_splits(data_args)
-    if training_args.do_eval and eval_raw is None:
-        if data_args.streaming:
-            why = "a stream cannot be held out from"
-        else:  # the percentage of the training documents rounded to none (a .txt file is one document)
-            why = (f"--validation_split_percentage {data_args.validation_split_percentage:g} of {len(train_raw)} "
-                   "training document(s) holds out none (a .txt file is one document)")
-        raise ValueError(f"--do_eval needs validation data, and {why}: give --validation_files, more documents "
-                         "or a larger --validation_split_percentage, or train only (--do_train)")
-    tokenizer = prepare_tokenizer(model_args, data_args, training_args, train_raw, block_size)
-    check_tokenizer(tokenizer, objective_args)
-    config = build_config(model_args, objective_args, tokenizer, block_size)  # checked before the data is built
-
-    train_blocks, eval_blocks = build_training_data(data_args, training_args, tokenizer, train_raw, eval_raw)
-    train_blocks, eval_blocks = rows_as_numpy(train_blocks), rows_as_numpy(eval_blocks)
-    # the documents scored with the p(x_k | x_<k) protocol at the end (a few, read one by one)
-    eval_texts = [] if eval_raw is None or not training_args.do_eval else perplexity_documents(
-        eval_raw, data_args, training_args.seed)
-
+    tokenizer, config, train_blocks, eval_blocks, eval_texts = _prepare(model_args, data_args, objective_args,
+                                                                         training_args)
     trainer = build_trainer(config, model_args, objective_args, training_args, tokenizer, train_blocks, eval_blocks,
                             block_size=block_size, callbacks=callbacks, run_settings={"block_size": block_size})
 
     metrics: dict = {}
-    checkpoint = None
-    if training_args.do_train:
-        # the main process moves aside what a killed save left; then every process finds the same checkpoint
-        with training_args.main_process_first(desc="checking checkpoints"):
-            if training_args.should_save:
-                checkpointing.remove_incomplete_checkpoints(training_args.output_dir)
-            checkpoint = checkpointing.resolve_resume_checkpoint(
-                training_args.resume_from_checkpoint, training_args.output_dir
-            )
-            if training_args.should_save:  # the future this run replaces (and damaged checkpoints) go aside
-                checkpointing.set_aside_later_checkpoints(training_args.output_dir, checkpoint)
-        if checkpoint is not None:
-            from ..hub.weights import check_local_checkpoint
-
-            # Trainer loads a checkpoint's weights non-strictly: missing, unexpected or NaN tensors are refused here
-            check_local_checkpoint(checkpoint, "hf-lookaround pretrain --resume_from_checkpoint", finite=True)
-            checkpointing.check_resume_compatible(checkpoint, trainer.model.config, training_args.world_size,
-                                                  run=trainer.run_settings)
-    done = checkpoint is not None and finished_training(checkpoint, training_args)
-    if checkpoint is not None and not done:
-        check_training_state(checkpoint, training_args)
-    saved = done and final_model_saved(training_args.output_dir, checkpoint)
-    results = Path(training_args.output_dir) / "all_results.json"
-    if saved:
+    decision = checkpointing.decide_resume(training_args, trainer.model.config, trainer.run_settings)
+    if decision.action == checkpointing.FINISHED:
         # a finished run (a requeued job with `last`): nothing is trained or written again
         logger.info("%s is the end of this training (step %d): nothing to train; the final model is saved",
-                    checkpoint, trainer_state_step(checkpoint))
+                    decision.checkpoint, checkpointing.trainer_state_step(decision.checkpoint))
+        results = Path(training_args.output_dir) / "all_results.json"
         if results.is_file():
             metrics.update(load_json_file(results))  # a cut file is named
         if not training_args.do_eval or (Path(training_args.output_dir) / "eval_results.json").is_file():
             return metrics
         trainer._load_from_checkpoint(training_args.output_dir)  # evaluate the final weights
-    elif done:
-        # killed between the last checkpoint and the final save, or a damaged final model: save the checkpoint's
-        # weights again, train nothing
-        trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
-        source = checkpoint
-        best = trainer.state.best_model_checkpoint
-        if training_args.load_best_model_at_end and best:  # the final model is the best checkpoint's
-            if not Path(best).is_dir() or checkpointing.checkpoint_problems(best):
-                raise ValueError(f"the final model of {training_args.output_dir} is the best checkpoint {best} "
-                                 "(--load_best_model_at_end), which is missing or damaged: it cannot be written again")
-            source = best
-        logger.info("%s is the end of this training: saving %s as the final model, training nothing", checkpoint,
-                    "it" if source == checkpoint else f"the best checkpoint {source}")
-        trainer._load_from_checkpoint(source)
-        save_final_model(trainer, objective_args, data_args)
+    elif decision.action == checkpointing.SAVE_FINAL:
+        _save_final_model_again(trainer, decision.checkpoint, objective_args, data_args, training_args)
     elif training_args.do_train:
-        result = trainer.train(resume_from_checkpoint=checkpoint)
+        result = trainer.train(resume_from_checkpoint=decision.checkpoint)
         metrics.update(result.metrics)
         trainer.log_metrics("train", result.metrics)
         trainer.save_metrics("train", result.metrics)
@@ -1243,3 +1136,49 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         # not trainer.push_to_hub(): that replaces our card and maps only the saved head in auto_map
         push_trainer_output(trainer, **card_kwargs(objective_args, dataset, eval_data_name(data_args)))
     return metrics
+
+
+def _prepare(model_args: ModelArguments, data_args: DataArguments, objective_args: ObjectiveArguments,
+             training_args: TrainingArguments):
+    """The text of the run, read once: the tokenizer, the config (checked before the data is built), the training
+    and evaluation blocks, and the documents scored with the p(x_k | x_<k) protocol at the end."""
+    block_size = data_args.block_size
+    with training_args.main_process_first(desc="loading the text"):
+        train_raw, eval_raw = read_splits(data_args)
+    if training_args.do_eval and eval_raw is None:
+        if data_args.streaming:
+            why = "a stream cannot be held out from"
+        else:  # the percentage of the training documents rounded to none (a .txt file is one document)
+            why = (f"--validation_split_percentage {data_args.validation_split_percentage:g} of {len(train_raw)} "
+                   "training document(s) holds out none (a .txt file is one document)")
+        raise ValueError(f"--do_eval needs validation data, and {why}: give --validation_files, more documents "
+                         "or a larger --validation_split_percentage, or train only (--do_train)")
+    tokenizer = prepare_tokenizer(model_args, data_args, training_args, train_raw, block_size)
+    check_tokenizer(tokenizer, objective_args)
+    config = build_config(model_args, objective_args, tokenizer, block_size)  # checked before the data is built
+
+    train_blocks, eval_blocks = build_training_data(data_args, training_args, tokenizer, train_raw, eval_raw)
+    train_blocks, eval_blocks = rows_as_numpy(train_blocks), rows_as_numpy(eval_blocks)
+    # the documents scored with the p(x_k | x_<k) protocol at the end (a few, read one by one)
+    eval_texts = [] if eval_raw is None or not training_args.do_eval else perplexity_documents(
+        eval_raw, data_args, training_args.seed)
+    return tokenizer, config, train_blocks, eval_blocks, eval_texts
+
+
+def _save_final_model_again(trainer, checkpoint, objective_args: ObjectiveArguments, data_args: DataArguments,
+                            training_args: TrainingArguments) -> None:
+    """The run was killed between its last checkpoint (the end of the training) and the final save, or its final
+    model is damaged: save the checkpoint's weights (or, with --load_best_model_at_end, the best checkpoint's)
+    as the final model again, training nothing."""
+    trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+    source = checkpoint
+    best = trainer.state.best_model_checkpoint
+    if training_args.load_best_model_at_end and best:  # the final model is the best checkpoint's
+        if not Path(best).is_dir() or checkpointing.checkpoint_problems(best):
+            raise ValueError(f"the final model of {training_args.output_dir} is the best checkpoint {best} "
+                             "(--load_best_model_at_end), which is missing or damaged: it cannot be written again")
+        source = best
+    logger.info("%s is the end of this training: saving %s as the final model, training nothing", checkpoint,
+                "it" if source == checkpoint else f"the best checkpoint {source}")
+    trainer._load_from_checkpoint(source)
+    save_final_model(trainer, objective_args, data_args)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -99,17 +100,96 @@ def _fit_codebook(model, images, args) -> dict:
             "seconds": round(time.perf_counter() - start, 1)}
 
 
+@dataclass
+class _Images:
+    """The images of a run, as pixel values of the fitted processor, with their class ids."""
+
+    processor: object
+    image_size: int
+    patch_size: int
+    label_names: tuple
+    notes: object
+    pretrain: torch.Tensor  # pretraining images, and their labels (condition tokens)
+    pretrain_labels: torch.Tensor
+    probe: torch.Tensor  # train images the pretraining did not see: probes and fine-tuning
+    probe_labels: torch.Tensor
+    test: torch.Tensor
+    test_labels: torch.Tensor
+
+
 def run(args) -> dict:
     """Pretrain, save (model and image processor), then measure; ``args`` as ``hf-lookaround vision`` parses them.
-    Returns the results, also written to ``OUTPUT_DIR/vision_results.json`` after every stage."""
+    Returns the results, also written to ``OUTPUT_DIR/vision_results.json`` after every stage.
+
+    The steps, in order: read and split the images (:func:`_load_images`), build the config and the collator from
+    the objective's plan flags, pretrain with ``Trainer`` and save, then measure stage by stage
+    (:func:`_measure`)."""
     from transformers import Trainer, set_seed
 
-    from ..data.subsets import seeded_sample
     from .pretraining import CollatorEpochCallback
 
     started = time.perf_counter()
     out = Path(args.output_dir)
     set_seed(args.seed)
+    images = _load_images(args)
+    params = _plan_params(args)
+    sizes = {k: getattr(args, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                           "intermediate_size")}
+    if args.preset:
+        from ..models.lookaround.configuration_lookaround import PRESETS
+
+        sizes = dict(PRESETS[args.preset])
+    num_labels = len(images.label_names)
+    config = LookAroundViTConfig(
+        image_size=images.image_size, patch_size=images.patch_size, num_channels=images.processor.num_channels,
+        **sizes, position_embedding_type=args.position_embedding_type, norm_pix_loss=args.norm_pix_loss,
+        objective=args.objective, plan_params=params, target_mode=args.target_mode,
+        codebook_size=args.codebook_size,
+        num_condition_tokens=1 if args.class_conditional else 0,
+        num_condition_classes=num_labels if args.class_conditional else 0,
+        num_labels=num_labels, id2label=dict(enumerate(images.label_names)),
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    collator = make_image_collator(args.objective, config.num_patches, seed=args.seed,
+                                   num_prefix_tokens=config.num_prefix_tokens,
+                                   class_conditional=args.class_conditional, class_dropout=args.class_dropout,
+                                   **params)
+    model = LookAroundViTForPreTraining(config)
+    model.set_attn_implementation(args.attn_implementation)
+    processor = images.processor
+    results = {
+        "dataset": {"name": args.dataset, "image_size": images.image_size, "patch_size": images.patch_size,
+                    "num_channels": processor.num_channels, "image_mean": list(processor.image_mean),
+                    "image_std": list(processor.image_std), "num_classes": num_labels,
+                    "notes": images.notes},
+        "objective": args.objective, "target_mode": args.target_mode, "class_conditional": args.class_conditional,
+        "plan_params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
+        "num_parameters": model.num_parameters(), "num_pretrain_images": len(images.pretrain),
+        "num_probe_images": len(images.probe), "num_test_images": len(images.test),
+        "max_steps": args.max_steps, "seconds": {"data": round(time.perf_counter() - started, 1)},
+    }
+    if uses_codebook(config):
+        results["codebook"] = _fit_codebook(model, images.pretrain, args)
+        results["seconds"]["codebook"] = results["codebook"]["seconds"]
+    scratch = LookAroundViTForPreTraining(config)  # the same initialisation scheme, never trained
+    trainer = Trainer(model=model, args=_training_args(out / "trainer", args, args.max_steps),
+                      train_dataset=ImageDataset(images.pretrain,
+                                                 images.pretrain_labels if args.class_conditional else None),
+                      data_collator=collator, callbacks=[CollatorEpochCallback(collator)])
+    train_result = trainer.train()
+    model.save_pretrained(out)
+    processor.save_pretrained(out)  # AutoImageProcessor.from_pretrained(out) gives the same pixel_values
+    results["train_loss"] = train_result.training_loss
+    results["seconds"]["pretraining"] = train_result.metrics.get("train_runtime")
+    _measure(results, model, scratch, images, params, args)
+    write_model_card(out, dataset=str(args.dataset))  # the measurements are in vision_results.json beside it
+    return results
+
+
+def _load_images(args) -> _Images:
+    """Read the data set, check the split sizes against it, shuffle (seeded) and split the train images into
+    pretraining and probe images, and fit the image processor on them."""
+    from ..data.subsets import seeded_sample
 
     train_source, test_source = load_image_splits(args.dataset, args.data, args.image_column, args.label_column,
                                                   args.test_fraction, args.seed)
@@ -137,9 +217,8 @@ def run(args) -> dict:
     if int(max(train_labels.max(), test_labels.max())) >= num_labels:
         raise ValueError(f"class ids reach {int(max(train_labels.max(), test_labels.max()))} but the data set names "
                          f"{num_labels} classes")
-    pre_images, pre_labels = train_pixels[:n_pre], train_labels[:n_pre]
     # the probe (and fine-tuning) uses train images the pretraining did not see
-    probe_images, probe_labels = train_pixels[n_pre:], train_labels[n_pre:]
+    probe_labels = train_labels[n_pre:]
     if len(set(probe_labels.tolist())) < 2:
         raise ValueError(f"the {n_probe} probe images hold a single class; raise --num_probe_train")
     for what, part in (("--num_probe_train", probe_labels), ("--num_test", test_labels)):
@@ -147,57 +226,19 @@ def run(args) -> dict:
         if missing:
             logger.warning("the images kept by %s hold no image of %d class(es) (%s): their accuracy cannot be "
                            "measured; raise %s", what, len(missing), [label_names[i] for i in missing][:10], what)
+    return _Images(processor=processor, image_size=image_size, patch_size=patch_size, label_names=label_names,
+                   notes=train_source.notes, pretrain=train_pixels[:n_pre], pretrain_labels=train_labels[:n_pre],
+                   probe=train_pixels[n_pre:], probe_labels=probe_labels, test=test_images, test_labels=test_labels)
 
-    params = _plan_params(args)
-    sizes = {k: getattr(args, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                           "intermediate_size")}
-    if args.preset:
-        from ..models.lookaround.configuration_lookaround import PRESETS
 
-        sizes = dict(PRESETS[args.preset])
-    config = LookAroundViTConfig(
-        image_size=image_size, patch_size=patch_size, num_channels=processor.num_channels, **sizes,
-        position_embedding_type=args.position_embedding_type, norm_pix_loss=args.norm_pix_loss,
-        objective=args.objective, plan_params=params, target_mode=args.target_mode,
-        codebook_size=args.codebook_size,
-        num_condition_tokens=1 if args.class_conditional else 0,
-        num_condition_classes=num_labels if args.class_conditional else 0,
-        num_labels=num_labels, id2label=dict(enumerate(label_names)),
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    collator = make_image_collator(args.objective, config.num_patches, seed=args.seed,
-                                   num_prefix_tokens=config.num_prefix_tokens,
-                                   class_conditional=args.class_conditional, class_dropout=args.class_dropout,
-                                   **params)
-    model = LookAroundViTForPreTraining(config)
-    model.set_attn_implementation(args.attn_implementation)
-    results = {
-        "dataset": {"name": args.dataset, "image_size": image_size, "patch_size": patch_size,
-                    "num_channels": processor.num_channels, "image_mean": list(processor.image_mean),
-                    "image_std": list(processor.image_std), "num_classes": num_labels,
-                    "notes": train_source.notes},
-        "objective": args.objective, "target_mode": args.target_mode, "class_conditional": args.class_conditional,
-        "plan_params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
-        "num_parameters": model.num_parameters(), "num_pretrain_images": len(pre_images),
-        "num_probe_images": len(probe_images), "num_test_images": len(test_images),
-        "max_steps": args.max_steps, "seconds": {"data": round(time.perf_counter() - started, 1)},
-    }
-    if uses_codebook(config):
-        results["codebook"] = _fit_codebook(model, pre_images, args)
-        results["seconds"]["codebook"] = results["codebook"]["seconds"]
-    scratch = LookAroundViTForPreTraining(config)  # the same initialisation scheme, never trained
-    trainer = Trainer(model=model, args=_training_args(out / "trainer", args, args.max_steps),
-                      train_dataset=ImageDataset(pre_images, pre_labels if args.class_conditional else None),
-                      data_collator=collator, callbacks=[CollatorEpochCallback(collator)])
-    train_result = trainer.train()
-    model.save_pretrained(out)
-    processor.save_pretrained(out)  # AutoImageProcessor.from_pretrained(out) gives the same pixel_values
-    results["train_loss"] = train_result.training_loss
-    results["seconds"]["pretraining"] = train_result.metrics.get("train_runtime")
+def _measure(results: dict, model, scratch, images: _Images, params: dict, args) -> None:
+    """Reconstruction L2, linear probes and (``--finetune_steps``) fine-tuning, each stage written to
+    ``vision_results.json`` as soon as it is measured, so a run stopped part-way keeps what it measured."""
+    out = Path(args.output_dir)
     path = out / "vision_results.json"
+    config = model.config
 
     def stage(name, compute):
-        # results are written after every stage, so a run stopped part-way keeps what it measured
         start = time.perf_counter()
         results[name] = compute()
         results["seconds"][name] = round(time.perf_counter() - start, 1)
@@ -208,9 +249,9 @@ def run(args) -> dict:
     def reconstruct():
         pixel_model = not (args.norm_pix_loss or uses_codebook(config))
         modes = ("teacher_forced", "generative") if pixel_model and not args.no_generative else ("teacher_forced",)
-        recon = {mode: reconstruction_l2(model, test_images, objective=args.objective, plan_params=params, mode=mode,
-                                         seed=args.seed) for mode in modes}
-        recon["mean_image_baseline"] = reconstruction_l2(MeanPatchPredictor(model, pre_images), test_images,
+        recon = {mode: reconstruction_l2(model, images.test, objective=args.objective, plan_params=params,
+                                         mode=mode, seed=args.seed) for mode in modes}
+        recon["mean_image_baseline"] = reconstruction_l2(MeanPatchPredictor(model, images.pretrain), images.test,
                                                          objective=args.objective, plan_params=params, seed=args.seed)
         return recon
 
@@ -219,26 +260,29 @@ def run(args) -> dict:
     probed = (("pretrained", model),) if args.no_baselines else (
         ("pretrained", model), ("random_init", scratch.to(model.device)), ("raw_pixels", None))
     stage("linear_probe", lambda: {
-        name: linear_probe_images(m, probe_images, probe_labels, test_images, test_labels, seed=args.seed,
-                                  backend=args.probe_backend)["test_accuracy"]
+        name: linear_probe_images(m, images.probe, images.probe_labels, images.test, images.test_labels,
+                                  seed=args.seed, backend=args.probe_backend)["test_accuracy"]
         for name, m in probed
     })
     if args.finetune_steps:
-        def finetune():
-            classifier = LookAroundViTForImageClassification.from_pretrained(out)
-            accuracy = _finetune(classifier, args, probe_images, probe_labels, test_images, test_labels, out / "ft")
-            # a pipeline-ready classifier: weights, config (id2label) and the image processor side by side
-            classifier.save_pretrained(out / "classifier")
-            processor.save_pretrained(out / "classifier")
-            write_model_card(out / "classifier", dataset=str(args.dataset), base_model=str(out),
-                             pipeline_tag="image-classification")
-            if args.no_baselines:
-                return {"pretrained": accuracy}
-            scratch_classifier = LookAroundViTForImageClassification(LookAroundViTConfig.from_pretrained(out))
-            return {"pretrained": accuracy,
-                    "from_scratch": _finetune(scratch_classifier, args, probe_images, probe_labels, test_images,
-                                              test_labels, out / "ft_scratch")}
+        stage("finetune_test_accuracy", lambda: _finetune_and_save(images, args))
 
-        stage("finetune_test_accuracy", finetune)
-    write_model_card(out, dataset=str(args.dataset))  # the measurements are in vision_results.json beside it
-    return results
+
+def _finetune_and_save(images: _Images, args) -> dict:
+    """Fine-tune the pretrained model (and, unless ``--no_baselines``, one from scratch) on the probe images; the
+    pretrained one is saved pipeline-ready in ``OUTPUT_DIR/classifier`` with the image processor and a card."""
+    out = Path(args.output_dir)
+    classifier = LookAroundViTForImageClassification.from_pretrained(out)
+    accuracy = _finetune(classifier, args, images.probe, images.probe_labels, images.test, images.test_labels,
+                         out / "ft")
+    # a pipeline-ready classifier: weights, config (id2label) and the image processor side by side
+    classifier.save_pretrained(out / "classifier")
+    images.processor.save_pretrained(out / "classifier")
+    write_model_card(out / "classifier", dataset=str(args.dataset), base_model=str(out),
+                     pipeline_tag="image-classification")
+    if args.no_baselines:
+        return {"pretrained": accuracy}
+    scratch_classifier = LookAroundViTForImageClassification(LookAroundViTConfig.from_pretrained(out))
+    return {"pretrained": accuracy,
+            "from_scratch": _finetune(scratch_classifier, args, images.probe, images.probe_labels, images.test,
+                                      images.test_labels, out / "ft_scratch")}

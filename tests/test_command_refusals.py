@@ -1,5 +1,6 @@
-"""Faults that gave silent wrong results (issue 30, section 3): a resume without optimizer, scheduler or RNG state,
-damaged final weights kept by a rerun, a tokenizer overwritten, flags that trained or scored nothing.
+"""What the commands refuse instead of giving a silent wrong result (issue 30, section 3): a resume without
+optimizer, scheduler or RNG state, damaged final weights kept by a rerun, a tokenizer overwritten, flags that trained
+or scored nothing.
 
 One tiny finished run (conftest's `finished_run`: 4 steps, checkpoints 2 and 4) is made once; each test damages a
 copy of it (`copy`)."""

@@ -1,5 +1,6 @@
-"""The end-of-run masked perplexity shows progress and by default costs about what a short training did
-(issue 23, item 9): the per-prefix protocol scores a few evenly spaced prefix lengths of each window."""
+"""The end-of-run perplexity of `pretrain` (`final_perplexity`): the masked protocol shows progress and by default
+costs about what a short training did (issue 23, item 9): the per-prefix protocol scores a few evenly spaced prefix
+lengths of each window."""
 
 import json
 import random

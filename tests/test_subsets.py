@@ -1,5 +1,6 @@
-"""A first-N slice of sorted data is not a sample of it (issue 23, item 10): `glue --max_train_samples N` on a
-label-sorted file and `vision --num_train N` on a class-sorted image folder draw their N at random (seeded)."""
+"""Seeded subsets (data/subsets.py): a first-N slice of sorted data is not a sample of it (issue 23, item 10): `glue
+--max_train_samples N` on a label-sorted file and `vision --num_train N` on a class-sorted image folder draw their N
+at random (seeded)."""
 
 import json
 

@@ -1,6 +1,6 @@
-"""`pipeline("image-classification", model=DIR)` on a LookAround ViT classifier loads without asking "run the custom
-code? [y/N]" once `hf_lookaround` is imported (issue 23, item 13): the prompt waited on stdin (15 s, or for
-ever under some launchers) for a video processor that does not exist."""
+"""Auto registration (auto_registration.py): `pipeline("image-classification", model=DIR)` on a LookAround ViT
+classifier loads without asking "run the custom code? [y/N]" once `hf_lookaround` is imported (issue 23, item 13):
+the prompt waited on stdin (15 s, or for ever under some launchers) for a video processor that does not exist."""
 
 import subprocess
 import sys

@@ -1,4 +1,5 @@
-"""Checkpoints that loaded into a wrong model or crashed with a traceback (issue 30, section 3, items 4, 5 and 7):
+"""Loading a checkpoint (hub/load.py, hub/weights.py): what once loaded into a wrong model or crashed with a
+traceback (issue 30, section 3, items 4, 5 and 7):
 missing or unexpected tensors, NaN weights, a vision checkpoint given to a text command, a config of another
 model_type, removed config fields or a changed weight shape. Every command that loads a model goes through
 ``hub.load.load_checkpoint`` (or ``hub.weights.check_local_checkpoint`` where it reads no model: push, a resume),

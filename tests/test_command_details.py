@@ -1,4 +1,5 @@
-"""What a new user hit in their first hours (issue 30, section 4): each test fails on the code before its fix."""
+"""Small behaviours of the commands (issue 30, section 4: what a new user hit in their first hours): each test fails
+on the code before its fix."""
 
 import json
 import logging

@@ -1,5 +1,6 @@
-"""Checkpoints you can trust (issue 23, items 1-4): a stale or damaged checkpoint is never resumed silently,
-a finished run rerun with ``last`` changes nothing, an occupied ``output_dir`` and a second writer are refused.
+"""training/checkpointing.py, checkpoints you can trust (issue 23, items 1-4): a stale or damaged checkpoint is never
+resumed silently, a finished run rerun with ``last`` changes nothing, an occupied ``output_dir`` and a second writer
+are refused.
 
 One tiny finished run (4 steps, checkpoints 2 and 4) is made once; each test damages a copy of it."""
 

@@ -1,4 +1,4 @@
-"""The batch-vectorised plans against the per-row loop they replaced.
+"""The plans of every objective, drawn for a whole batch at once, against the per-row loop they replaced (29bc920).
 
 ``reference_*`` below is the per-row implementation of ``hf_lookaround.plans`` as it was before the
 plans were drawn for a whole batch at once (copied unchanged, only renamed). It is the slow reference:
@@ -29,7 +29,8 @@ from scipy import stats
 from hf_lookaround.objectives import ar, dar, mlm, vmlm, gvp
 from hf_lookaround import plans
 from hf_lookaround.models.lookaround.modeling_lookaround import positions_of
-from hf_lookaround.plans import Plan, make_plan
+from hf_lookaround.objectives import make_plan
+from hf_lookaround.plans import Plan
 from hf_lookaround.theory.cooccurrence import plan_distribution
 from hf_lookaround.data.image_collator import image_plan
 
@@ -589,7 +590,7 @@ def test_clear_errors():
 
 def test_the_semi_ar_collator_draws_the_plans_of_the_reference(monkeypatch):
     # through the collator (per-batch seed, condition prefix, padding): the same batches as with the loop
-    from hf_lookaround.data.collators import make_collator
+    from hf_lookaround.objectives import make_collator
 
     class Tokenizer:
         pad_token_id, bos_token_id, eos_token_id, mask_token_id = 0, 1, 2, 3
@@ -600,6 +601,8 @@ def test_the_semi_ar_collator_draws_the_plans_of_the_reference(monkeypatch):
     for t in (2, 3):
         new = make_collator("dar", Tokenizer(), group_size=t, seed=4)(features)
         with monkeypatch.context() as patched:
-            patched.setattr(plans, "make_plan", reference_make_plan)
+            # the collator draws through its plan function: the reference's loop in its place
+            patched.setattr(dar.SemiAutoregressiveCollator, "plan_function",
+                            staticmethod(lambda *args, **kwargs: reference_make_plan("dar", *args, **kwargs)))
             old = make_collator("dar", Tokenizer(), group_size=t, seed=4)(features)
         assert new.keys() == old.keys() and all(torch.equal(new[k], old[k]) for k in new)

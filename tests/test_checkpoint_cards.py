@@ -1,6 +1,6 @@
-"""Model cards tell the truth (issue 23, item 14): no placeholder repo id, no license or language nobody chose,
-results named with the data they were measured on, a card for GLUE outputs, a dry run of `push`, and no push of
-files that only link out of the checkpoint folder."""
+"""The model cards of real checkpoints and `push` (hub/cards.py, hub/push.py) tell the truth (issue 23, item 14): no
+placeholder repo id, no license or language nobody chose, results named with the data they were measured on, a card
+for GLUE outputs, a dry run of `push`, and no push of files that only link out of the checkpoint folder."""
 
 import json
 import os

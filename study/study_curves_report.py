@@ -321,7 +321,7 @@ def direction_changes(series: list[dict]) -> str:
     called = {r["outcome"] for r in series if r["outcome"] in ("supports", "contradicts")}
     if len(called) == 2:
         return "yes (called both ways)"
-    signs = {np.sign(r["mean"] - r["null"]) for r in series if r["n"] >= 2}
+    signs = {np.sign(r["mean"] - r["null"]) for r in series if _has_data(r)}
     return "sign only (not called both ways)" if len(signs) > 1 else "no"
 
 
@@ -385,7 +385,7 @@ def plot_claim(claim: str, analysis: dict, path: Path) -> Path | None:
         xs, ys, lo, hi = [], [], [], []
         for tokens, rs in analysis.items():
             r = next(r for r in rs if (r["a"], r["b"], r["measure"]) == (a, b, m))
-            if r["n"] >= 2:
+            if _has_data(r):
                 xs.append(tokens / 1e6 * (1 + 0.02 * i))
                 ys.append(r["mean"])
                 lo.append(r["mean"] - r["low"])
@@ -414,7 +414,53 @@ def _throughput_lines(kept: dict) -> list[str]:
             f"({min(rates):,.0f}–{max(rates):,.0f}).", ""]
 
 
-def _coverage_lines(protocol, checkpoints, excluded) -> list[str]:
+def read_summaries(paths) -> list[dict]:
+    """Each bundle's command summary, in the order given (a later command's last)."""
+    return [s for s in (read_bundle(Path(p)).get("summary") for p in paths) if s]
+
+
+def _exit_reason(code) -> str:
+    if code is None:
+        return "no exit code in the bundle (its command recorded none)"
+    if code == 0:
+        return "its worker exited 0, paused for time (left for a next command that did not come)"
+    if code in (-9, 137):
+        return f"its worker was killed at the command's limit (exit {code})"
+    return f"its worker failed (exit {code})"
+
+
+def unfinished_reasons(protocol: dict, checkpoints: dict, summaries: list[dict]) -> dict[str, str]:
+    """'objective/seedN' -> why the cell lacks its last checkpoint or its fine-tuning: the last command that ran it
+    (from the bundles' summaries), its worker's exit code, the fine-tuning tasks it had done and its log's last line."""
+    last = checkpoints[protocol["checkpoint_tokens"][-1]]
+    out = {}
+    for part in protocol["parts"].values():
+        for objective in part["objectives"]:
+            for seed in part["seeds"]:
+                record = last.get(objective, {}).get(seed)
+                if record is not None and "finetune" in record:
+                    continue
+                what = "no fine-tuning record" if record is not None else "no record of the last checkpoint"
+                suffix = f"__{objective}__seed{seed}"
+                ran = [sm for sm in summaries if any(k.endswith(suffix) for k in sm.get("cells_to_run", []))]
+                if not ran:
+                    out[f"{objective}/seed{seed}"] = f"{what}; no returned bundle's command ran it"
+                    continue
+                sm = ran[-1]
+                key = next(k for k in sm["cells_to_run"] if k.endswith(suffix))
+                state = sm.get("unfinished_state", {}).get(key, {})
+                parts = [what, f"last run by command {sm.get('command_label')} ({sm.get('minutes')} of its "
+                               f"{sm.get('minutes_limit')} min)",
+                         _exit_reason(sm.get("cell_exit_codes", {}).get(key))]
+                if state.get("finetune_tasks_done"):
+                    parts.append("fine-tuned: " + ", ".join(sorted(state["finetune_tasks_done"])))
+                if state.get("log_tail"):
+                    parts.append(f"log: `{state['log_tail'][-1].strip()}`")
+                out[f"{objective}/seed{seed}"] = "; ".join(parts)
+    return out
+
+
+def _coverage_lines(protocol, checkpoints, excluded, summaries=()) -> list[str]:
     lines = ["## Records the rule excluded, and cells missing at each checkpoint", ""]
     lines += [f"- excluded `{name}`: {why}" for name, why in excluded] or ["- no record excluded"]
     cells = {(o, s) for p in protocol["parts"].values() for o in p["objectives"] for s in p["seeds"]}
@@ -427,6 +473,10 @@ def _coverage_lines(protocol, checkpoints, excluded) -> list[str]:
     lines.append("- fine-tuning at the last checkpoint (all four tasks): " + ", ".join(
         f"{o} {len(tuned.get(o, []))} of {sum(1 for c in cells if c[0] == o)}"
         for o in dict.fromkeys(o for part in protocol["parts"].values() for o in part["objectives"])))
+    reasons = unfinished_reasons(protocol, checkpoints, list(summaries))
+    if reasons:
+        lines += ["", "Cells without their last checkpoint or fine-tuning, and why (from the bundles' summaries):", ""]
+        lines += [f"- {cell}: {why}" for cell, why in reasons.items()]
     return lines + [""]
 
 
@@ -467,14 +517,18 @@ def build_report(bundles, output: Path, plots_dir: Path | None, protocol_path: P
     kept, excluded = apply_rule(merge_bundles(bundles), protocol)
     checkpoints = by_checkpoint(kept, protocol)
     analysis = analyse(checkpoints, protocol, n_boot)
-    lines = ["# The study's learning curves (issue 32)", "",
+    issue32 = protocol.get("issue") == 32
+    title = "# The study's learning curves (issue 32)" if issue32 else f"# The study {protocol['name']} (issue {protocol['issue']})"
+    rules = "" if issue32 else " Missing data: " + protocol["tests"]["rules_text"] + "."
+    lines = [title, "",
              f"Generated by `study/study_curves_report.py` from {len(bundles)} bundle(s) under the protocol "
-             f"`study/study_protocol_curves.json` (SHA-256 `{protocol['sha256'][:16]}…`); do not edit by hand.",
-             "", NOTE_STUDY18, "", "Rule: " + protocol["tests"]["call"] + ". " + protocol["tests"]["family"], "",
+             f"`study/{Path(protocol_path).name}` (SHA-256 `{protocol['sha256'][:16]}…`); do not edit by hand.",
+             "", *([NOTE_STUDY18, ""] if issue32 else []),
+             "Rule: " + protocol["tests"]["call"] + ". " + protocol["tests"]["family"] + rules, "",
              "Code commits of the counted records: " + ", ".join(sorted({r["code_commit"] for r in kept.values()})) + ".",
              ""]
     lines += _throughput_lines(kept)
-    lines += _coverage_lines(protocol, checkpoints, excluded)
+    lines += _coverage_lines(protocol, checkpoints, excluded, read_summaries(bundles))
     lines += _second_scorer_lines(protocol, kept)
     lines += summary_lines(protocol, analysis)
     for claim in dict.fromkeys(t[0] for t in protocol["tests"]["list"]):

@@ -68,6 +68,10 @@ def apply_rule(copies: dict[str, list[dict]], protocol: dict) -> tuple[dict[str,
             excluded.append((name, f"protocol {str(r.get('protocol_sha256'))[:12]}, not this file's"))
         elif not commit or "dirty" in commit or "unknown" in commit:
             excluded.append((name, f"code commit {commit or 'missing'}"))
+        elif "training_slice" in protocol and r.get("training_slice_sha256", {}).get("train") != {
+                "train.jsonl.gz": protocol["training_slice"]["sha256"]["train.jsonl.gz"]}:
+            excluded.append((name, "trained on another slice (or names none): training_slice_sha256 "
+                                   f"{r.get('training_slice_sha256', {}).get('train')}"))
         elif not _finite({k: r.get(k) for k in ("perplexity", "probe", "finetune")}):
             excluded.append((name, "a non-finite number"))
         else:
@@ -406,11 +410,14 @@ def plot_claim(claim: str, analysis: dict, path: Path) -> Path | None:
 
 
 def _throughput_lines(kept: dict) -> list[str]:
-    rates = [s["tokens_per_second"] for r in kept.values() for s in r.get("pretrain_segments", [])
-             if s.get("tokens_per_second")]
+    # every checkpoint's record repeats its cell's segments so far: each segment counts once
+    segments = {(r["objective"], r["seed"], s.get("from_step"), s.get("to_step"), s.get("command_label")):
+                s["tokens_per_second"] for r in kept.values() for s in r.get("pretrain_segments", [])
+                if s.get("tokens_per_second")}
+    rates = list(segments.values())
     if not rates:
         return []
-    return [f"Pretraining throughput per process: mean {mean(rates):,.0f} tokens/s over {len(rates)} segments "
+    return [f"Pretraining throughput per process: mean {mean(rates):,.0f} tokens/s over {len(rates)} distinct segments "
             f"({min(rates):,.0f}–{max(rates):,.0f}).", ""]
 
 

@@ -9,9 +9,12 @@ import math
 from pathlib import Path
 
 import numpy as np
+import shutil
+import subprocess
 import pytest
 
 import study_curves_report as rep
+import study_curves as sc
 import study_stats
 from study_curves import load_protocol
 
@@ -41,7 +44,8 @@ def _cell(protocol, objective, seed, accuracy):
     """The last checkpoint's record and the fine-tuning record of one cell (fine-tuning accuracy ``accuracy``)."""
     rng = np.random.default_rng(seed)  # the same labels for every objective of a seed
     base = {"objective": objective, "seed": seed, "code_commit": "abc", "protocol_sha256": protocol["sha256"],
-            "finished_unix": 1.0, "key": f"small__{objective}__seed{seed}"}
+            "finished_unix": 1.0, "key": f"small__{objective}__seed{seed}",
+            "training_slice_sha256": {"train": {"train.jsonl.gz": protocol["training_slice"]["sha256"]["train.jsonl.gz"]}}}
     tokens = protocol["checkpoint_tokens"][-1]
     probe = {t: _entry(t, 0.6, np.random.default_rng(seed)) for t in TASKS}
     checkpoint = dict(base, tokens=tokens, probe=probe)
@@ -180,3 +184,53 @@ def test_the_report_lists_every_unfinished_cell_with_its_reason(tmp_path, protoc
             "at the command's limit (exit -9); fine-tuned: rotten_tomatoes, trec; log: `fine-tune vader_movie lr 0.0003`"
             ) in text
     assert "| C1 | **no data** |" in text
+
+
+def test_a_record_of_another_training_slice_is_excluded(protocol):
+    records = _cell(protocol, "ar", 0, 0.7)
+    name = "small__ar__seed0__finetune.json"
+    copies = {k: [v] for k, v in records.items()}
+    copies[name] = [dict(records[name], training_slice_sha256={"train": {"train.jsonl.gz": "0" * 64}})]
+    kept, excluded = rep.apply_rule(copies, protocol)
+    assert name not in kept and [n for n, _ in excluded] == [name] and "another slice" in excluded[0][1]
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=a@b", "-c", "user.name=a", *args], check=True,
+                   capture_output=True)
+
+
+def test_the_device_refuses_a_tree_that_is_not_the_stamped_commit(tmp_path, protocol):
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "a.py").write_text("x = 1\n")
+    (repo / "b.txt").write_text("b\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "c")
+    stamp = sc.preflight(tmp_path / "stamp.json", repo, C1_PROTOCOL)
+    assert sorted(stamp["tree"]) == ["b.txt", "src/a.py"]
+    assert sc.verify_tree(stamp, repo, required=True) == 2
+    # the device has no git: a copy of the files alone passes
+    copy = tmp_path / "copy"
+    shutil.copytree(repo, copy, ignore=shutil.ignore_patterns(".git"))
+    assert sc.verify_tree(stamp, copy, required=True) == 2
+    (copy / "src" / "a.py").write_text("x = 2\n")
+    with pytest.raises(SystemExit, match="not commit .*src/a.py"):
+        sc.verify_tree(stamp, copy, required=True)
+    (copy / "src" / "a.py").unlink()
+    with pytest.raises(SystemExit, match="missing"):
+        sc.verify_tree(stamp, copy, required=True)
+    with pytest.raises(SystemExit, match="lists no files"):
+        sc.verify_tree({k: v for k, v in stamp.items() if k != "tree"}, repo, required=True)
+    assert sc.verify_tree({k: v for k, v in stamp.items() if k != "tree"}, repo) == 0  # issue 32's stamps
+
+
+def test_throughput_counts_each_segment_once():
+    seg = {"from_step": 0, "to_step": 10, "command_label": "c1", "tokens_per_second": 100.0}
+    later = {"from_step": 10, "to_step": 20, "command_label": "c2", "tokens_per_second": 400.0}
+    kept = {"a": {"objective": "ar", "seed": 0, "pretrain_segments": [seg]},
+            "b": {"objective": "ar", "seed": 0, "pretrain_segments": [seg, later]},
+            "c": {"objective": "ar", "seed": 0, "pretrain_segments": [seg, later]}}
+    line = rep._throughput_lines(kept)[0]
+    assert "mean 250 tokens/s over 2 distinct segments" in line  # not (100 * 3 + 400 * 2) / 5

@@ -169,6 +169,38 @@ def finetune_name(key: str) -> str:
     return f"{key}__finetune.json"
 
 
+def cell_record_names(key: str, protocol: dict, finetune: bool = True) -> list[str]:
+    """The records a finished cell has: one per checkpoint, and its fine-tuning."""
+    return [record_name(key, t) for t in protocol["checkpoint_tokens"]] + ([finetune_name(key)] if finetune else [])
+
+
+def complete_runs(records: dict[str, dict], protocol: dict, finetune: bool = True) -> dict[str, dict[str, dict]]:
+    """cell key -> {record name: record} of the cell's first complete run among ``records`` (name -> record): every
+    record of the cell from one ``cell_run`` (a cell run again after a lost machine is a new run)."""
+    runs: dict[tuple[str, str], dict[str, dict]] = {}
+    for name, r in records.items():
+        runs.setdefault((r.get("key"), r.get("cell_run")), {})[name] = r
+    out = {}
+    for (key, run), named in sorted(runs.items(), key=lambda kv: max(r.get("finished_unix", 0) for r in kv[1].values())):
+        if key not in out and set(cell_record_names(key, protocol, finetune)) <= set(named):
+            out[key] = named
+    return out
+
+
+def import_finished(bundles, records_dir: Path, protocol: dict, finetune: bool = True) -> list[str]:
+    """Before a command on a new machine: the records of every cell that finished in an earlier bundle (one run,
+    every record), so that it is never run again; a cell that did not finish there runs again from step 0."""
+    imported = []
+    for path in bundles or []:
+        for key, named in complete_runs(read_bundle(Path(path))["records"], protocol, finetune).items():
+            if all((Path(records_dir) / n).is_file() for n in named):
+                continue
+            for name, record in named.items():
+                write_json(Path(records_dir) / name, record)
+            imported.append(key)
+    return sorted(set(imported))
+
+
 def cell_finished(records_dir: Path, key: str, protocol: dict, finetune: bool) -> bool:
     names = [record_name(key, t) for t in protocol["checkpoint_tokens"]] + ([finetune_name(key)] if finetune else [])
     return all((Path(records_dir) / n).is_file() for n in names)
@@ -257,6 +289,7 @@ def run_part(args, protocol: dict) -> int:
     checked = verify_tree(stamp, REPO, required=protocol.get("record", {}).get("tree_check", False))
     records_dir = Path(args.records_dir)
     records_dir.mkdir(parents=True, exist_ok=True)
+    imported = import_finished(args.finished_from, records_dir, protocol, args.finetune)
     cells = [c for c in part_cells(protocol, args.part, args.with_optional)
              if not cell_finished(records_dir, cell_key(*c, args.preset), protocol, args.finetune)]
     gpus = _gpus(args.device)
@@ -267,7 +300,7 @@ def run_part(args, protocol: dict) -> int:
     summary = {"command_label": args.command_label, "part": str(args.part), "code_commit": stamp["commit"],
                "protocol_sha256": protocol["sha256"], "started_utc": utc_now(), "gpus": gpus,
                "cells_to_run": [cell_key(*c, args.preset) for c in cells], "minutes_limit": args.minutes,
-               "tree_checked_files": checked}
+               "tree_checked_files": checked, "imported_finished_cells": imported}
     print(f"[curves] part {args.part}, command {args.command_label}: {len(cells)} unfinished cell(s) on "
           f"{len(gpus)} GPU(s), commit {stamp['commit'][:12]}, protocol {protocol['sha256'][:12]}", flush=True)
     if not cells:
@@ -385,6 +418,9 @@ def _parser() -> argparse.ArgumentParser:
                           "sacrebleu 2.6.0, portalocker 4.4.2, tabulate 0.10.0 and lxml 6.1.3 (cp312) "
                           "(study/study_curves_device_call.sh)")
     run.add_argument("--poll_s", type=float, default=2.0)
+    run.add_argument("--finished_from", nargs="+", default=None,
+                     help="bundles of earlier commands (another machine, lost since): their finished cells are "
+                          "imported and never run again; the others run again from step 0 (the protocol's rule)")
     run.add_argument("--device", default=None, choices=("cpu", "cuda"))
     for key, value in {**DEFAULTS, **LIST_DEFAULTS}.items():
         kind = float if isinstance(value, float) else int

@@ -54,9 +54,41 @@ def merge_bundles(paths) -> dict[str, list[dict]]:
     return out
 
 
+def choose_runs(copies: dict[str, list[dict]], protocol: dict) -> tuple[dict[str, list[dict]], list[tuple[str, str]]]:
+    """For records that name their ``cell_run``: each cell keeps the records of one run, its first complete one (every
+    checkpoint and the fine-tuning), else its run with the most records; the other runs' records are excluded.
+    Records without ``cell_run`` (issue 32's) pass unchanged."""
+    from study_curves import cell_record_names
+
+    flat = [(name, r) for name, records in copies.items() for r in records]
+    if not any(r.get("cell_run") for _, r in flat):
+        return copies, []
+    by_cell: dict[str, dict[str, dict[str, dict]]] = {}
+    for name, r in flat:
+        by_cell.setdefault(r.get("key"), {}).setdefault(r.get("cell_run"), {})[name] = r
+    kept, excluded = {}, []
+    for key, runs in sorted(by_cell.items()):
+        def finished(run):
+            return max(r.get("finished_unix", 0) for r in runs[run].values())
+
+        expected = set(cell_record_names(key, protocol))
+        complete = [run for run, named in runs.items() if expected <= set(named)]
+        chosen = (min(complete, key=finished) if complete else
+                  max(runs, key=lambda run: (len(runs[run]), -finished(run))))
+        for run, named in sorted(runs.items(), key=lambda kv: str(kv[0])):
+            for name, r in sorted(named.items()):
+                if run == chosen:
+                    kept.setdefault(name, []).append(r)
+                else:
+                    excluded.append((name, f"run {run} of the cell, superseded by run {chosen} "
+                                           f"({'its first complete run' if complete else 'the run with most records'})"))
+    return kept, excluded
+
+
 def apply_rule(copies: dict[str, list[dict]], protocol: dict) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     """The records that count (name -> record) and the excluded ones (name, reason)."""
-    kept, excluded = {}, []
+    copies, excluded = choose_runs(copies, protocol)
+    kept = {}
     for name, records in sorted(copies.items()):
         records = sorted(records, key=lambda r: r.get("finished_unix", math.inf))
         for extra in records[1:]:
@@ -521,6 +553,7 @@ def build_report(bundles, output: Path, plots_dir: Path | None, protocol_path: P
     if dry_run:
         protocol = dict(tiny_protocol(protocol, dry_run["tokens"]), sha256=protocol["sha256"])
         protocol["parts"] = {"dry": {"objectives": dry_run["objectives"], "seeds": dry_run["seeds"]}}
+        protocol.pop("training_slice", None)  # a dry run trains on synthetic text
     kept, excluded = apply_rule(merge_bundles(bundles), protocol)
     checkpoints = by_checkpoint(kept, protocol)
     analysis = analyse(checkpoints, protocol, n_boot)

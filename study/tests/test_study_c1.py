@@ -15,6 +15,7 @@ import pytest
 
 import study_curves_report as rep
 import study_curves as sc
+import study_data
 import study_stats
 from study_curves import load_protocol
 
@@ -234,3 +235,54 @@ def test_throughput_counts_each_segment_once():
             "c": {"objective": "ar", "seed": 0, "pretrain_segments": [seg, later]}}
     line = rep._throughput_lines(kept)[0]
     assert "mean 250 tokens/s over 2 distinct segments" in line  # not (100 * 3 + 400 * 2) / 5
+
+
+# ---------------------------------------------------------------------------------------------
+# a tiny C1 grid end to end on the CPU: a lost machine, and a resume that reruns no finished cell
+# ---------------------------------------------------------------------------------------------
+def _c1_command(tmp, machine, label, seeds, stamp, extra=()):
+    corpus, data, bbc = study_data.write_synthetic_data(tmp / "data")
+    argv = ["run", "--part", "1", "--protocol", str(C1_PROTOCOL), "--tiny", "--tiny_tokens", "1024",
+            "--only_objectives", "ar", "dar-t2", "--only_seeds", *map(str, seeds), "--cells_per_gpu", "4",
+            "--corpus_dir", str(corpus), "--data_root", str(data), "--bbc_dir", str(bbc), "--device", "cpu",
+            "--records_dir", str(tmp / machine / "records"), "--work_dir", str(tmp / machine / "work"),
+            "--bundle_dir", str(tmp / label), "--command_label", label, "--minutes", "8", "--exit_margin_s", "10",
+            "--eval_minutes_guess", "0.1", "--stamp", str(stamp), "--poll_s", "0.5", *extra]
+    assert sc.main(argv) == 0
+    return next((tmp / label).glob("curves__part1__*.json.gz"))
+
+
+def test_a_tiny_c1_grid_resumes_on_a_new_machine_without_rerunning_finished_cells(tmp_path, protocol):
+    stamp = tmp_path / "stamp.json"
+    tree = {p: sc.blob_sha1(sc.REPO / p) for p in ("study/study_curves.py", "study/study_protocol_c1.json")}
+    stamp.write_text(json.dumps({"commit": "abc123", "dirty": False, "protocol_sha256": protocol["sha256"],
+                                 "tree": tree}))
+    # machine 1: seed 0 finishes (checkpoint and fine-tuning); seed 1 reaches its checkpoint, then the machine is lost
+    _c1_command(tmp_path, "m1", "a1", [0], stamp)
+    lost = _c1_command(tmp_path, "m1", "a2", [1], stamp, ["--no-finetune"])
+    first = sc.read_bundle(lost)
+    assert sorted(first["records"]) == sorted(
+        f"tiny__{o}__seed{s}__{n}" for o in ("ar", "dar-t2") for s in (0, 1)
+        for n in (["0.001024M.json", "finetune.json"] if s == 0 else ["0.001024M.json"]))
+    assert first["summary"]["tree_checked_files"] == 2
+    # machine 2 (bare): the earlier bundle's finished cells are imported, the unfinished one runs again from step 0
+    resumed = sc.read_bundle(_c1_command(tmp_path, "m2", "b1", [0, 1], stamp, ["--finished_from", str(lost)]))
+    summary = resumed["summary"]
+    assert summary["imported_finished_cells"] == ["tiny__ar__seed0", "tiny__dar-t2__seed0"]
+    assert summary["cells_to_run"] == ["tiny__ar__seed1", "tiny__dar-t2__seed1"]
+    for name, record in first["records"].items():
+        if "seed0" in name:
+            assert resumed["records"][name] == record  # not rerun: the same record, byte for byte
+        else:
+            assert resumed["records"][name]["cell_run"] != record["cell_run"]  # a new run of the cell
+    ft = resumed["records"]["tiny__ar__seed1__finetune.json"]
+    assert ft["cell_run"] == resumed["records"]["tiny__ar__seed1__0.001024M.json"]["cell_run"]
+    assert ft["versions"]["torch"] and ft["training_slice_sha256"]["train"]
+    # the report: every cell counts with one run; machine 1's partial run of seed 1 is excluded and listed
+    out = tmp_path / "R.md"
+    result = rep.build_report([str(lost), str(next((tmp_path / "b1").glob("*.json.gz")))], out, None, C1_PROTOCOL,
+                              n_boot=20, dry_run={"tokens": [1024], "objectives": ["ar", "dar-t2"], "seeds": [0, 1]})
+    superseded = sorted(n for n, why in result["excluded"] if "superseded" in why)
+    assert superseded == ["tiny__ar__seed1__0.001024M.json", "tiny__dar-t2__seed1__0.001024M.json"]
+    c1 = next(r for r in result["analysis"][1024] if r["claim"] == "C1")
+    assert c1["n"] == 2 and "missing_seeds" not in c1 and "fine-tuning at the last checkpoint" in out.read_text()

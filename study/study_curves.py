@@ -292,6 +292,12 @@ def run_part(args, protocol: dict) -> int:
     imported = import_finished(args.finished_from, records_dir, protocol, args.finetune)
     cells = [c for c in part_cells(protocol, args.part, args.with_optional)
              if not cell_finished(records_dir, cell_key(*c, args.preset), protocol, args.finetune)]
+    pending = [f"objectives.{o}.learning_rate" for o in dict.fromkeys(o for o, _ in cells)
+               if not isinstance(protocol["objectives"][o]["learning_rate"], (int, float))]
+    pending += [] if isinstance(args.cells_per_gpu, int) else ["cells_per_gpu"]
+    if pending:
+        raise SystemExit(f"study curves: the protocol is a draft, {', '.join(pending)} not filled (pending the timing "
+                         "run): fill them and commit before any cell runs")
     gpus = _gpus(args.device)
     placement = latin_square(part_cells(protocol, args.part, args.with_optional), gpus)
     threads = max(1, (os.cpu_count() or 1) // max(1, len(gpus) * args.cells_per_gpu))

@@ -286,3 +286,18 @@ def test_a_tiny_c1_grid_resumes_on_a_new_machine_without_rerunning_finished_cell
     assert superseded == ["tiny__ar__seed1__0.001024M.json", "tiny__dar-t2__seed1__0.001024M.json"]
     c1 = next(r for r in result["analysis"][1024] if r["claim"] == "C1")
     assert c1["n"] == 2 and "missing_seeds" not in c1 and "fine-tuning at the last checkpoint" in out.read_text()
+
+
+def test_a_draft_protocol_runs_no_cell_whose_settings_are_pending(tmp_path, protocol):
+    stamp = tmp_path / "stamp.json"
+    stamp.write_text(json.dumps({"commit": "abc123", "dirty": False, "protocol_sha256": protocol["sha256"],
+                                 "tree": {"study/study_curves.py": sc.blob_sha1(sc.REPO / "study/study_curves.py")}}))
+    argv = ["run", "--part", "1", "--protocol", str(C1_PROTOCOL), "--tiny", "--tiny_tokens", "1024", "--device", "cpu",
+            "--only_objectives", "dar-t2-1s", "--only_seeds", "0", "--records_dir", str(tmp_path / "r"),
+            "--work_dir", str(tmp_path / "w"), "--bundle_dir", str(tmp_path / "b"), "--command_label", "x",
+            "--stamp", str(stamp)]
+    with pytest.raises(SystemExit, match="draft.*dar-t2-1s.learning_rate.*cells_per_gpu"):
+        sc.main(argv)
+    stamp.write_text(json.dumps(dict(json.loads(stamp.read_text()), tree={"study/study_curves.py": "0" * 40})))
+    with pytest.raises(SystemExit, match="not commit"):
+        sc.main(argv)

@@ -409,6 +409,22 @@ def summary_lines(protocol: dict, analysis: dict) -> list[str]:
     return lines + [""]
 
 
+def descriptive_lines(protocol: dict, checkpoints: dict) -> list[str]:
+    """The protocol's descriptive tests (``tests.descriptive``): paired t over the seeds both sides have, no Holm
+    family, no verdict."""
+    tests = protocol["tests"].get("descriptive", [])
+    if not tests:
+        return []
+    lines = ["## Descriptive tests (no family, no verdict)", "", protocol["tests"].get("descriptive_note", ""), "",
+             "| claim | test | tokens | n | mean diff [95 % t] | p (unadjusted) |", "| --- | --- | --- | ---: | --- | ---: |"]
+    for tokens, group in checkpoints.items():
+        for t in tests:
+            r = run_test(group, t, None)
+            lines.append(f"| {t[0]} | {_test_label(r)} | {tokens_tag(tokens)} | {r['n']} | {_f(r.get('mean'))} "
+                         f"[{_f(r.get('low'))}, {_f(r.get('high'))}] | {_f(r.get('p'), '.3g')} |")
+    return lines + [""]
+
+
 def plot_claim(claim: str, analysis: dict, path: Path) -> Path | None:
     import matplotlib
 
@@ -578,6 +594,7 @@ def build_report(bundles, output: Path, plots_dir: Path | None, protocol_path: P
             path = plot_claim(claim, analysis, Path(plots_dir) / f"curve_{claim}.png")
             link = os.path.relpath(path, Path(output).parent).replace(os.sep, "/")
             lines += [f"![{claim} against tokens seen]({link})", ""]
+    lines += descriptive_lines(protocol, checkpoints)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     Path(output).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return {"analysis": analysis, "excluded": excluded, "checkpoints": checkpoints}

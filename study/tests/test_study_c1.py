@@ -185,6 +185,8 @@ def test_the_report_lists_every_unfinished_cell_with_its_reason(tmp_path, protoc
             "at the command's limit (exit -9); fine-tuned: rotten_tomatoes, trec; log: `fine-tune vader_movie lr 0.0003`"
             ) in text
     assert "| C1 | **no data** |" in text
+    # the probes: descriptive, with the seeds both sides have (every probe record is there)
+    assert "| C1s | probe_classification: dar-t2-1s − ar | 40M | 8 |" in text
 
 
 def test_a_record_of_another_training_slice_is_excluded(protocol):

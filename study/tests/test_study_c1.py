@@ -290,11 +290,16 @@ def test_a_tiny_c1_grid_resumes_on_a_new_machine_without_rerunning_finished_cell
     assert c1["n"] == 2 and "missing_seeds" not in c1 and "fine-tuning at the last checkpoint" in out.read_text()
 
 
-def test_a_draft_protocol_runs_no_cell_whose_settings_are_pending(tmp_path, protocol):
+def test_a_draft_protocol_runs_no_cell_whose_settings_are_pending(tmp_path):
+    draft = json.loads(C1_PROTOCOL.read_text())
+    draft["objectives"]["dar-t2-1s"]["learning_rate"] = "pending timing run"
+    draft["cells_per_gpu"] = "pending timing run"
+    path = tmp_path / "draft.json"
+    path.write_text(json.dumps(draft))
     stamp = tmp_path / "stamp.json"
-    stamp.write_text(json.dumps({"commit": "abc123", "dirty": False, "protocol_sha256": protocol["sha256"],
+    stamp.write_text(json.dumps({"commit": "abc123", "dirty": False, "protocol_sha256": sc.protocol_sha256(path),
                                  "tree": {"study/study_curves.py": sc.blob_sha1(sc.REPO / "study/study_curves.py")}}))
-    argv = ["run", "--part", "1", "--protocol", str(C1_PROTOCOL), "--tiny", "--tiny_tokens", "1024", "--device", "cpu",
+    argv = ["run", "--part", "1", "--protocol", str(path), "--tiny", "--tiny_tokens", "1024", "--device", "cpu",
             "--only_objectives", "dar-t2-1s", "--only_seeds", "0", "--records_dir", str(tmp_path / "r"),
             "--work_dir", str(tmp_path / "w"), "--bundle_dir", str(tmp_path / "b"), "--command_label", "x",
             "--stamp", str(stamp)]

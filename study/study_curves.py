@@ -62,15 +62,55 @@ def git_state(repo: Path = REPO) -> tuple[str, str]:
     return head.stdout.strip(), status.stdout.strip()
 
 
+def tracked_blobs(repo: Path = REPO) -> dict[str, str]:
+    """Every tracked file of the commit and its git blob SHA-1 (``git ls-files -s``; submodules left out)."""
+    out = subprocess.run(["git", "-C", str(repo), "ls-files", "-s", "-z"], capture_output=True, check=True).stdout
+    blobs = {}
+    for entry in filter(None, out.split(b"\0")):
+        meta, path = entry.split(b"\t", 1)
+        mode, sha, _ = meta.split()
+        if mode != b"160000":
+            blobs[path.decode()] = sha.decode()
+    return blobs
+
+
+def blob_sha1(path: Path) -> str:
+    """The git blob SHA-1 of a file as it is on disk (a symbolic link: of its target's name), no git needed."""
+    data = os.readlink(path).encode() if Path(path).is_symlink() else Path(path).read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 def preflight(stamp_path: Path = STAMP_PATH, repo: Path = REPO, protocol_path: Path = PROTOCOL_PATH) -> dict:
-    """On the development machine: refuse a dirty tree, else write the commit stamp the device side records."""
+    """On the development machine: refuse a dirty tree, else write the commit stamp the device side records, with
+    the blob SHA-1 of every tracked file (the device checks its tree against them before the first cell)."""
     commit, status = git_state(repo)
     if status:
         raise SystemExit("study curves: the tree is dirty; commit first (git status --porcelain):\n" + status)
     stamp = {"commit": commit, "dirty": False, "protocol_sha256": protocol_sha256(protocol_path),
-             "written_utc": utc_now(), "how": "git rev-parse HEAD on the development machine, status --porcelain empty"}
+             "written_utc": utc_now(), "how": "git rev-parse HEAD on the development machine, status --porcelain empty",
+             "tree": tracked_blobs(repo)}
     write_json(stamp_path, stamp)
     return stamp
+
+
+def verify_tree(stamp: dict, root: Path = REPO, required: bool = False) -> int:
+    """On the device, before the first cell: every file of the stamped commit is here with the same content, else
+    refuse (the device has no git: the blob SHA-1s of the stamp are the commit's content). Returns the file count.
+    ``required``: a stamp without the list is refused too (the C1 protocol: ``record.tree_check``)."""
+    tree = stamp.get("tree")
+    if tree is None:
+        if required:
+            raise SystemExit("study curves: the commit stamp lists no files (an older pre-flight): run "
+                             "`python study/study_curves.py preflight` again and carry .devdata")
+        return 0
+    wrong = [path for path, sha in sorted(tree.items())
+             if not (Path(root) / path).exists() and not (Path(root) / path).is_symlink()
+             or blob_sha1(Path(root) / path) != sha]
+    if wrong:
+        raise SystemExit(f"study curves: this tree is not commit {stamp['commit'][:12]}: {len(wrong)} file(s) differ "
+                         f"or are missing ({', '.join(wrong[:5])}{', ...' if len(wrong) > 5 else ''}); merge and run "
+                         "the pre-flight again")
+    return len(tree)
 
 
 def read_stamp(protocol: dict, stamp_path: Path = STAMP_PATH) -> dict:
@@ -127,6 +167,38 @@ def record_name(key: str, tokens: int) -> str:
 
 def finetune_name(key: str) -> str:
     return f"{key}__finetune.json"
+
+
+def cell_record_names(key: str, protocol: dict, finetune: bool = True) -> list[str]:
+    """The records a finished cell has: one per checkpoint, and its fine-tuning."""
+    return [record_name(key, t) for t in protocol["checkpoint_tokens"]] + ([finetune_name(key)] if finetune else [])
+
+
+def complete_runs(records: dict[str, dict], protocol: dict, finetune: bool = True) -> dict[str, dict[str, dict]]:
+    """cell key -> {record name: record} of the cell's first complete run among ``records`` (name -> record): every
+    record of the cell from one ``cell_run`` (a cell run again after a lost machine is a new run)."""
+    runs: dict[tuple[str, str], dict[str, dict]] = {}
+    for name, r in records.items():
+        runs.setdefault((r.get("key"), r.get("cell_run")), {})[name] = r
+    out = {}
+    for (key, run), named in sorted(runs.items(), key=lambda kv: max(r.get("finished_unix", 0) for r in kv[1].values())):
+        if key not in out and set(cell_record_names(key, protocol, finetune)) <= set(named):
+            out[key] = named
+    return out
+
+
+def import_finished(bundles, records_dir: Path, protocol: dict, finetune: bool = True) -> list[str]:
+    """Before a command on a new machine: the records of every cell that finished in an earlier bundle (one run,
+    every record), so that it is never run again; a cell that did not finish there runs again from step 0."""
+    imported = []
+    for path in bundles or []:
+        for key, named in complete_runs(read_bundle(Path(path))["records"], protocol, finetune).items():
+            if all((Path(records_dir) / n).is_file() for n in named):
+                continue
+            for name, record in named.items():
+                write_json(Path(records_dir) / name, record)
+            imported.append(key)
+    return sorted(set(imported))
 
 
 def cell_finished(records_dir: Path, key: str, protocol: dict, finetune: bool) -> bool:
@@ -214,10 +286,18 @@ def run_part(args, protocol: dict) -> int:
     t0 = time.time()
     deadline = t0 + args.minutes * 60
     stamp = read_stamp(protocol, Path(args.stamp))
+    checked = verify_tree(stamp, REPO, required=protocol.get("record", {}).get("tree_check", False))
     records_dir = Path(args.records_dir)
     records_dir.mkdir(parents=True, exist_ok=True)
+    imported = import_finished(args.finished_from, records_dir, protocol, args.finetune)
     cells = [c for c in part_cells(protocol, args.part, args.with_optional)
              if not cell_finished(records_dir, cell_key(*c, args.preset), protocol, args.finetune)]
+    pending = [f"objectives.{o}.learning_rate" for o in dict.fromkeys(o for o, _ in cells)
+               if not isinstance(protocol["objectives"][o]["learning_rate"], (int, float))]
+    pending += [] if isinstance(args.cells_per_gpu, int) else ["cells_per_gpu"]
+    if pending:
+        raise SystemExit(f"study curves: the protocol is a draft, {', '.join(pending)} not filled (pending the timing "
+                         "run): fill them and commit before any cell runs")
     gpus = _gpus(args.device)
     placement = latin_square(part_cells(protocol, args.part, args.with_optional), gpus)
     threads = max(1, (os.cpu_count() or 1) // max(1, len(gpus) * args.cells_per_gpu))
@@ -225,7 +305,8 @@ def run_part(args, protocol: dict) -> int:
     Path(args.bundle_dir).mkdir(parents=True, exist_ok=True)
     summary = {"command_label": args.command_label, "part": str(args.part), "code_commit": stamp["commit"],
                "protocol_sha256": protocol["sha256"], "started_utc": utc_now(), "gpus": gpus,
-               "cells_to_run": [cell_key(*c, args.preset) for c in cells], "minutes_limit": args.minutes}
+               "cells_to_run": [cell_key(*c, args.preset) for c in cells], "minutes_limit": args.minutes,
+               "tree_checked_files": checked, "imported_finished_cells": imported}
     print(f"[curves] part {args.part}, command {args.command_label}: {len(cells)} unfinished cell(s) on "
           f"{len(gpus)} GPU(s), commit {stamp['commit'][:12]}, protocol {protocol['sha256'][:12]}", flush=True)
     if not cells:
@@ -286,10 +367,12 @@ def _gpus(device: str) -> list:
 def _prepare(settings: dict, args) -> dict:
     from study_data import prepare
 
+    from study_data import corpus_sha256
+
     prep = prepare(settings, args.corpus_dir, args.data_root, Path(args.work_dir), args.bbc_dir, args.num_proc)
     if "heldout_documents" not in prep:
         raise SystemExit("study curves: the prepared data has no heldout_documents (an older cache): use a new --work_dir")
-    return prep
+    return dict(prep, training_slice_sha256=corpus_sha256(args.corpus_dir))  # every record names its slice
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,7 +383,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
-    sub.add_parser("preflight", help="development machine: write the commit stamp (refuses a dirty tree)")
+    pre = sub.add_parser("preflight", help="development machine: write the commit stamp (refuses a dirty tree)")
+    pre.add_argument("--protocol", default=str(PROTOCOL_PATH))
+    pre.add_argument("--stamp", default=str(STAMP_PATH))
     cells = sub.add_parser("cells", help="print the part's cells and their GPUs")
     run = sub.add_parser("run", help="device: one command of a part")
     for q in (cells, run):
@@ -339,6 +424,9 @@ def _parser() -> argparse.ArgumentParser:
                           "sacrebleu 2.6.0, portalocker 4.4.2, tabulate 0.10.0 and lxml 6.1.3 (cp312) "
                           "(study/study_curves_device_call.sh)")
     run.add_argument("--poll_s", type=float, default=2.0)
+    run.add_argument("--finished_from", nargs="+", default=None,
+                     help="bundles of earlier commands (another machine, lost since): their finished cells are "
+                          "imported and never run again; the others run again from step 0 (the protocol's rule)")
     run.add_argument("--device", default=None, choices=("cpu", "cuda"))
     for key, value in {**DEFAULTS, **LIST_DEFAULTS}.items():
         kind = float if isinstance(value, float) else int
@@ -376,8 +464,9 @@ def tiny_protocol(protocol: dict, tokens: list[int]) -> dict:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.what == "preflight":
-        stamp = preflight()
-        print(f"wrote {STAMP_PATH.relative_to(REPO)}: commit {stamp['commit']}, protocol {stamp['protocol_sha256'][:12]}")
+        stamp = preflight(Path(args.stamp), REPO, Path(args.protocol))
+        print(f"wrote {args.stamp}: commit {stamp['commit']}, protocol {stamp['protocol_sha256'][:12]}, "
+              f"{len(stamp['tree'])} files")
         return 0
     protocol = load_protocol(Path(getattr(args, "protocol", PROTOCOL_PATH)))
     if args.what == "cells":

@@ -226,6 +226,7 @@ def write_record(spec, tokens: int, step: int, measures: dict, seconds: float, p
               "part": spec["part"], "command_label": spec["command_label"], "gpu": spec["gpu"],
               "learning_rate": spec["learning_rate"], "pretrain_args": spec["pretrain_args"],
               "eval_seconds": round_sig(seconds), "pretrain_segments": pretrain, "versions": versions(),
+              "training_slice_sha256": spec["prep"].get("training_slice_sha256"), "cell_run": spec.get("cell_run"),
               "finished_unix": time.time(), **measures}
     path = Path(spec["records_dir"]) / record_name(spec["key"], tokens)
     write_json(path, record)  # atomic: a temporary file, then a rename
@@ -261,7 +262,9 @@ def finetune_tasks(spec, folder: Path, log) -> bool:
     record = {"key": spec["key"], "objective": spec["objective"], "seed": spec["seed"], "kind": "finetune",
               "tokens": spec["checkpoint_tokens"][-1], "code_commit": spec["code_commit"],
               "protocol_sha256": spec["protocol_sha256"], "part": spec["part"],
-              "command_label": spec["command_label"], "finetune": {"full": done}, "finished_unix": time.time()}
+              "command_label": spec["command_label"], "finetune": {"full": done}, "finished_unix": time.time(),
+              "gpu": spec["gpu"], "versions": versions(), "learning_rate": spec["learning_rate"],
+              "training_slice_sha256": spec["prep"].get("training_slice_sha256"), "cell_run": spec.get("cell_run")}
     write_json(Path(spec["records_dir"]) / finetune_name(spec["key"]), record)
     return True
 
@@ -292,6 +295,11 @@ def run(spec: dict, log) -> str:
     torch.set_num_threads(spec["threads"])
     tokenizer = AutoTokenizer.from_pretrained(spec["prep"]["tokenizer"])
     drop_incomplete(spec["cell_dir"])
+    # one run of the cell: from step 0 on this machine's disk to its last record; a lost machine means a new run
+    run_path = Path(spec["cell_dir"]) / "cell_run.json"
+    if not run_path.is_file():
+        write_json(run_path, {"cell_run": f"{spec['command_label']}-gpu{spec['gpu']}-{time.time():.0f}"})
+    spec["cell_run"] = json.loads(run_path.read_text())["cell_run"]
     state_path = Path(spec["cell_dir"]) / "segments.json"
     segments = json.loads(state_path.read_text()) if state_path.is_file() else []
     eval_seconds = spec["eval_minutes_guess"] * 60

@@ -54,9 +54,41 @@ def merge_bundles(paths) -> dict[str, list[dict]]:
     return out
 
 
+def choose_runs(copies: dict[str, list[dict]], protocol: dict) -> tuple[dict[str, list[dict]], list[tuple[str, str]]]:
+    """For records that name their ``cell_run``: each cell keeps the records of one run, its first complete one (every
+    checkpoint and the fine-tuning), else its run with the most records; the other runs' records are excluded.
+    Records without ``cell_run`` (issue 32's) pass unchanged."""
+    from study_curves import cell_record_names
+
+    flat = [(name, r) for name, records in copies.items() for r in records]
+    if not any(r.get("cell_run") for _, r in flat):
+        return copies, []
+    by_cell: dict[str, dict[str, dict[str, dict]]] = {}
+    for name, r in flat:
+        by_cell.setdefault(r.get("key"), {}).setdefault(r.get("cell_run"), {})[name] = r
+    kept, excluded = {}, []
+    for key, runs in sorted(by_cell.items()):
+        def finished(run):
+            return max(r.get("finished_unix", 0) for r in runs[run].values())
+
+        expected = set(cell_record_names(key, protocol))
+        complete = [run for run, named in runs.items() if expected <= set(named)]
+        chosen = (min(complete, key=finished) if complete else
+                  max(runs, key=lambda run: (len(runs[run]), -finished(run))))
+        for run, named in sorted(runs.items(), key=lambda kv: str(kv[0])):
+            for name, r in sorted(named.items()):
+                if run == chosen:
+                    kept.setdefault(name, []).append(r)
+                else:
+                    excluded.append((name, f"run {run} of the cell, superseded by run {chosen} "
+                                           f"({'its first complete run' if complete else 'the run with most records'})"))
+    return kept, excluded
+
+
 def apply_rule(copies: dict[str, list[dict]], protocol: dict) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     """The records that count (name -> record) and the excluded ones (name, reason)."""
-    kept, excluded = {}, []
+    copies, excluded = choose_runs(copies, protocol)
+    kept = {}
     for name, records in sorted(copies.items()):
         records = sorted(records, key=lambda r: r.get("finished_unix", math.inf))
         for extra in records[1:]:
@@ -68,6 +100,10 @@ def apply_rule(copies: dict[str, list[dict]], protocol: dict) -> tuple[dict[str,
             excluded.append((name, f"protocol {str(r.get('protocol_sha256'))[:12]}, not this file's"))
         elif not commit or "dirty" in commit or "unknown" in commit:
             excluded.append((name, f"code commit {commit or 'missing'}"))
+        elif "training_slice" in protocol and r.get("training_slice_sha256", {}).get("train") != {
+                "train.jsonl.gz": protocol["training_slice"]["sha256"]["train.jsonl.gz"]}:
+            excluded.append((name, "trained on another slice (or names none): training_slice_sha256 "
+                                   f"{r.get('training_slice_sha256', {}).get('train')}"))
         elif not _finite({k: r.get(k) for k in ("perplexity", "probe", "finetune")}):
             excluded.append((name, "a non-finite number"))
         else:
@@ -321,7 +357,7 @@ def direction_changes(series: list[dict]) -> str:
     called = {r["outcome"] for r in series if r["outcome"] in ("supports", "contradicts")}
     if len(called) == 2:
         return "yes (called both ways)"
-    signs = {np.sign(r["mean"] - r["null"]) for r in series if r["n"] >= 2}
+    signs = {np.sign(r["mean"] - r["null"]) for r in series if _has_data(r)}
     return "sign only (not called both ways)" if len(signs) > 1 else "no"
 
 
@@ -373,6 +409,41 @@ def summary_lines(protocol: dict, analysis: dict) -> list[str]:
     return lines + [""]
 
 
+def descriptive_lines(protocol: dict, checkpoints: dict) -> list[str]:
+    """The protocol's descriptive tests (``tests.descriptive``): paired t over the seeds both sides have, no Holm
+    family, no verdict."""
+    tests = protocol["tests"].get("descriptive", [])
+    if not tests:
+        return []
+    lines = ["## Descriptive tests (no family, no verdict)", "", protocol["tests"].get("descriptive_note", ""), "",
+             "| claim | test | tokens | n | mean diff [95 % t] | p (unadjusted) |", "| --- | --- | --- | ---: | --- | ---: |"]
+    for tokens, group in checkpoints.items():
+        for t in tests:
+            r = run_test(group, t, None)
+            lines.append(f"| {t[0]} | {_test_label(r)} | {tokens_tag(tokens)} | {r['n']} | {_f(r.get('mean'))} "
+                         f"[{_f(r.get('low'))}, {_f(r.get('high'))}] | {_f(r.get('p'), '.3g')} |")
+    return lines + [""]
+
+
+def reanalysis_lines(protocol: dict, checkpoints: dict, n_boot: int) -> list[str]:
+    """Issue 32's records under issue 42's rules (fixed family, every seed, missing data moves nothing) without the
+    full-length tests, which repeat the masked-prefix ones (equal per passage): written after these results, so
+    descriptive; the verdicts of record stay the ones above."""
+    tests = [t for t in protocol["tests"]["list"] if not t[3].endswith("_full_length")]
+    variant = dict(protocol, tests=dict(protocol["tests"], list=tests, rules=FIXED_RULES))
+    analysis = analyse(checkpoints, variant, n_boot)
+    tags = [tokens_tag(t) for t in analysis]
+    lines = ["### The same records under issue 42's rules (written after these results: descriptive)", "",
+             f"A fixed Holm family of the protocol's {len(tests)} tests without the {len(protocol['tests']['list']) - len(tests)} "
+             "full-length ones (equal per passage to the masked-prefix ones), every one of the 8 seeds required, and a "
+             "test without data ruling out both 'holds' and 'does not hold' unless a present test is already called "
+             "against the claim.", "", "| claim | " + " | ".join(tags) + " |", "| --- |" + " --- |" * len(tags)]
+    for claim in dict.fromkeys(t[0] for t in tests):
+        row = [verdict([r["outcome"] for r in results if r["claim"] == claim], FIXED_RULES) for results in analysis.values()]
+        lines.append(f"| {claim} | " + " | ".join(row) + " |")
+    return lines + [""]
+
+
 def plot_claim(claim: str, analysis: dict, path: Path) -> Path | None:
     import matplotlib
 
@@ -385,7 +456,7 @@ def plot_claim(claim: str, analysis: dict, path: Path) -> Path | None:
         xs, ys, lo, hi = [], [], [], []
         for tokens, rs in analysis.items():
             r = next(r for r in rs if (r["a"], r["b"], r["measure"]) == (a, b, m))
-            if r["n"] >= 2:
+            if _has_data(r):
                 xs.append(tokens / 1e6 * (1 + 0.02 * i))
                 ys.append(r["mean"])
                 lo.append(r["mean"] - r["low"])
@@ -406,15 +477,64 @@ def plot_claim(claim: str, analysis: dict, path: Path) -> Path | None:
 
 
 def _throughput_lines(kept: dict) -> list[str]:
-    rates = [s["tokens_per_second"] for r in kept.values() for s in r.get("pretrain_segments", [])
-             if s.get("tokens_per_second")]
+    # every checkpoint's record repeats its cell's segments so far: each segment counts once
+    segments = {(r["objective"], r["seed"], s.get("from_step"), s.get("to_step"), s.get("command_label")):
+                s["tokens_per_second"] for r in kept.values() for s in r.get("pretrain_segments", [])
+                if s.get("tokens_per_second")}
+    rates = list(segments.values())
     if not rates:
         return []
-    return [f"Pretraining throughput per process: mean {mean(rates):,.0f} tokens/s over {len(rates)} segments "
+    return [f"Pretraining throughput per process: mean {mean(rates):,.0f} tokens/s over {len(rates)} distinct segments "
             f"({min(rates):,.0f}–{max(rates):,.0f}).", ""]
 
 
-def _coverage_lines(protocol, checkpoints, excluded) -> list[str]:
+def read_summaries(paths) -> list[dict]:
+    """Each bundle's command summary, in the order given (a later command's last)."""
+    return [s for s in (read_bundle(Path(p)).get("summary") for p in paths) if s]
+
+
+def _exit_reason(code) -> str:
+    if code is None:
+        return "no exit code in the bundle (its command recorded none)"
+    if code == 0:
+        return "its worker exited 0, paused for time (left for a next command that did not come)"
+    if code in (-9, 137):
+        return f"its worker was killed at the command's limit (exit {code})"
+    return f"its worker failed (exit {code})"
+
+
+def unfinished_reasons(protocol: dict, checkpoints: dict, summaries: list[dict]) -> dict[str, str]:
+    """'objective/seedN' -> why the cell lacks its last checkpoint or its fine-tuning: the last command that ran it
+    (from the bundles' summaries), its worker's exit code, the fine-tuning tasks it had done and its log's last line."""
+    last = checkpoints[protocol["checkpoint_tokens"][-1]]
+    out = {}
+    for part in protocol["parts"].values():
+        for objective in part["objectives"]:
+            for seed in part["seeds"]:
+                record = last.get(objective, {}).get(seed)
+                if record is not None and "finetune" in record:
+                    continue
+                what = "no fine-tuning record" if record is not None else "no record of the last checkpoint"
+                suffix = f"__{objective}__seed{seed}"
+                ran = [sm for sm in summaries if any(k.endswith(suffix) for k in sm.get("cells_to_run", []))]
+                if not ran:
+                    out[f"{objective}/seed{seed}"] = f"{what}; no returned bundle's command ran it"
+                    continue
+                sm = ran[-1]
+                key = next(k for k in sm["cells_to_run"] if k.endswith(suffix))
+                state = sm.get("unfinished_state", {}).get(key, {})
+                parts = [what, f"last run by command {sm.get('command_label')} ({sm.get('minutes')} of its "
+                               f"{sm.get('minutes_limit')} min)",
+                         _exit_reason(sm.get("cell_exit_codes", {}).get(key))]
+                if state.get("finetune_tasks_done"):
+                    parts.append("fine-tuned: " + ", ".join(sorted(state["finetune_tasks_done"])))
+                if state.get("log_tail"):
+                    parts.append(f"log: `{state['log_tail'][-1].strip()}`")
+                out[f"{objective}/seed{seed}"] = "; ".join(parts)
+    return out
+
+
+def _coverage_lines(protocol, checkpoints, excluded, summaries=()) -> list[str]:
     lines = ["## Records the rule excluded, and cells missing at each checkpoint", ""]
     lines += [f"- excluded `{name}`: {why}" for name, why in excluded] or ["- no record excluded"]
     cells = {(o, s) for p in protocol["parts"].values() for o in p["objectives"] for s in p["seeds"]}
@@ -427,6 +547,10 @@ def _coverage_lines(protocol, checkpoints, excluded) -> list[str]:
     lines.append("- fine-tuning at the last checkpoint (all four tasks): " + ", ".join(
         f"{o} {len(tuned.get(o, []))} of {sum(1 for c in cells if c[0] == o)}"
         for o in dict.fromkeys(o for part in protocol["parts"].values() for o in part["objectives"])))
+    reasons = unfinished_reasons(protocol, checkpoints, list(summaries))
+    if reasons:
+        lines += ["", "Cells without their last checkpoint or fine-tuning, and why (from the bundles' summaries):", ""]
+        lines += [f"- {cell}: {why}" for cell, why in reasons.items()]
     return lines + [""]
 
 
@@ -464,19 +588,26 @@ def build_report(bundles, output: Path, plots_dir: Path | None, protocol_path: P
     if dry_run:
         protocol = dict(tiny_protocol(protocol, dry_run["tokens"]), sha256=protocol["sha256"])
         protocol["parts"] = {"dry": {"objectives": dry_run["objectives"], "seeds": dry_run["seeds"]}}
+        protocol.pop("training_slice", None)  # a dry run trains on synthetic text
     kept, excluded = apply_rule(merge_bundles(bundles), protocol)
     checkpoints = by_checkpoint(kept, protocol)
     analysis = analyse(checkpoints, protocol, n_boot)
-    lines = ["# The study's learning curves (issue 32)", "",
+    issue32 = protocol.get("issue") == 32
+    title = "# The study's learning curves (issue 32)" if issue32 else f"# The study {protocol['name']} (issue {protocol['issue']})"
+    rules = "" if issue32 else " Missing data: " + protocol["tests"]["rules_text"] + "."
+    lines = [title, "",
              f"Generated by `study/study_curves_report.py` from {len(bundles)} bundle(s) under the protocol "
-             f"`study/study_protocol_curves.json` (SHA-256 `{protocol['sha256'][:16]}…`); do not edit by hand.",
-             "", NOTE_STUDY18, "", "Rule: " + protocol["tests"]["call"] + ". " + protocol["tests"]["family"], "",
+             f"`study/{Path(protocol_path).name}` (SHA-256 `{protocol['sha256'][:16]}…`); do not edit by hand.",
+             "", *([NOTE_STUDY18, ""] if issue32 else []),
+             "Rule: " + protocol["tests"]["call"] + ". " + protocol["tests"]["family"] + rules, "",
              "Code commits of the counted records: " + ", ".join(sorted({r["code_commit"] for r in kept.values()})) + ".",
              ""]
     lines += _throughput_lines(kept)
-    lines += _coverage_lines(protocol, checkpoints, excluded)
+    lines += _coverage_lines(protocol, checkpoints, excluded, read_summaries(bundles))
     lines += _second_scorer_lines(protocol, kept)
     lines += summary_lines(protocol, analysis)
+    if issue32:
+        lines += reanalysis_lines(protocol, checkpoints, n_boot)
     for claim in dict.fromkeys(t[0] for t in protocol["tests"]["list"]):
         lines += claim_lines(claim, analysis, rules_of(protocol))
         if plots_dir is not None:
@@ -484,6 +615,7 @@ def build_report(bundles, output: Path, plots_dir: Path | None, protocol_path: P
             path = plot_claim(claim, analysis, Path(plots_dir) / f"curve_{claim}.png")
             link = os.path.relpath(path, Path(output).parent).replace(os.sep, "/")
             lines += [f"![{claim} against tokens seen]({link})", ""]
+    lines += descriptive_lines(protocol, checkpoints)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     Path(output).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return {"analysis": analysis, "excluded": excluded, "checkpoints": checkpoints}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device command of the C1 grid (issue 42, study/study_protocol_c1.json) on a lent 4-GPU machine.
+# Before the first command, on the development machine with a clean tree (the stamp lists every tracked file's
+# blob SHA-1; this script's `run` refuses a tree that differs, before any cell):
+#   python study/study_curves.py preflight --protocol study/study_protocol_c1.json --stamp .devdata/c1/code_commit.json
+# Carried (git-ignored): .devdata/c1 (gutenberg/, aux.tgz, code_commit.json) and .devdata/whl, as for
+# study/finetune_timing_device_call.sh. Usage (one `run` call per command, kind nvidia-h100-x4, the next within 30 s):
+#   bash study/c1_device_call.sh 1 c1p1c1
+#   bash study/c1_device_call.sh 1 c1p1c2                 # resumes c1p1c1's cells from the machine's disk
+#   bash study/c1_device_call.sh 1 c1p1c3 --finished_from .devdata/c1/bundles/*.json.gz   # after a lost machine
+#   bash study/c1_device_call.sh 2 c1p2c1 --with_optional # the mixture (budget.mixture_rule)
+# The bundle of every record so far: $OUT/curves__part<P>__<label>.json.gz
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PART=$1; LABEL=$2; shift 2
+OUT=${OUT:-device_out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .devdata/whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+mkdir -p /tmp/c1data && tar -xzf .devdata/c1/aux.tgz -C /tmp/c1data || exit 1
+if [ "${STUDY_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d 2>/dev/null; then
+    python3 -c "import torch; assert float(torch.ones(4, device='cuda').sum()) == 4" 2>/dev/null && echo "MPS: on" \
+        || { echo quit | nvidia-cuda-mps-control; echo "MPS: failed a CUDA check, off"; }
+fi
+# records and checkpoints live on the machine's disk (outputs/c1), kept while the machine stays warm
+python3 study/study_curves.py run --protocol study/study_protocol_c1.json --stamp .devdata/c1/code_commit.json \
+    --part "$PART" --command_label "$LABEL" --minutes "${MINUTES:-9}" --bundle_dir "$OUT" \
+    --records_dir outputs/c1/records --work_dir outputs/c1/work \
+    --corpus_dir .devdata/c1/gutenberg --data_root /tmp/c1data --bbc_dir /tmp/c1data/bbcnews/data "$@"
+status=$?
+echo quit | nvidia-cuda-mps-control 2>/dev/null
+df -h . | tail -1; du -sh outputs/c1 2>/dev/null
+exit $status

@@ -1237,6 +1237,9 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
     dataset = data_args.dataset_name or [str(f) for f in data_args.train_files]
+    if trainer.is_world_process_zero() and (Path(training_args.output_dir) / "config.json").is_file():
+        # the card again, now that all_results.json holds the end-of-run scores (README.md is outside the marker)
+        write_card(training_args.output_dir, objective_args, dataset, eval_data_name(data_args))
     if training_args.push_to_hub:
         from ..hub.push import push_trainer_output
 

@@ -662,6 +662,7 @@ def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments,
     if objective_args.is_mixture:
         config.mixture = dict(config.plan_params["mixture"])  # the weights, for a reader of config.json
     config.prediction_stream = "content" if objective_args.single_stream else "query"  # the stream trained to predict
+    config.trained_block_size = block_size  # max_position_embeddings stays the capacity: the trained length is this
     for name, value in objective_args.params.config_fields().items():  # e.g. dar's one-stream block-causal pattern
         setattr(config, name, value)
     config.validate_lookaround()
@@ -1163,6 +1164,9 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
 
     train_blocks, eval_blocks = build_training_data(data_args, training_args, tokenizer, train_raw, eval_raw)
     train_blocks, eval_blocks = rows_as_numpy(train_blocks), rows_as_numpy(eval_blocks)
+    # the tokenizer saved beside the model says the trained length too (transformers' and lm-eval's reading of it);
+    # set after the data is built: packing and perplexity read longer documents on purpose
+    tokenizer.model_max_length = block_size
     # the documents scored with the p(x_k | x_<k) protocol at the end (a few, read one by one)
     eval_texts = [] if eval_raw is None or not training_args.do_eval else perplexity_documents(
         eval_raw, data_args, training_args.seed)

@@ -19,7 +19,8 @@ is renamed into place (a rename is atomic on POSIX file systems). Readers (``las
   schedule, RNG state, trainer state: a ``--save_only_model`` checkpoint, or files deleted with their marker
   entries); a resume refuses such a checkpoint unless ``--resume_weights_only true`` asks for its weights alone;
 - :func:`checkpoint_problems` checks a complete checkpoint against its marker (every listed file there, with
-  its size and a sample of its bytes): a file deleted, cut short or rewritten after the marker is found, and
+  its size, a sample of its bytes and the sha256 of the whole file): a file deleted, cut short, rewritten or
+  corrupted anywhere after the marker is found, and
   ``last`` skips such a checkpoint with a warning (a named one is refused);
 - :func:`set_aside_later_checkpoints` moves the checkpoints after the one a run resumes from (and damaged
   ones) aside, so that no save of the resumed run ever writes into a folder that holds an old marker;
@@ -124,11 +125,23 @@ def _sample_digest(path: Path, size: int) -> str:
     return h.hexdigest()
 
 
+def _file_sha256(path: Path) -> str:
+    """sha256 of the whole file: a byte changed anywhere is found, which the sample digest misses outside its three
+    windows. About 0.8 s per GB on one core (measured: a 1 GiB file from the page cache, hashlib/OpenSSL); a resume
+    reads those weights anyway."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def checkpoint_problems(folder) -> list[str]:
     """What is wrong with ``folder`` as a checkpoint, one short phrase per problem (empty: intact).
 
-    Every file the marker lists must be there with its size (and, for markers that record them, the same
-    sample digest: a file rewritten after the marker was written is found even at the same size)."""
+    Every file the marker lists must be there with its size and, for markers that record them, the same sample
+    digest and the same sha256 of the whole file: a file rewritten or corrupted after the marker was written is found
+    even at the same size, wherever the changed bytes are."""
     folder = Path(folder)
     if not (folder / COMPLETE_MARKER).is_file():
         return [f"no {COMPLETE_MARKER}"]
@@ -140,7 +153,7 @@ def _listed_problems(folder: Path, marker_name: str) -> list[str]:
     marker = folder / marker_name
     try:
         manifest = json.loads(marker.read_text())
-        files, samples = manifest["files"], manifest.get("samples", {})
+        files, samples, digests = manifest["files"], manifest.get("samples", {}), manifest.get("sha256", {})
     except (OSError, ValueError, KeyError, TypeError) as err:
         return [f"unreadable {marker_name} ({type(err).__name__})"]
     problems = []
@@ -154,6 +167,8 @@ def _listed_problems(folder: Path, marker_name: str) -> list[str]:
             problems.append(f"{name} has {actual} bytes, the marker says {size}")
         elif name in samples and _sample_digest(path, actual) != samples[name]:
             problems.append(f"{name} changed after the marker was written")
+        elif name in digests and _file_sha256(path) != digests[name]:  # markers written before it lack it
+            problems.append(f"{name} changed after the marker was written (its sha256 differs)")
     return problems
 
 
@@ -222,6 +237,7 @@ def _write_marker(folder: Path, files: list[Path], marker_name: str, **fields) -
         **{k: v for k, v in fields.items() if k != "run"},
         "files": {str(p.relative_to(folder)): p.stat().st_size for p in files},
         "samples": {str(p.relative_to(folder)): _sample_digest(p, p.stat().st_size) for p in files},
+        "sha256": {str(p.relative_to(folder)): _file_sha256(p) for p in files},
         **({"run": fields["run"]} if "run" in fields else {}),
     }
     tmp = folder / (marker_name + ".tmp")

@@ -48,7 +48,7 @@ from pathlib import Path
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 # the final marker, the lock and what an unfinished run is: from the bundle, where from_pretrained checks them too
-from ..models.lookaround.loading_lookaround import FINAL_MARKER, LOCK_FILE, unfinished_run  # noqa: F401
+from ..models.lookaround.loading_lookaround import FINAL_MARKER, LOCK_FILE, safetensors_problem, unfinished_run  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -268,23 +268,6 @@ def mark_final_model(output_dir, global_step: int) -> None:
     _write_marker(Path(output_dir), final_model_files(output_dir), FINAL_MARKER, global_step=int(global_step))
 
 
-def _safetensors_problem(path: Path) -> str | None:
-    """A safetensors file whose size is not what its header says (cut short, or grown), or an unreadable header."""
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            if n <= 0 or 8 + n > size:
-                return f"{path.name} has {size} bytes, too few for its header"
-            header = json.loads(f.read(n))
-        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
-        return f"{path.name} has an unreadable header ({type(err).__name__})"
-    if 8 + n + end != size:
-        return f"{path.name} has {size} bytes, its header says {8 + n + end}"
-    return None
-
-
 def final_model_problems(output_dir) -> list[str]:
     """What is wrong with the final model of ``output_dir``, one short phrase each (empty: intact): files that
     :data:`FINAL_MARKER` lists, deleted, cut short or rewritten since; a safetensors file whose size is not the one
@@ -296,7 +279,7 @@ def final_model_problems(output_dir) -> list[str]:
         problems.append("no model weights")
     for path in files:
         if path.suffix == ".safetensors":
-            problem = _safetensors_problem(path)
+            problem = safetensors_problem(path)
             if problem and not any(q.startswith(path.name + " ") for q in problems):
                 problems.append(problem)
     return problems

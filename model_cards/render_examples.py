@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from hf_lookaround import LookAroundConfig, LookAroundForPreTraining
-from hf_lookaround.hub import write_model_card
+from hf_lookaround.hub.cards import write_model_card
 
 root = Path(__file__).resolve().parents[1]
 out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
@@ -51,7 +51,7 @@ for name, row_name in (("two_stream.md", "dar-t2"), ("masked.md", "vmlm-0.15-0.3
                          model_id=f"hf-lookaround/bbc-news-{info['preset']}-{row_name}")
         text = Path(d, "README.md").read_text()
     head, sep, body = text.partition("\n---\n")
-    (out / name).write_text(head + sep + NOTE.format(template=name, row=row_name, tokens=row["tokens"]) + body)
+    (out / name).write_text(head + sep + NOTE.format(template={"two_stream.md": "text.md"}.get(name, name), row=row_name, tokens=row["tokens"]) + body)
 with tempfile.TemporaryDirectory() as d:
     Path(d, "config.json").write_text(json.dumps({"model_type": "lookaround", "modality": "vision", "objective": "gvp",
         "plan_params": {"num_groups": 20, "segmentation": "mixed"}, "hidden_size": 768, "num_hidden_layers": 12,

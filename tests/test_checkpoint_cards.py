@@ -53,17 +53,91 @@ def test_eval_results_name_the_validation_data_not_the_training_file(checkpoint)
 
 
 def test_glue_output_has_a_text_classification_card(checkpoint, tmp_path):
+    """The card of a `glue` (LoRA) run describes the fine-tune (issue 43): its base model by Hub id or "local",
+    the classification accuracy and loss filed as the fine-tune's, on validation and test data."""
     out = tmp_path / "glue"
     data = FIXTURES / "reviews"
     assert cli.main(["glue", "--model_name_or_path", str(checkpoint), "--train_file", str(data / "train.jsonl"),
-                     "--validation_file", str(data / "validation.jsonl"), "--max_train_samples", "16",
-                     "--max_eval_samples", "16", "--max_seq_length", "32", "--max_steps", "1", "--do_train",
-                     "--do_eval", "--report_to", "none", "--save_strategy", "no", "--use_cpu",
+                     "--validation_file", str(data / "validation.jsonl"), "--test_file", str(data / "test.jsonl"),
+                     "--max_train_samples", "16", "--max_eval_samples", "16", "--max_predict_samples", "16",
+                     "--max_seq_length", "32", "--max_steps", "1", "--do_train", "--do_eval", "--do_predict",
+                     "--use_lora", "--report_to", "none", "--save_strategy", "no", "--use_cpu",
                      "--output_dir", str(out)]) == 0
     card = ModelCard.load(out / "README.md")
-    assert card.data.pipeline_tag == "text-classification" and card.data.base_model == str(checkpoint)
+    assert card.data.pipeline_tag == "text-classification"
+    # a local base model is no Hub link: named "local", never by its path
+    assert card.data.base_model is None and str(checkpoint) not in str(card)
+    text = " ".join(card.text.split())
+    assert "from the base model a local checkpoint (not on the Hub)" in text
+    assert card.data.to_dict()["hf_lookaround"]["base_model"] == "local"
+    assert "fine-tuned with LoRA (r=8, alpha=16)" in text and "pretrained with the **diversity-enhanced" in text
+    assert "A LookAround **text classifier**" in text and "classifier" in card.data.tags
+    measured = json.loads((out / "all_results.json").read_text())
+    got = {(r.task_name, r.dataset_split, r.metric_name): r.metric_value for r in card.data.eval_results}
+    assert got == {
+        ("Fine-tuning (text classification)", "validation", "validation accuracy"): measured["eval_accuracy"],
+        ("Fine-tuning (text classification)", "validation", "classification loss (cross-entropy)"):
+            measured["eval_loss"],
+        ("Fine-tuning (text classification)", "test", "test accuracy"): measured["predict_accuracy"],
+        ("Fine-tuning (text classification)", "test", "classification loss (cross-entropy)"):
+            measured["predict_loss"],
+    }
+    assert "Pretraining data" not in card.text and "pretraining objective" not in str(card.data.eval_results)
     # named, never by a path of this machine (issue 30, section 4 item 5)
-    assert any(r.dataset_name == "reviews/validation.jsonl (local)" for r in card.data.eval_results)
+    assert {(r.dataset_split, r.dataset_name) for r in card.data.eval_results} == {
+        ("validation", "reviews/validation.jsonl (local)"), ("test", "reviews/test.jsonl (local)")}
+    assert "read from `all_results.json` next to the checkpoint" in text
+
+
+def test_a_hub_base_model_is_named_by_its_id(checkpoint, tmp_path, monkeypatch):
+    card = ModelCard.load(cards.write_model_card(checkpoint, base_model="me/dar-tiny", fine_tune={"task": "sst2"}))
+    assert card.data.base_model == "me/dar-tiny" and "[`me/dar-tiny`](https://huggingface.co/me/dar-tiny)" in card.text
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "ar800").mkdir(parents=True)  # a relative folder that looks like a Hub id
+    assert cards.public_model_id("runs/ar800") == "local" and cards.public_model_id(str(checkpoint)) == "local"
+    assert cards.public_model_id("gpt2") == "gpt2"
+
+
+# the four text forms: pretrain's flags, the card's words for it, its form tag, what its card says of decoding
+FORMS = {
+    "two-stream dar": (["--objective", "dar", "--group_size", "2"], "two-stream text model", "two-stream",
+                       "decode through it"),
+    "one-stream dar": (["--objective", "dar", "--dar_form", "single_stream", "--group_size", "2"],
+                       "one-stream semi-autoregressive text model (SAT, block-causal, t = 2)", "one-stream",
+                       "`generate()` decodes 2 tokens per forward"),
+    "one-stream mixture": (["--objective", "mixture", "--mixture", "dar=0.5", "vmlm=0.5", "--group_size", "2",
+                            "--dar_form", "single_stream", "--masked_form", "single_stream"],
+                           "one-stream mixture text model", "one-stream",
+                           "`generate()` decodes 2 tokens per forward"),
+    "masked one-stream": (["--objective", "vmlm", "--masked_form", "single_stream"],
+                          "one-stream masked text model", "one-stream", "read its bidirectional content stream"),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_card_pretrain_writes_says_what_the_checkpoint_is_with_its_results(form, make_args, tmp_path):
+    """Issue 43: each form is named as what it is (a one-stream checkpoint is no "two-stream text model"), and the
+    README.md written at the end lists the end-of-run scores of all_results.json, naming only files that exist."""
+    from hf_lookaround.training import checkpointing
+
+    flags, name, tag, decoding = FORMS[form]
+    out = tmp_path / "run"
+    assert cli.main(["pretrain", *make_args(out, "--do_eval", "--perplexity_max_tokens", "64", *flags,
+                                            max_steps=1)]) == 0
+    card = ModelCard.load(out / "README.md")
+    text = " ".join(card.text.split())
+    assert f"A LookAround **{name}" in text and decoding in text
+    assert tag in card.data.tags and ({"one-stream", "two-stream"} - {tag}).isdisjoint(card.data.tags)
+    assert card.data.to_dict()["hf_lookaround"]["family"] != "two-stream"
+    if tag == "one-stream":
+        assert "two-stream text model" not in text and "two-stream masked" not in text
+    measured = json.loads((out / "all_results.json").read_text())
+    got = {r.metric_name: r.metric_value for r in card.data.eval_results}
+    assert got["held-out loss of the pretraining objective"] == measured["eval_loss"]
+    assert got["bits per byte"] == measured["eval_bits_per_byte"]
+    assert "No evaluation results" not in text and "read from `all_results.json` next to the checkpoint" in text
+    assert "probe_results.json" not in text.split("## Results")[1].split("## How to load")[0]
+    assert checkpointing.final_model_problems(out) == []  # the card rewritten after the marker breaks nothing
 
 
 def test_push_dry_run_previews_without_a_hub(checkpoint, tmp_path, capsys, monkeypatch):

@@ -133,3 +133,29 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(make_args
         assert cli.main(["pretrain", *make_args(out, max_steps=1)]) == 0
     assert any("stale" in r.getMessage() and str(sleeper.pid) in r.getMessage() for r in caplog.records)
     assert (out / "model.safetensors").is_file() and not lock.exists()  # released at exit
+
+
+@pytest.mark.parametrize("marker", ["checkpoint", "final model"])
+def test_a_byte_changed_outside_the_sampled_windows_is_found(tmp_path, marker):
+    """Issue 43: the sample digest reads 64 KiB at the start, middle and end; the marker's sha256 of the whole file
+    finds a same-size corruption anywhere else (here 1 MiB of weights, one byte changed at 160 KiB)."""
+    import torch
+    from safetensors.torch import save_file
+
+    weights = tmp_path / "model.safetensors"
+    save_file({"w": torch.zeros(1 << 18)}, str(weights))  # 1 MiB
+    (tmp_path / "config.json").write_text("{}")
+    if marker == "checkpoint":
+        checkpointing._write_marker(tmp_path, [weights, tmp_path / "config.json"], checkpointing.COMPLETE_MARKER)
+        problems = lambda: checkpointing.checkpoint_problems(tmp_path)  # noqa: E731
+    else:
+        checkpointing.mark_final_model(tmp_path, 4)
+        problems = lambda: checkpointing.final_model_problems(tmp_path)  # noqa: E731
+    assert problems() == []
+    data = bytearray(weights.read_bytes())
+    offset = 160 << 10
+    size, window = len(data), 1 << 16
+    assert window < offset < size // 2 - window // 2  # outside every sampled window
+    data[offset] ^= 0x40
+    weights.write_bytes(bytes(data))
+    assert problems() == ["model.safetensors changed after the marker was written (its sha256 differs)"]

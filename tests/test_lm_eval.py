@@ -187,3 +187,16 @@ def test_a_single_stream_masked_checkpoint_is_refused_with_what_to_use(tmp_path,
     tokenizer.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="no causal LM view.*--protocol masked"):
         HFLM(pretrained=str(tmp_path), trust_remote_code=True, device="cpu")
+
+
+def test_a_truncated_checkpoint_is_refused_in_one_line_naming_the_file(tmp_path, tokenizer_dir):
+    """Issue 43: lm-eval loads through from_pretrained, which refuses a cut weights file before transformers reads it
+    (safetensors' own error names neither the file nor what to do)."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    LookAroundForCausalLM(_config(tokenizer, objective="ar")).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"truncated or damaged \(model\.safetensors has \d+ bytes, its header says") as err:
+        HFLM(pretrained=str(tmp_path), trust_remote_code=True, device="cpu")
+    assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)

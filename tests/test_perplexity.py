@@ -189,3 +189,57 @@ def test_real_text_directory(tokenizer, bbc_text_dir):
     model = LookAroundForCausalLM(_config(tokenizer)).eval()
     result = ar_perplexity(model, tokenizer, [texts[0][:2000]], max_length=64, stride=32, batch_size=8)
     assert result.num_tokens > 100 and np.isfinite(result.perplexity)
+
+
+# ---------------------------------------------------------------------------------------------
+# a checkpoint of `pretrain` (issue 43): its trained length, and the one-stream mixture's masked half
+# ---------------------------------------------------------------------------------------------
+ONE_STREAM_MIXTURE = ["--objective", "mixture", "--mixture", "dar=0.5", "vmlm=0.5", "--group_size", "2",
+                      "--dar_form", "single_stream", "--masked_form", "single_stream"]
+
+
+@pytest.fixture(scope="module")
+def one_stream_mixture(make_args, tmp_path_factory):
+    from hf_lookaround import cli
+
+    out = tmp_path_factory.mktemp("mixture") / "run"
+    assert cli.main(["pretrain", *make_args(out, *ONE_STREAM_MIXTURE, max_steps=1)]) == 0
+    return out
+
+
+def test_the_trained_length_is_recorded_and_is_perplexitys_default_window(one_stream_mixture, bbc_text_dir,
+                                                                         tmp_path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(one_stream_mixture)
+    assert config.trained_block_size == 32 and config.max_position_embeddings > 32  # the capacity stays
+    assert AutoTokenizer.from_pretrained(one_stream_mixture).model_max_length == 32  # what transformers reads
+    out = tmp_path / "ppl"
+    assert main(["--model_name_or_path", str(one_stream_mixture), "--dataset", str(bbc_text_dir / "test.jsonl.gz"),
+                 "--max_documents", "1", "--protocol", "ar", "--output_dir", str(out)]) == 0
+    assert json.loads((out / "perplexity.json").read_text())["max_length"] == 32
+
+
+def test_the_one_stream_mixtures_masked_half_is_scored_with_mask_tokens(one_stream_mixture, bbc_text_dir,
+                                                                       tmp_path):
+    """Its masked half loads as a masked LM (bidirectional over [MASK] inputs): --protocol masked scores it there,
+    as it scores a --masked_form single_stream checkpoint, and agrees with masked_perplexity on that masked LM."""
+    from hf_lookaround.data.tokenization import auto_tokenizer
+    from hf_lookaround.evaluation.tasks import load_texts
+
+    out = tmp_path / "ppl"
+    texts = [load_texts(str(bbc_text_dir / "test.jsonl.gz"))[0][:600]]
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"text": texts[0]}) + "\n")
+    assert main(["--model_name_or_path", str(one_stream_mixture), "--dataset", str(data), "--protocol", "masked",
+                 "--max_length", "16", "--output_dir", str(out)]) == 0
+    report = json.loads((out / "perplexity.json").read_text())
+    assert report["masked_mode"] == "mask_token" and np.isfinite(report["masked_perplexity"])
+    model = LookAroundForMaskedLM.from_pretrained(one_stream_mixture).eval()
+    direct = masked_perplexity(model, auto_tokenizer(one_stream_mixture), texts, max_length=16, stride=8,
+                               mode="mask_token")
+    assert report["masked_perplexity"] == pytest.approx(direct.perplexity, rel=1e-5)
+    # read as a causal LM (its block-causal dar half) it has no bidirectional prefix: still refused, saying what to use
+    causal = LookAroundForCausalLM.from_pretrained(one_stream_mixture).eval()
+    with pytest.raises(ValueError, match="--protocol ar"):
+        masked_perplexity(causal, auto_tokenizer(one_stream_mixture), texts, max_length=16, stride=8)

@@ -43,7 +43,9 @@ def _parser() -> argparse.ArgumentParser:
         help="auto: mask_token for single-stream masked LMs; for two-stream LookAround checkpoints two_stream "
         "(AR plan) if pretrained with ar/dar, else two_stream_prefix",
     )
-    p.add_argument("--max_length", type=int, default=None, help="window length (default: min(512, max positions))")
+    p.add_argument("--max_length", type=int, default=None,
+                   help="window length (default: the trained block size, config.trained_block_size; else min(512, "
+                        "max positions))")
     p.add_argument("--stride", type=int, default=None, help="default: max_length // 2")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--max_documents", type=int, default=None,
@@ -102,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     # dar's one-stream form lays each window out after its start rows: its config's n_positions leaves room for them
     one_stream = is_one_stream_group_model(model.config)
     limit = model.config.n_positions if one_stream else max_positions
-    max_length = args.max_length if args.max_length is not None else min(512, limit)
+    # default: the window the checkpoint was trained on (config.trained_block_size), else up to 512 tokens
+    trained = getattr(model.config, "trained_block_size", None)
+    max_length = args.max_length if args.max_length is not None else min(trained or 512, limit)
     if max_length > limit:
         extra = f" less the {max_positions - limit} start rows of dar's one-stream layout" if one_stream else ""
         raise ValueError(f"--max_length {max_length} exceeds the model's max_position_embeddings ({max_positions})"

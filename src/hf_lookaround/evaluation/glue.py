@@ -222,11 +222,21 @@ def run(model_args: ModelArguments, data_args: DataTrainingArguments, training_a
     if training_args.do_train and trainer.is_world_process_zero():
         from ..hub.cards import write_model_card
 
-        # the fine-tuned classifier gets its own card: its base model, task and results
+        # the fine-tuned classifier gets its own card: the fine-tune, its base model and its results
+        data_name = data_args.dataset_name or data_args.task_name
+        fine_tune = {
+            "task": data_args.task_name or "text classification",
+            "method": (f"LoRA (r={model_args.lora_r}, alpha={model_args.lora_alpha})" if model_args.use_lora
+                       else "full"),
+            "problem_type": model.config.problem_type,
+            "labels": None if labels.is_regression else [str(n) for n in labels.names],
+            "dataset": data_args.train_file or data_name,
+            "eval_dataset": (data_args.validation_file or data_name) if training_args.do_eval else None,
+            "test_dataset": (data_args.test_file or data_name) if training_args.do_predict else None,
+        }
         write_model_card(training_args.output_dir, base_model=model_args.model_name_or_path,
                          dataset=data_args.dataset_name or data_args.train_file or data_args.task_name,
-                         eval_dataset=data_args.validation_file or data_args.dataset_name or data_args.task_name,
-                         pipeline_tag="text-classification")
+                         fine_tune=fine_tune)
     return metrics
 
 

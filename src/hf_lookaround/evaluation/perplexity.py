@@ -267,6 +267,14 @@ def ar_perplexity(model, tokenizer, texts, max_length=512, stride=256, batch_siz
     return _result("ar", nlls, prefixes, num_bytes, max_length, stride)
 
 
+def _reads_a_trained_masked_half(model) -> bool:
+    """A masked LM on a one-stream mixture with a masked component: its rows of that component trained the
+    bidirectional content stream over ``[MASK]`` inputs, which the masked LM reads (dar's rows are block-causal)."""
+    config = model.config
+    trained = objectives.families(getattr(config, "objective", None), getattr(config, "plan_params", None)) or ()
+    return objectives.MASKED in trained and type(model).__name__.endswith("ForMaskedLM")
+
+
 @torch.inference_mode()
 def masked_perplexity(
     model, tokenizer, texts, max_length=512, stride=256, batch_size=8, add_bos=None, mode="auto",
@@ -279,7 +287,7 @@ def masked_perplexity(
     window: ``positions_per_window=m`` scores only ``m`` evenly spaced prefix lengths of each window (every
     prefix-length bucket keeps tokens; bits per byte extrapolate the sample's mean NLL to all tokens).
     ``progress``: a tqdm bar over the windows."""
-    if is_one_stream_group_model(model.config):
+    if is_one_stream_group_model(model.config) and not _reads_a_trained_masked_half(model):
         raise ValueError("this checkpoint is dar's one-stream form (block-causal): it has no bidirectional prefix to "
                          "mask; score it with the ar protocol (ar_perplexity, CLI: --protocol ar), which gives the "
                          "same p(x_k | x_<k)")

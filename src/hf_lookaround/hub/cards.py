@@ -16,12 +16,15 @@ from pathlib import Path
 from .. import objectives
 from .files import read_json, write_text
 from .remote_code import HEADS, VIT_HEADS
-from .results import collect_results, public_dataset_name
+from .results import collect_results_by_file, public_dataset_name
 
 logger = logging.getLogger(__name__)
 
 CARD_DIR = Path(__file__).resolve().parent.parent / "cards"
-CARD_TEMPLATES = {"two-stream": "two_stream.md", "masked": "masked.md", "vision": "vision.md"}
+# text: a (semi-)autoregressive, any-order or mixture model; classifier: a fine-tune (`hf-lookaround glue`).
+# "two-stream" is the text template's old name, kept so that a card rendered before re-renders at a push.
+CARD_TEMPLATES = {"text": "text.md", "masked": "masked.md", "vision": "vision.md", "classifier": "classifier.md",
+                  "two-stream": "text.md"}
 
 EVALUATION_PROTOCOLS = [
     "**Perplexity, autoregressive**: `p(x_k | x_<k)`, one forward with the AR plan.",
@@ -60,14 +63,67 @@ CITATION = """\
 CARD_ARGS_KEY = "hf_lookaround"
 
 def model_family(config: dict, objective: str | None = None) -> str:
-    """``"two-stream"``, ``"masked"`` or ``"vision"``: which card template describes a checkpoint."""
+    """``"text"``, ``"masked"`` or ``"vision"``: which card template describes a pretrained checkpoint (a
+    fine-tuned classifier's card is ``"classifier"``, chosen by its ``fine_tune`` argument)."""
     if config.get("modality") == "vision" or "patch_size" in config or "image_size" in config:
         return "vision"
     objective = objective or config.get("objective")
     if objective in objectives.OBJECTIVES:
         return objectives.OBJECTIVES[objective].card_template
     # no objective recorded: the attention pattern tells how the model was meant to be used
-    return "masked" if config.get("default_attention") == "bidirectional" else "two-stream"
+    return "masked" if config.get("default_attention") == "bidirectional" else "text"
+
+
+def checkpoint_form(config: dict) -> dict:
+    """What a text checkpoint's config says it is, for its card: ``tag`` (``"two-stream"`` or ``"one-stream"``),
+    ``name`` (the card's words for it) and ``how`` (how its heads read it, and how many tokens ``generate()``
+    decodes per forward). ``prediction_stream`` is the stream the run trained to predict; a one-stream checkpoint's
+    ``default_attention`` is the pattern it trained with (block-causal: dar's SAT form, ``attention_group_size``
+    tokens per group)."""
+    attention, t = config.get("default_attention"), config.get("attention_group_size") or 1
+    fields = f'`prediction_stream: "content"`, `default_attention: "{attention}"`'
+    if config.get("prediction_stream") != "content":
+        return {"tag": "two-stream", "one_stream": False,
+                "name": "two-stream masked text model" if attention == "bidirectional" else "two-stream text model"}
+    block = f"{fields}, `attention_group_size: {t}`"
+    per_forward = f"{t} token{'s' if t != 1 else ''} per forward"
+    if config.get("objective") == "mixture":
+        return {"tag": "one-stream", "one_stream": True,
+                "name": f"one-stream mixture text model (dar rows block-causal with t = {t}, masked rows over "
+                        "`[MASK]` inputs)",
+                "how": f"This checkpoint was trained one-stream ({block}): one row per token, dar's rows in SAT's "
+                       f"block-causal form and the masked component's rows bidirectional over `[MASK]` inputs, with "
+                       f"one LM head. `AutoModelForCausalLM` reads the dar half: `generate()` decodes {per_forward} "
+                       "(`group_size` may only be its t). `AutoModelForMaskedLM` and the `fill-mask` pipeline read "
+                       "the masked half (bidirectional, `[MASK]` inputs); `hf-lookaround perplexity --protocol "
+                       "masked` scores it."}
+    if attention == "block_causal":
+        return {"tag": "one-stream", "one_stream": True,
+                "name": f"one-stream semi-autoregressive text model (SAT, block-causal, t = {t})",
+                "how": f"This checkpoint was trained one-stream in SAT's form ({block}): a token sees its own group "
+                       f"of {t} and every earlier one, and the row {t} places before a token predicts it. `generate()` "
+                       f"decodes {per_forward} (`group_size` may only be its t); the plain forward lays the input "
+                       f"out {t} times and gives next-token logits, so the causal LM loss and lm-evaluation-harness "
+                       "read it as any causal LM."}
+    if attention == "causal":
+        return {"tag": "one-stream", "one_stream": True, "name": "one-stream causal text model (GPT-style)",
+                "how": f"This checkpoint was trained one-stream ({fields}): `generate()` and the causal LM loss run "
+                       "its causal content stream, one token per forward."}
+    return {"tag": "one-stream", "one_stream": True, "name": "one-stream masked text model (BERT-style `[MASK]` inputs)",
+            "how": f"This checkpoint was trained one-stream with `[MASK]` inputs ({fields}): `AutoModelForMaskedLM` "
+                   "and the `fill-mask` pipeline read its bidirectional content stream."}
+
+
+def public_model_id(name: str | None) -> str | None:
+    """A base model as a card names it: its Hub id, or ``"local"`` for a folder of this machine (a path is no
+    link, and this machine's folders are not the card's business)."""
+    if not name:
+        return None
+    name = str(name)
+    if os.path.exists(name) or os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 \
+            or " " in name:
+        return "local"
+    return name
 
 
 def _default_plan_params(objective: str | None) -> dict:
@@ -105,6 +161,10 @@ def _human(n: int | None) -> str | None:
     return str(n)
 
 
+def _in_words(items: list[str]) -> str:
+    return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
+
+
 def _training_summary(folder: Path) -> dict:
     state = read_json(folder / "trainer_state.json") or {}
     return {k: state[k] for k in ("global_step", "epoch") if k in state}
@@ -124,6 +184,7 @@ def build_model_card(
     tags: list[str] | None = None,
     eval_dataset: str | None = None,
     pipeline_tag: str | None = None,
+    fine_tune: dict | None = None,
 ):
     """Render the card of the checkpoint in ``checkpoint_dir`` and return a ``huggingface_hub.ModelCard``.
 
@@ -134,7 +195,10 @@ def build_model_card(
     (the validation files, or the held-out part of the training data). ``model_id`` is the repo id used in
     the load snippets (default: the checkpoint's folder, which is what loads it before a push).
     ``license`` and ``language`` are left out of the metadata unless given: nothing here knows them.
-    ``pipeline_tag`` overrides the family's (a fine-tuned classifier: ``text-classification``).
+    ``pipeline_tag`` overrides the family's. ``base_model``: a Hub id, or a local folder (named ``"local"``).
+    ``fine_tune`` makes it the card of a fine-tuned classifier (family ``"classifier"``): ``{"task", "method"
+    ("full" or "LoRA r=.. alpha=.."), "dataset", "eval_dataset", "test_dataset", "problem_type", "labels"}``; its
+    results are the fine-tune's (validation and test), and ``objective`` is the base model's pretraining objective.
     """
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -143,7 +207,7 @@ def build_model_card(
     objective = objective or config.get("objective")
     if objective is not None and objective not in objectives.OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose one of {sorted(objectives.OBJECTIVES)} (or leave it None)")
-    family = family or model_family(config, objective)
+    family = family or ("classifier" if fine_tune else model_family(config, objective))
     if family not in CARD_TEMPLATES:
         raise ValueError(f"unknown model family {family!r}; choose one of {sorted(CARD_TEMPLATES)}")
 
@@ -161,25 +225,33 @@ def build_model_card(
     dataset = datasets if not isinstance(dataset, str) else datasets[0]
     eval_dataset = public_dataset_name(eval_dataset) if eval_dataset else eval_dataset
     model_id = model_id or str(checkpoint_dir)
-    tag = pipeline_tag or {"two-stream": "text-generation", "masked": "fill-mask",
-                           "vision": "image-feature-extraction"}[family]
-    eval_results = collect_results(folder, dataset=eval_dataset or ", ".join(datasets) or None,
-                                   task_type=tag if family != "vision" else "image-classification")
+    base_model = public_model_id(base_model)
+    if fine_tune:
+        fine_tune = {k: public_dataset_name(v) if k.endswith("dataset") and v else v for k, v in fine_tune.items()}
+    tag = pipeline_tag or {"text": "text-generation", "two-stream": "text-generation", "masked": "fill-mask",
+                           "classifier": "text-classification", "vision": "image-feature-extraction"}[family]
+    by_file = collect_results_by_file(folder, dataset=eval_dataset or ", ".join(datasets) or None,
+                                      task_type=tag if family != "vision" else "image-classification",
+                                      fine_tune=fine_tune)
+    eval_results = [r for found in by_file.values() for r in found]
+    form = checkpoint_form(config) if family != "vision" else {"tag": None, "one_stream": False}
 
     # copies: an object met twice (the language list) would be written as a YAML anchor (&id001) and alias
     card_args = {k: copy.deepcopy(v) for k, v in dict(
         objective=objective, plan_params=given or None, dataset=dataset or None,
         dataset_description=dataset_description, family=family, eval_dataset=eval_dataset, license=license,
-        language=language, base_model=base_model, pipeline_tag=pipeline_tag).items() if v}
+        language=language, base_model=base_model, pipeline_tag=pipeline_tag, fine_tune=fine_tune).items() if v}
     card_data = ModelCardData(
         language=language,
         license=license,
         library_name="transformers",
         pipeline_tag=tag,
-        tags=sorted({"hf_lookaround", "lookaround", "custom_code", family, *(tags or []),
+        # the form (two- or one-stream) and the family, never a template's name that says another form
+        tags=sorted({"hf_lookaround", "lookaround", "custom_code", *([form["tag"]] if form["tag"] else []),
+                     *([family] if family in ("masked", "vision", "classifier") else []), *(tags or []),
                      *([objective] if objective else [])}),
         datasets=hub_datasets or None,
-        base_model=base_model,
+        base_model=base_model if base_model != "local" else None,  # the Hub links a base_model: a local one is none
         model_name=model_id if eval_results else None,
         eval_results=eval_results or None,
         **{CARD_ARGS_KEY: card_args},
@@ -196,6 +268,9 @@ def build_model_card(
         template_path=str(CARD_DIR / CARD_TEMPLATES[family]),
         model_id=model_id,
         family=family,
+        form=form,
+        base_model=base_model,
+        fine_tune=fine_tune or {},
         objective=objective,
         objective_name=name,
         plan_description=plan_text,
@@ -212,6 +287,7 @@ def build_model_card(
                 value=f"{r.metric_value:.4g}").items()}
             for r in eval_results
         ],
+        result_sources=_in_words([f"`{name}`" for name in by_file]),  # only the files that hold a result
         plan_kwargs="".join(f", {k}={v!r}" for k, v in sorted(given.items())),
         # text protocols for text models; a vision model is probed, fine-tuned and scored on reconstruction
         protocols=VISION_PROTOCOLS if family == "vision" else EVALUATION_PROTOCOLS,

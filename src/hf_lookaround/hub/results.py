@@ -43,13 +43,34 @@ METRIC_NAMES = {
 }
 
 
-def collect_results(checkpoint_dir, dataset: str | None = None, task_type: str = "text-generation") -> list:
-    """Evaluation results found in ``checkpoint_dir`` as ``huggingface_hub.EvalResult`` entries.
+# The loss a fine-tuned classifier reports, by its config's problem_type (what transformers' heads compute).
+FINE_TUNE_LOSSES = {
+    "regression": "regression loss (mean squared error)",
+    "multi_label_classification": "classification loss (binary cross-entropy)",
+    "single_label_classification": "classification loss (cross-entropy)",
+}
+RESULT_FILES = ("all_results.json", "eval_results.json", "probe_results.json", "perplexity.json")
+
+
+def collect_results(checkpoint_dir, dataset: str | None = None, task_type: str = "text-generation",
+                    fine_tune: dict | None = None) -> list:
+    """Evaluation results found in ``checkpoint_dir`` as ``huggingface_hub.EvalResult`` entries (see
+    :func:`collect_results_by_file` for what is read)."""
+    return [r for found in collect_results_by_file(checkpoint_dir, dataset, task_type, fine_tune).values()
+            for r in found]
+
+
+def collect_results_by_file(checkpoint_dir, dataset: str | None = None, task_type: str = "text-generation",
+                            fine_tune: dict | None = None) -> dict[str, list]:
+    """``{file name: [EvalResult, ...]}`` for the result files of ``checkpoint_dir`` that hold a result.
 
     Reads whichever of these exist (missing keys are skipped, never an error):
 
     - ``all_results.json`` / ``eval_results.json`` (transformers' layout, ``{"eval_accuracy": ..}``):
-      every ``eval_*`` metric, plus ``perplexity``; on ``dataset`` (the pretraining data), split validation;
+      every ``eval_*`` metric, plus ``perplexity``; on ``dataset`` (the pretraining data), split validation.
+      For a fine-tuned classifier (``fine_tune``: ``{"task", "dataset", "eval_dataset", "test_dataset",
+      "problem_type"}``) they are the fine-tune's: ``eval_*`` on its validation data, ``predict_*`` on its test
+      data, the loss named as the classification (or regression) loss it is;
     - ``probe_results.json``: ``{"task", "dataset", "metric", "test_<metric>"}`` (or a list of such),
       the linear probe;
     - ``perplexity.json``: ``{"dataset", "ar_perplexity", "masked_perplexity", "bits_per_byte"}``.
@@ -59,22 +80,38 @@ def collect_results(checkpoint_dir, dataset: str | None = None, task_type: str =
     from huggingface_hub import EvalResult
 
     folder = Path(checkpoint_dir)
-    results: list = []
+    found: dict[str, list] = {}
     source = public_dataset_name(dataset or "pretraining data")
 
-    trainer_metrics = read_json(folder / "all_results.json") or read_json(folder / "eval_results.json") or {}
-    if isinstance(trainer_metrics, dict):
-        skip = ("runtime", "samples_per_second", "steps_per_second", "samples", "epoch")
-        for key, value in sorted(trainer_metrics.items()):
-            name = key[len("eval_"):] if key.startswith("eval_") else key if key == "perplexity" else None
-            if name is None or name in skip or _number(value) is None:
-                continue
+    trainer_file = next((n for n in RESULT_FILES[:2] if isinstance(read_json(folder / n), dict) and read_json(folder / n)), None)
+    trainer_metrics = read_json(folder / trainer_file) if trainer_file else {}
+    if fine_tune:
+        task = fine_tune.get("task") or "text classification"
+        splits = {"eval_": ("validation", fine_tune.get("eval_dataset")),
+                  "predict_": ("test", fine_tune.get("test_dataset"))}
+        loss_name = FINE_TUNE_LOSSES.get(fine_tune.get("problem_type"), FINE_TUNE_LOSSES["single_label_classification"])
+    else:
+        splits = {"eval_": ("validation", None)}
+    skip = ("runtime", "samples_per_second", "steps_per_second", "samples", "epoch")
+    for key, value in sorted(trainer_metrics.items()):
+        prefix = next((p for p in splits if key.startswith(p)), None)
+        name = key[len(prefix):] if prefix else key if key == "perplexity" and not fine_tune else None
+        if name is None or name in skip or _number(value) is None:
+            continue
+        if fine_tune:
+            split, data = splits[prefix]
+            data = public_dataset_name(data or fine_tune.get("dataset") or task)
+            metric_type, metric_name = ("loss", loss_name) if name == "loss" else (name, f"{split} {name}")
+            task_name = f"Fine-tuning ({task})"
+            entry_type = "text-classification"
+        else:
+            split, data = "validation", source
             metric_type, metric_name = METRIC_NAMES.get(name, (name, f"eval {name}"))
-            results.append(EvalResult(
-                task_type=task_type, task_name="Pretraining data (held-out)",
-                dataset_type=source, dataset_name=source, dataset_split="validation",
-                metric_type=metric_type, metric_name=metric_name, metric_value=_number(value),
-            ))
+            task_name, entry_type = "Pretraining data (held-out)", task_type
+        found.setdefault(trainer_file, []).append(EvalResult(
+            task_type=entry_type, task_name=task_name, dataset_type=data, dataset_name=data, dataset_split=split,
+            metric_type=metric_type, metric_name=metric_name, metric_value=_number(value),
+        ))
 
     probes = read_json(folder / "probe_results.json")
     for probe in probes if isinstance(probes, list) else [probes] if isinstance(probes, dict) else []:
@@ -83,7 +120,7 @@ def collect_results(checkpoint_dir, dataset: str | None = None, task_type: str =
         if value is None:
             continue
         task, data = probe.get("task"), public_dataset_name(probe.get("dataset") or probe.get("task") or "unknown")
-        results.append(EvalResult(
+        found.setdefault("probe_results.json", []).append(EvalResult(
             task_type="text-classification", task_name=f"Linear probe{f' ({task})' if task else ''}",
             dataset_type=data, dataset_name=data, dataset_split=probe.get("split", "test"),
             metric_type=metric, metric_name=f"linear probe {metric}", metric_value=value,
@@ -96,9 +133,9 @@ def collect_results(checkpoint_dir, dataset: str | None = None, task_type: str =
             value = _number(ppl.get(key))
             metric, label = METRIC_NAMES[key]
             if value is not None:
-                results.append(EvalResult(
+                found.setdefault("perplexity.json", []).append(EvalResult(
                     task_type=task_type, task_name="Language modelling",
                     dataset_type=data, dataset_name=data, dataset_split=ppl.get("split", "test"),
                     metric_type=metric, metric_name=label, metric_value=value,
                 ))
-    return results
+    return found

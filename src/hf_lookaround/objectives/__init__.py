@@ -28,7 +28,7 @@ from .base import (
     MIXTURE,
     SINGLE_STREAM,
     TWO_STREAM,
-    TWO_STREAM_CARD,
+    TEXT_CARD,
     Objective,
     ObjectiveParams,
 )

@@ -23,7 +23,7 @@ FAMILIES = (LOOK_AHEAD, MASKED, ANY_ORDER, MIXTURE)  # also the order of the obj
 # the decoders: group decoding (semi-AR) and any-order infilling
 GROUP_DECODING, INFILLING = "group", "infill"
 # the card templates of hub/cards.py (cards/*.md)
-TWO_STREAM_CARD, MASKED_CARD = "two-stream", "masked"
+TEXT_CARD, MASKED_CARD = "text", "masked"  # card templates: hub/cards.py
 # an objective's forms: the query stream predicts (every plan), or a classic single stream does (GPT, BERT, SAT)
 TWO_STREAM, SINGLE_STREAM = "two_stream", "single_stream"
 FORMS = (TWO_STREAM, SINGLE_STREAM)
@@ -140,7 +140,7 @@ class Objective:
 
     @property
     def card_template(self) -> str:
-        return MASKED_CARD if self.family == MASKED else TWO_STREAM_CARD
+        return MASKED_CARD if self.family == MASKED else TEXT_CARD
 
     @property
     def default_attention(self) -> str:

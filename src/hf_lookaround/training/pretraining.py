@@ -658,6 +658,7 @@ def build_config(model_args: ModelArguments, objective_args: ObjectiveArguments,
     if objective_args.is_mixture:
         config.mixture = dict(config.plan_params["mixture"])  # the weights, for a reader of config.json
     config.prediction_stream = "content" if objective_args.single_stream else "query"  # the stream trained to predict
+    config.trained_block_size = block_size  # max_position_embeddings stays the capacity: the trained length is this
     for name, value in objective_args.params.config_fields().items():  # e.g. dar's one-stream block-causal pattern
         setattr(config, name, value)
     config.validate_lookaround()
@@ -1130,6 +1131,9 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
     dataset = data_args.dataset_name or [str(f) for f in data_args.train_files]
+    if trainer.is_world_process_zero() and (Path(training_args.output_dir) / "config.json").is_file():
+        # the card again, now that all_results.json holds the end-of-run scores (README.md is outside the marker)
+        write_card(training_args.output_dir, objective_args, dataset, eval_data_name(data_args))
     if training_args.push_to_hub:
         from ..hub.push import push_trainer_output
 
@@ -1159,6 +1163,9 @@ def _prepare(model_args: ModelArguments, data_args: DataArguments, objective_arg
 
     train_blocks, eval_blocks = build_training_data(data_args, training_args, tokenizer, train_raw, eval_raw)
     train_blocks, eval_blocks = rows_as_numpy(train_blocks), rows_as_numpy(eval_blocks)
+    # the tokenizer saved beside the model says the trained length too (transformers' and lm-eval's reading of it);
+    # set after the data is built: packing and perplexity read longer documents on purpose
+    tokenizer.model_max_length = block_size
     # the documents scored with the p(x_k | x_<k) protocol at the end (a few, read one by one)
     eval_texts = [] if eval_raw is None or not training_args.do_eval else perplexity_documents(
         eval_raw, data_args, training_args.seed)

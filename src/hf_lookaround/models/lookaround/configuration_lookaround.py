@@ -89,6 +89,9 @@ class LookAroundConfig(PreTrainedConfig):
             is inferred from `objective` (configs written before this field existed); if that says nothing,
             the first head built on the config records its own pathway (`LookAroundForPreTraining`: query;
             the causal and masked LM heads: content).
+        trained_block_size (`int`, optional): the tokens per sequence the checkpoint was pretrained on (`pretrain
+            --block_size`), which `max_position_embeddings` (the positional capacity) does not tell; the default
+            window of `hf-lookaround perplexity`. The saved tokenizer's `model_max_length` says the same.
         pad_token_id, bos_token_id, eos_token_id, mask_token_id: special token ids.
         tie_word_embeddings (`bool`): tie the LM head to the input embeddings.
     """
@@ -120,6 +123,7 @@ class LookAroundConfig(PreTrainedConfig):
     objective: str | None = None
     plan_params: dict | None = None
     prediction_stream: str | None = None
+    trained_block_size: int | None = None
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
     eos_token_id: int | None = 2

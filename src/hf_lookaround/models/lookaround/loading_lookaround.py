@@ -10,12 +10,17 @@ package, lm-evaluation-harness, a plain ``AutoModel`` call, remote code without 
   that is new for the checkpoint (a classifier, a fresh LM head) may be missing, the shared backbone may not;
 - weights that hold NaN or infinity (a run that diverged).
 
+``LookAroundPreTrainedModel.from_pretrained`` calls :func:`check_weights_files` first, before transformers reads a
+weights file: a safetensors file cut short (or grown) is refused in one line naming it, where safetensors' own
+error ("incomplete metadata, file not fully covered") names neither the file nor what to do.
+
 The marker and lock names live here, in the bundle, and the package's checkpointing imports them (the bundle
 never imports the package).
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -35,6 +40,42 @@ def unfinished_run(folder) -> str | None:
                 f"{FINAL_MARKER}, written last, is not): wait for the run to end (or resume a killed one with "
                 "--resume_from_checkpoint last), or load one of its complete checkpoint-N folders")
     return None
+
+
+def safetensors_problem(path) -> str | None:
+    """A safetensors file whose size is not what its header says (cut short, or grown), or an unreadable header."""
+    size = os.path.getsize(path)
+    name = os.path.basename(path)
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n <= 0 or 8 + n > size:
+                return f"{name} has {size} bytes, too few for its header"
+            header = json.loads(f.read(n))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+        return f"{name} has an unreadable header ({type(err).__name__})"
+    if 8 + n + end != size:
+        return f"{name} has {size} bytes, its header says {8 + n + end}"
+    return None
+
+
+def check_weights_files(folder) -> None:
+    """Refuse (ValueError, one line) a local folder whose run is unfinished or whose safetensors weights are cut
+    short or damaged, before any of them is read (a Hub id or a file is left to transformers)."""
+    folder = str(folder)
+    if not os.path.isdir(folder):
+        return
+    problem = unfinished_run(folder)
+    if problem:
+        raise ValueError(problem)
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors") and os.path.isfile(os.path.join(folder, name)):
+            problem = safetensors_problem(os.path.join(folder, name))
+            if problem:
+                raise ValueError(f"the weights of {folder} are truncated or damaged ({problem}): a save was cut "
+                                 "short, the disk filled or a copy is partial; save the model again, or use an "
+                                 "intact checkpoint")
 
 
 def _listed(names, limit: int = 4) -> str:

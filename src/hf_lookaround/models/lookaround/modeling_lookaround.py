@@ -55,7 +55,7 @@ from .checks_lookaround import (
     check_single_stream_head_inputs,
 )
 # generate(..., group_size=t): semi-AR group decoding; the next-token view of dar's one-stream form
-from .loading_lookaround import check_loaded
+from .loading_lookaround import check_loaded, check_weights_files
 from .generation_lookaround import GroupDecodingMixin, is_one_stream_group_model, one_stream_next_token_layouts
 from .masking_lookaround import (
     AUTO_ATTENTION,
@@ -357,6 +357,13 @@ class LookAroundPreTrainedModel(PreTrainedModel):
     def post_init(self):
         super().post_init()
         self.freeze_unused_parameters()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        # a cut weights file is refused in one line before transformers reads it (loading_lookaround)
+        if pretrained_model_name_or_path is not None:
+            check_weights_files(pretrained_model_name_or_path)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     @staticmethod
     def _finalize_model_loading(model, load_config, loading_info):

@@ -101,7 +101,8 @@ def test_flags_the_table_and_a_mixture():
     plan, drawn = mixture.plan_and_components([20] * 12, 20, {"bd3lm": 0.5, "dar": 0.5},
                                               {"bd3lm": {"diffusion_block": 4}, "dar": {}}, num_condition_tokens=1,
                                               generator=torch.Generator().manual_seed(0))
-    rows = torch.from_numpy(drawn == 0)
+    names = list(mixture.check_mixture({"bd3lm": 0.5, "dar": 0.5})[0])  # the table's order
+    rows = torch.from_numpy(drawn == names.index("bd3lm"))
     assert rows.any() and (~rows).any()
     assert (plan.loss_weights[~rows][plan.is_target[~rows]] == 1).all()
     assert (plan.group_ids[rows].max(1).values > 2).all()  # bd3lm's rows keep their block ranks

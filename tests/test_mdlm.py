@@ -195,3 +195,13 @@ def test_pretrain_mdlm_through_the_cli_and_adapt_it(form, bbc_text_dir, tokenize
     # adaptation: continue pretraining from the checkpoint
     _pretrain(tmp_path, bbc_text_dir, tokenizer_dir, "again", ["--objective", "mdlm", "--masked_form", form],
               ["--model_name_or_path", str(out)])
+
+
+def test_dropping_unread_content_keeps_the_weighted_loss(tiny_model):
+    from hf_lookaround.training.unread_content import drop_unread_content
+
+    batch = objectives.make_collator("mdlm", ToyTokenizer(VOCAB), seed=6)(docs([20, 13, 20]))
+    model = tiny_model(H.LookAroundForPreTraining)
+    compact = drop_unread_content(batch)
+    assert "loss_weights" in compact and compact["loss_weights"].shape == compact["query_target_ids"].shape
+    assert model(**compact).loss.item() == pytest.approx(model(**batch).loss.item(), rel=1e-5)

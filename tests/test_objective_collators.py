@@ -29,6 +29,18 @@ from conftest import BOS, EOS, TINY_TEXT, ToyTokenizer
 VOCAB = TINY_TEXT["vocab_size"]  # the leak audit runs the batch through tiny_config's model
 LENGTHS = (40, 31, 40, 23)  # ragged (the short rows are padded), long enough for GVP's default K = 20
 DOCUMENTED = {"input_ids", "attention_mask", "group_ids", "labels", "target_positions"}
+WEIGHTED = "loss_weights"  # documented too, only where the plan weighs its targets (the diffusion objectives)
+
+
+def check_loss_weights(batch, plan):
+    """Where a plan weighs its targets, the batch carries its weights: like the labels, positive at the targets and
+    zero elsewhere; where it does not, no weights."""
+    if plan.loss_weights is None:
+        assert WEIGHTED not in batch
+        return
+    weights, labelled = batch[WEIGHTED], batch["labels"] != -100
+    assert weights.shape == batch["labels"].shape and weights.is_floating_point()
+    assert torch.equal(weights, plan.loss_weights) and (weights[labelled] > 0).all() and (weights[~labelled] == 0).all()
 
 
 def cases():
@@ -82,8 +94,9 @@ def test_keys_shapes_and_labels_where_the_plan_has_targets(objective, flags):
         original[b, : len(row["input_ids"])] = torch.tensor(row["input_ids"])
     target = plan.is_target
     assert target.any(), "the tiny batch must have targets"
+    check_loss_weights(batch, plan)
     if two_stream(collator):
-        assert set(batch) == DOCUMENTED
+        assert set(batch) - {WEIGHTED} == DOCUMENTED
         assert all(batch[k].shape == original.shape for k in DOCUMENTED - {"target_positions"})
         assert torch.equal(batch["input_ids"], original)  # two-stream: inputs unchanged
         assert torch.equal(batch["group_ids"], plan.group_ids)
@@ -95,7 +108,7 @@ def test_keys_shapes_and_labels_where_the_plan_has_targets(objective, flags):
             positions = batch["target_positions"][b]
             assert torch.equal(positions[positions >= 0], target[b].nonzero().flatten())
     else:
-        assert {"input_ids", "labels"} <= set(batch) <= {"input_ids", "attention_mask", "labels"}
+        assert {"input_ids", "labels"} <= set(batch) <= {"input_ids", "attention_mask", "labels", WEIGHTED}
         assert batch["labels"].shape == batch["input_ids"].shape and batch["input_ids"].shape[1] >= original.shape[1]
         for b in range(len(LENGTHS)):  # one label per target, in order (a form may shift where it sits)
             labels = batch["labels"][b]

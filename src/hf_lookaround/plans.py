@@ -42,10 +42,13 @@ __all__ = [
 
 @dataclass
 class Plan:
-    """Group ranks ``(B, T)`` (long) and loss positions ``(B, T)`` (bool) for a batch."""
+    """Group ranks ``(B, T)`` (long) and loss positions ``(B, T)`` (bool) for a batch; ``loss_weights`` ``(B, T)``
+    (float), a weight per target in the loss where the objective gives one (the diffusion objectives: the noise
+    schedule's weight, ``objectives/mdlm.py``), None where every target weighs 1."""
 
     group_ids: torch.Tensor
     is_target: torch.Tensor
+    loss_weights: torch.Tensor | None = None
 
     def target_positions(self, pad_to: int | None = None) -> torch.Tensor:
         """Indices of the targets of each row, ``(B, M)``, padded with -1 (``M`` = max count or ``pad_to``)."""

@@ -19,6 +19,8 @@ from ..evaluation.perplexity import (
     MASKED_MODES,
     PROTOCOLS,
     ar_perplexity,
+    elbo_perplexity,
+    format_elbo_table,
     format_table,
     masked_perplexity,
     plot_by_prefix_length,
@@ -50,11 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--max_documents", type=int, default=None,
                    help="score only N documents (a random sample, seeded by --seed, in file order)")
-    p.add_argument("--seed", type=int, default=42, help="draws the --max_documents sample")
+    p.add_argument("--seed", type=int, default=42, help="draws the --max_documents sample and the elbo protocol's Monte-Carlo draws")
     p.add_argument("--no_bos", action="store_true", help="do not prepend BOS/CLS (the first token is then unscored)")
     p.add_argument("--positions_per_window", type=int, default=None,
                    help="masked protocol, per-prefix modes: score only this many evenly spaced prefix lengths of each "
                         "window (one forward row each; default: every position)")
+    p.add_argument("--num_samples", type=int, default=16,
+                   help="elbo protocol: Monte-Carlo draws of times and masks per window (seeded by --seed)")
     p.add_argument("--output_dir", required=True)
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     return p
@@ -116,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.protocol == "ar":
         result = ar_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos)
+    elif args.protocol == "elbo":
+        result = elbo_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos,
+                                 num_samples=args.num_samples, seed=args.seed)
     else:
         result = masked_perplexity(model, tokenizer, texts, max_length, stride, args.batch_size, add_bos, args.masked_mode,
                                    positions_per_window=args.positions_per_window)
@@ -126,6 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report = result.to_dict(dataset=args.dataset)
     (out / "perplexity.json").write_text(json.dumps(report, indent=2) + "\n")
+    if args.protocol == "elbo":  # a bound per window: no prefix-length table
+        table = format_elbo_table(report)
+        (out / "perplexity_elbo.md").write_text(table + "\n")
+        print(f"elbo_perplexity = {report['elbo_perplexity']:.3f} (a bound; standard error of the NLL "
+              f"{report['standard_error']:.4f} nats, {report['num_samples']} samples)  bits_per_byte = "
+              f"{report['bits_per_byte']:.4f}  tokens = {report['num_tokens']}")
+        print(table)
+        print(f"wrote {out / 'perplexity.json'}")
+        return 0
     table = format_table(report["by_prefix_length"])
     (out / "perplexity_by_prefix.md").write_text(table + "\n")
     title = f"{args.protocol}" + (f" ({mode})" if mode else "") + f", {Path(args.model_name_or_path).name}"

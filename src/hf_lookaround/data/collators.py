@@ -12,7 +12,9 @@ Every collator emits
 - ``labels`` (B, T): the original token where there is a loss, ``-100`` elsewhere;
 - ``target_positions`` (B, M): indices of the loss positions, padded with ``-1``. Set
   ``pad_targets_to`` to a fixed ``M`` (e.g. ``ceil(max_ratio * T)``) so that ``torch.compile``
-  sees static shapes.
+  sees static shapes;
+- ``loss_weights`` (B, T), only where the plan weighs its targets (the diffusion objectives, ``mdlm`` and
+  ``bd3lm``): the weight of each label in the loss.
 
 Plans are drawn ONLY through :mod:`hf_lookaround.plans`, so an objective means the same thing
 here as in the evaluators and the theory module.
@@ -209,13 +211,16 @@ class PlanCollator:
         return torch.from_numpy(inside & ~special)
 
     def _finish(self, input_ids, attention_mask, plan: plans.Plan, generator) -> dict[str, torch.Tensor]:
-        return {
+        batch = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "group_ids": plan.group_ids,
             "labels": labels_for(input_ids, plan.is_target),
             "target_positions": plan.target_positions(self.pad_targets_to),
         }
+        if plan.loss_weights is not None:  # a weight per target (the diffusion objectives)
+            batch["loss_weights"] = plan.loss_weights
+        return batch
 
 
 def current_process_rank() -> int:

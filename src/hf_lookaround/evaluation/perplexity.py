@@ -53,6 +53,7 @@ __all__ = [
     "sliding_windows",
     "ar_perplexity",
     "masked_perplexity",
+    "elbo_perplexity",
     "full_length_masked_nlls",
     "default_masked_mode",
     "is_two_stream",
@@ -60,7 +61,7 @@ __all__ = [
     "plot_by_prefix_length",
 ]
 
-PROTOCOLS = ("ar", "masked")
+PROTOCOLS = ("ar", "masked", "elbo")  # elbo: diffusion checkpoints (elbo_perplexity, below)
 MASKED_MODES = ("mask_token", "two_stream", "two_stream_prefix")
 
 
@@ -545,3 +546,119 @@ def plot_by_prefix_length(rows: list[dict], path, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# the ELBO protocol (diffusion checkpoints: mdlm, bd3lm)
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class ElboResult(PerplexityResult):
+    """The negative ELBO per token of a diffusion checkpoint, a bound on its NLL: a Monte-Carlo estimate over
+    ``num_samples`` draws of times and masks, with its standard error (of the NLL per token, in nats)."""
+
+    num_samples: int = 0
+    standard_error: float = 0.0
+
+    def to_dict(self, dataset: str | None = None, buckets=None) -> dict:
+        return {
+            "dataset": dataset,
+            "protocol": self.protocol,
+            "elbo_perplexity": self.perplexity,  # exp(negative ELBO per token): an upper bound on the perplexity
+            "bits_per_byte": self.bits_per_byte,
+            "num_tokens": self.num_tokens,
+            "num_bytes": int(self.num_bytes),
+            "nll_per_token": self.mean_nll,  # the negative ELBO per token (nats)
+            "num_samples": self.num_samples,
+            "standard_error": self.standard_error,
+            "perplexity_interval": [float(math.exp(self.mean_nll - 2 * self.standard_error)),
+                                    float(math.exp(self.mean_nll + 2 * self.standard_error))],
+            **self.extra,
+            "by_prefix_length": [],  # a bound on a whole window, not a number per prefix
+        }
+
+
+def format_elbo_table(report: dict) -> str:
+    low, high = report["perplexity_interval"]
+    return "\n".join([
+        "| negative ELBO (nats/token) | standard error | ELBO perplexity (bound) | +-2 SE | samples | tokens |",
+        "| --- | --- | --- | --- | --- | --- |",
+        f"| {report['nll_per_token']:.4f} | {report['standard_error']:.4f} | {report['elbo_perplexity']:.2f} | "
+        f"{low:.2f}-{high:.2f} | {report['num_samples']} | {report['num_tokens']} |",
+    ])
+
+
+def elbo_window_nlls(model, rows: list[list[int]], num_condition_tokens: int, num_samples: int, generator,
+                     pad_id: int, mask_id: int | None = None) -> np.ndarray:
+    """(num_samples, len(rows)): Monte-Carlo samples of each row's negative ELBO summed over its tokens after the
+    first ``num_condition_tokens`` (a visible condition), with the plan the checkpoint's objective trained
+    (``elbo_plan`` of its module). Two-stream checkpoints predict with the query stream; single-stream ones
+    (``LookAroundForMaskedLM``) read ``[MASK]`` inputs."""
+    entry = objectives.get(model.config.objective)
+    params = dict(model.config.plan_params or {})
+    device = _device(model)
+    ids, attention = _pad(rows, pad_id)
+    lengths = attention.sum(1)
+    counted = (lengths - num_condition_tokens).clamp(min=0).double()
+    totals = np.zeros((num_samples, len(rows)))
+    for s in range(num_samples):
+        plan = entry.elbo_plan(lengths, ids.shape[1], num_condition_tokens=num_condition_tokens, generator=generator,
+                               **params)
+        weights = plan.loss_weights.double() * counted[:, None]  # each row's sum of weight * NLL: its total
+        if is_two_stream(model):
+            slots = plan.target_positions()
+            logits = model(input_ids=ids.to(device), attention_mask=attention.to(device),
+                           group_ids=plan.group_ids.to(device), target_positions=slots.to(device)).logits
+            nll = _nll(logits, ids.gather(1, slots.clamp(min=0)).to(device)).double().cpu()
+            nll = torch.where(slots >= 0, nll * weights.gather(1, slots.clamp(min=0)), 0.0)
+        else:
+            inputs = torch.where(plan.is_target, mask_id, ids)
+            logits = model(input_ids=inputs.to(device), attention_mask=attention.to(device)).logits
+            nll = torch.where(plan.is_target, _nll(logits, ids.to(device)).double().cpu() * weights, 0.0)
+        totals[s] = nll.sum(1).numpy()
+    return totals
+
+
+@torch.inference_mode()
+def elbo_perplexity(model, tokenizer, texts, max_length=512, stride=256, batch_size=8, add_bos=None,
+                    num_samples: int = 16, seed: int = 0) -> ElboResult:
+    """The negative ELBO per token of a diffusion checkpoint (MDLM's; BD3-LM's for a block model), a bound on its
+    NLL, as a perplexity ``exp(negative ELBO per token)`` with the standard error of the Monte-Carlo estimate.
+
+    Windows are the AR protocol's (``sliding_windows``): the tokens before a window's first scored one (BOS, or
+    the window's context) are the visible condition, and the scored tokens' negative ELBO given them is estimated
+    from ``num_samples`` draws of times and masks (seeded by ``seed``; BD3-LM's times from ``(eps, 1]``, not the
+    training clip). Sample ``s`` of every window gives one corpus estimate; their mean is the result and their
+    spread over ``sqrt(num_samples)`` its standard error."""
+    objective = getattr(model.config, "objective", None)
+    if objective not in objectives.OBJECTIVES or objectives.get(objective).elbo_plan is None:
+        diffusion = [n for n, o in objectives.OBJECTIVES.items() if o.elbo_plan is not None]
+        raise ValueError(f"the elbo protocol needs a checkpoint trained with a diffusion objective {diffusion}, got "
+                         f"objective={objective!r}; score it with --protocol ar or masked")
+    if num_samples < 2:
+        raise ValueError(f"num_samples must be >= 2 (the standard error needs two samples), got {num_samples}")
+    mask_id = getattr(tokenizer, "mask_token_id", None)
+    mask_id = getattr(model.config, "mask_token_id", None) if mask_id is None else mask_id
+    if not is_two_stream(model) and mask_id is None:
+        raise ValueError("a single-stream diffusion checkpoint reads [MASK] inputs: the tokenizer and config have none")
+    docs, num_bytes, has_bos = encode_documents(tokenizer, texts, add_bos)
+    windows = _windows_of(docs, max_length, stride, has_bos)
+    pad, generator = _pad_id(model, tokenizer), torch.Generator().manual_seed(seed)
+    totals = np.zeros((num_samples, len(windows)))
+    by_condition: dict[int, list[int]] = {}  # a plan takes one condition length per batch
+    for i, w in enumerate(windows):
+        by_condition.setdefault(w.first_scored, []).append(i)
+    for condition, indices in sorted(by_condition.items()):
+        for start in range(0, len(indices), batch_size):
+            chunk = indices[start : start + batch_size]
+            totals[:, chunk] = elbo_window_nlls(model, [windows[i].input_ids for i in chunk], condition, num_samples,
+                                                generator, pad, mask_id)
+    prefixes = np.concatenate([w.prefix_lengths() for w in windows])
+    per_token = totals.sum(1) / prefixes.size  # one corpus estimate per sample
+    # every scored token carries its window's mean: the corpus mean and bits per byte are the estimate's
+    nlls = np.concatenate([np.full(len(w.prefix_lengths()), totals[:, i].mean() / len(w.prefix_lengths()))
+                           for i, w in enumerate(windows)])
+    result = ElboResult("elbo", nlls, prefixes, num_bytes, {"max_length": max_length, "stride": stride,
+                                                            "objective": objective, "seed": seed},
+                        num_samples=num_samples,
+                        standard_error=float(per_token.std(ddof=1) / math.sqrt(num_samples)))
+    return result

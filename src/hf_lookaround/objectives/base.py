@@ -113,6 +113,10 @@ class Objective:
     # f(n, num_condition_tokens, **plan params) -> [(probability, group_ids (n,), is_target (n,))], every position
     # after the prefix maskable (None: no exact enumeration; the plans are sampled)
     exact_plans: Callable | None = None
+    # a diffusion objective (mdlm, bd3lm): its loss is the negative ELBO, and this draws one Monte-Carlo sample of
+    # it, f(lengths, seq_len, **plan params, num_condition_tokens, generator) -> Plan whose loss_weights give each
+    # row's negative ELBO per token as sum(weight * cross-entropy) (perplexity --protocol elbo); None: not one
+    elbo_plan: Callable | None = None
 
     @property
     def defaults(self) -> dict:

@@ -94,7 +94,7 @@ def draw_mixture_components(batch: int, weights: dict[str, float], generator=Non
 def check_one_stream_mixture(weights: dict, components: dict) -> int:
     """The group size of a one-stream mixture, or a ValueError that says what to fix: dar in its one-stream form
     (one group size >= 2) with masked components in BERT's form, nothing else."""
-    one_stream = {"dar"} | {name for name, o in _table().items() if o.family == MASKED}
+    one_stream = {"dar"} | {name for name, o in _table().items() if o.family == MASKED and o.elbo_plan is None}
     others = [name for name in weights if name not in one_stream]
     if others:
         raise ValueError(f"the one-stream mixture mixes dar's one-stream rows with the masked family's [MASK] rows; "
@@ -142,6 +142,8 @@ def plan_and_components(lengths, seq_len: int, mixture=None, components=None, nu
     # milliseconds when its cores are busy (compile workers, data loaders), numpy's microseconds
     group_ids = np.zeros((batch, seq_len), dtype=np.int64)
     is_target = np.zeros((batch, seq_len), dtype=bool)
+    # the diffusion components' loss weights (normalised over their own rows); every other target weighs 1
+    loss_weights = None
     if maskable is not None:
         maskable = torch.as_tensor(maskable, dtype=torch.bool).numpy()
     for index, name in enumerate(weights):
@@ -155,8 +157,14 @@ def plan_and_components(lengths, seq_len: int, mixture=None, components=None, nu
                                      num_condition_tokens=num_condition_tokens, **extra)
         group_ids[rows] = plan_.group_ids.numpy()
         is_target[rows] = plan_.is_target.numpy()
+        if plan_.loss_weights is not None:
+            if loss_weights is None:
+                loss_weights = np.ones((batch, seq_len), dtype=np.float32)
+            loss_weights[rows] = plan_.loss_weights.numpy()
     group_ids, is_target = torch.from_numpy(group_ids), torch.from_numpy(is_target)
-    return Plan(group_ids, is_target), drawn
+    if loss_weights is not None:
+        loss_weights = torch.from_numpy(np.where(is_target.numpy(), loss_weights, 0.0).astype(np.float32))
+    return Plan(group_ids, is_target, loss_weights), drawn
 
 
 def mixture_row_components(lengths, seq_len: int, mixture=None, components=None, generator=None) -> list[str]:

@@ -71,6 +71,8 @@ def drop_unread_content(batch: dict, content_width: int | None = None, width_mul
         query_group_ids=np.where(is_empty, NO_TARGET_RANK, group_ids[query]),
         query_target_ids=np.where(is_empty, -100, labels[query]),
     )
+    if "loss_weights" in batch:  # the diffusion objectives' weight per target, now per query row
+        compact["loss_weights"] = np.where(is_empty, 0.0, _host(batch["loss_weights"]).reshape(-1)[query])
     return {key: torch.from_numpy(np.ascontiguousarray(value)).to(device) for key, value in compact.items()}
 
 

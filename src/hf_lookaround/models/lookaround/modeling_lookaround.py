@@ -722,6 +722,24 @@ def loss_or_zero(loss: torch.Tensor | None, logits: torch.Tensor, labels: torch.
     return logits.sum() * 0.0
 
 
+def check_loss_weights(loss_weights: torch.Tensor, labels: torch.Tensor) -> None:
+    if loss_weights.shape != labels.shape:
+        raise ValueError(f"loss_weights must have the shape of the labels {tuple(labels.shape)}, got "
+                         f"{tuple(loss_weights.shape)}")
+
+
+def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, loss_weights: torch.Tensor, num_items_in_batch=None):
+    """Cross-entropy with a weight per label: `sum(w * ce) / the number of labels` (`num_items_in_batch` under
+    gradient accumulation), the unweighted loss when every `w` is 1. The diffusion objectives' collators give the
+    weights that make it the negative ELBO per token (`objectives/mdlm.py`)."""
+    check_loss_weights(loss_weights, labels)
+    labels = labels.to(logits.device)
+    ce = nn.functional.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100,
+                                     reduction="none")
+    count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
+    return (ce * loss_weights.flatten().to(ce)).sum() / count
+
+
 class LookAroundLMHeadMixin:
     """An LM head tied to the input embeddings (all generating heads share the name `lm_head`)."""
 
@@ -767,6 +785,7 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         prepared_attention: PreparedAttention | None = None,
         return_last_hidden_state: bool | None = None,
         query_target_ids: torch.LongTensor | None = None,
+        loss_weights: torch.FloatTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> LookAroundForPreTrainingOutput:
         r"""
@@ -783,6 +802,8 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         query_target_ids (`(B, M)`, with explicit query rows): the token each query row predicts, -100 for none; the
         loss is taken over them (`drop_unread_content` makes such a batch). Not called "labels": `Trainer` takes
         every forward argument with "label" in its name for a label it must find in each batch.
+        loss_weights (like `labels`, or like `query_target_ids`): a weight per target in the loss (`weighted_loss`;
+        the diffusion objectives' collators emit them).
         """
         check_pretraining_inputs(self.config, input_ids, inputs_embeds, group_ids, labels, query_position_ids,
                                  query_group_ids, query_target_ids)
@@ -804,10 +825,18 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         if labels is not None:
             slots = outputs.target_positions
             target_labels = torch.where(slots >= 0, labels.gather(1, slots.clamp(min=0)), -100)
-            loss = self.loss_function(logits, target_labels, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))
+            if loss_weights is not None:
+                check_loss_weights(loss_weights, labels)
+                weights = loss_weights.to(slots.device).gather(1, slots.clamp(min=0))
+                loss = weighted_loss(logits, target_labels, weights, kwargs.get("num_items_in_batch"))
+            else:
+                loss = self.loss_function(logits, target_labels, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))
             loss = loss_or_zero(loss, logits, labels)
         elif query_target_ids is not None:
-            loss = self.loss_function(logits, query_target_ids, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))
+            if loss_weights is not None:
+                loss = weighted_loss(logits, query_target_ids, loss_weights, kwargs.get("num_items_in_batch"))
+            else:
+                loss = self.loss_function(logits, query_target_ids, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))
             loss = loss_or_zero(loss, logits, query_target_ids)
         return LookAroundForPreTrainingOutput(
             loss=loss,
@@ -874,6 +903,7 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         labels: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
+        loss_weights: torch.FloatTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput:
         check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels)
@@ -894,7 +924,10 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
             outputs = self.model(**common, attention_pattern="bidirectional")
             logits = self.lm_head(outputs.last_hidden_state)
         loss = None
-        if labels is not None:
+        if labels is not None and loss_weights is not None:  # a weight per label (`weighted_loss`)
+            loss = loss_or_zero(weighted_loss(logits, labels, loss_weights, kwargs.get("num_items_in_batch")),
+                                logits, labels)
+        elif labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))
             loss = loss_or_zero(loss, logits, labels)
         return MaskedLMOutput(

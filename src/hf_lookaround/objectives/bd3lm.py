@@ -119,6 +119,7 @@ class BlockDiffusionCollator(PlanCollator):
     low_discrepancy: bool = True
     noise_clip: tuple[float, float] = (0.0, 1.0)
     objective = "bd3lm"
+    plan_function = staticmethod(plan)
 
     def __post_init__(self):
         check_diffusion(self.noise_schedule, self.eps, self.low_discrepancy)

@@ -180,6 +180,7 @@ class MaskedDiffusionCollator(PlanCollator):
     low_discrepancy: bool = True
     form: str = TWO_STREAM
     objective = "mdlm"
+    plan_function = staticmethod(plan)
 
     def __post_init__(self):
         check_diffusion(self.noise_schedule, self.eps, self.low_discrepancy)

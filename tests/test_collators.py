@@ -263,6 +263,14 @@ def test_pretraining_collates_in_workers_on_a_gpu_only(monkeypatch, tmp_path):
     assert parsed()[3].dataloader_num_workers == 0 and parsed()[3].dataloader_workers_by_default
     assert parsed("--dataloader_num_workers", "5")[3].dataloader_num_workers == 5
     assert not parsed("--dataloader_num_workers", "5")[3].dataloader_workers_by_default
+    # workers persist between epochs whenever there are any (issue 41: no fork inside the steps at an epoch start)
+    assert not parsed()[3].dataloader_persistent_workers
+    assert parsed("--dataloader_num_workers", "5")[3].dataloader_persistent_workers
+    assert not parsed("--dataloader_num_workers", "5", "--dataloader_persistent_workers", "false")[3] \
+        .dataloader_persistent_workers
+    # DDP: 100 MB buckets and no buffer broadcast unless asked otherwise
+    assert (parsed()[3].ddp_bucket_cap_mb, parsed()[3].ddp_broadcast_buffers) == (100, False)
+    assert parsed("--ddp_bucket_cap_mb", "25")[3].ddp_bucket_cap_mb == 25
     # a stream keeps the main process unless workers are asked for: its blocks depend on the number of workers
     stream = ("--streaming", "--max_steps", "2")
     for extra, by_default, expected in (((), True, 0), (("--dataloader_num_workers", "3"), False, 3)):
@@ -271,3 +279,4 @@ def test_pretraining_collates_in_workers_on_a_gpu_only(monkeypatch, tmp_path):
             training_args.dataloader_num_workers = 2  # what the default gives on a GPU
         pretraining.check_data_args(data_args, training_args)
         assert training_args.dataloader_num_workers == expected
+        assert training_args.dataloader_persistent_workers == (expected > 0)

@@ -24,6 +24,7 @@ import os
 import re
 import zlib
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 __all__ = ["MAX_DEPTH", "check_file", "read_documents", "read_lines", "read_records", "is_devnull"]
@@ -217,3 +218,16 @@ def check_file(path, text_column: str | None = "text") -> int:
     if kind == "txt":
         return int(bool(_read_text(path)))
     return sum(1 for _ in read_documents(path, text_column))
+
+
+def load_json_file(path) -> Any:
+    """The JSON of ``path``; a file cut short or damaged raises one line that names it (``json`` names no file)."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason}): the file is damaged; write it again") from None
+    except ValueError as err:
+        where = f" at line {err.lineno} column {err.colno}" if hasattr(err, "lineno") else ""
+        raise ValueError(f"{path}: not valid JSON ({getattr(err, 'msg', err)}{where}): the file is cut short or "
+                         "damaged; write it again (or remove it)") from None

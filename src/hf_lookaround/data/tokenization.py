@@ -58,7 +58,7 @@ def auto_tokenizer(name_or_path, **kwargs):
         return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     except Exception:
         if folder.is_dir():  # a cut tokenizer.json or tokenizer_config.json: tokenizers' message names no file
-            from ..hub.files import load_json_file
+            from .records import load_json_file
 
             for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
                 if (folder / name).is_file():

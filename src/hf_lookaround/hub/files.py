@@ -12,6 +12,7 @@ logger = logging.getLogger(__name__)
 
 # the lock, the final marker and what an unfinished run is live in the bundle, where from_pretrained checks them
 from ..models.lookaround.loading_lookaround import FINAL_MARKER, LOCK_FILE, unfinished_run  # noqa: F401
+from ..data.records import load_json_file  # noqa: F401  (the reader of every JSON file a run reads)
 
 
 def read_json(path: Path) -> Any | None:
@@ -22,20 +23,6 @@ def read_json(path: Path) -> Any | None:
     except (ValueError, OSError) as err:
         logger.warning("ignoring %s: not valid JSON (%s)", path, err)
         return None
-
-
-def load_json_file(path) -> Any:
-    """The JSON of ``path``; a file cut short or damaged raises one line that names it (``json`` names no file)."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text ({err.reason}): the file is damaged; write it again") from None
-    except ValueError as err:
-        where = f" at line {err.lineno} column {err.colno}" if hasattr(err, "lineno") else ""
-        raise ValueError(f"{path}: not valid JSON ({getattr(err, 'msg', err)}{where}): the file is cut short or "
-                         "damaged; write it again (or remove it)") from None
-
 
 
 def write_text(path: Path, text: str) -> None:

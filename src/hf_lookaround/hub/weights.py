@@ -153,16 +153,19 @@ def _tensor_problems(cls, config, stored: dict) -> tuple[int, list[str]]:
 def _head_classes(config) -> list:
     """The LookAround classes to compare a checkpoint with: its ``architectures`` class, or (none recorded: an
     edited or hand-written config.json) every head of its model_type, since any of them may have saved it."""
-    import hf_lookaround
+    import importlib
 
     from .remote_code import REMOTE_CODE
 
+    if config.model_type not in REMOTE_CODE:
+        return []
+    module = importlib.import_module(f"hf_lookaround.models.lookaround.{REMOTE_CODE[config.model_type][2]}")
     name = (config.architectures or [""])[0]
     if name.startswith("LookAround"):
-        return [c for c in [getattr(hf_lookaround, name, None)] if c is not None]
-    if name or config.model_type not in REMOTE_CODE:
+        return [c for c in [getattr(module, name, None)] if c is not None]
+    if name:
         return []
-    return [getattr(hf_lookaround, cls) for _, cls in REMOTE_CODE[config.model_type][3].values()]
+    return [getattr(module, cls) for _, cls in REMOTE_CODE[config.model_type][3].values()]
 
 
 def check_tensors(folder, files) -> None:

@@ -316,6 +316,23 @@ class LookAroundTrainingArguments(TrainingArguments):
                           "process collates). Plans are the same for any number of workers"},
     )
     dataloader_workers_by_default: bool = field(default=False, init=False, repr=False)
+    # Trainer forks new workers at every epoch: with few blocks per rank (DDP) that start-up lands inside steps
+    # (issue 41: 14 ms a step on 4 H100s). Persistent workers read the collator's epoch from shared memory, set
+    # before each epoch's iterator, so plans are unchanged.
+    dataloader_persistent_workers: bool | None = field(
+        default=None,
+        metadata={"help": "keep data loader workers between epochs; default: on whenever there are workers"},
+    )
+    # DDP: 25 MB buckets leave the last ones (the embedding's gradient) unoverlapped, and broadcasting buffers
+    # (RoPE's inv_freq, the same on every rank) is a collective before every forward. With 100 MB buckets, no
+    # broadcast (and gradients as bucket views) one-stream dar ran 1.11x faster on 4 H100s (docs/distributed.md).
+    ddp_bucket_cap_mb: int | None = field(
+        default=100, metadata={"help": "DDP gradient bucket size in MB (default 100; PyTorch's is 25)"})
+    ddp_broadcast_buffers: bool | None = field(
+        default=False,
+        metadata={"help": "DDP: broadcast buffers before each forward (default False: LookAround's buffers are "
+                          "deterministic, the same on every rank)"},
+    )
     # transformers 5 dropped TrainingArguments.overwrite_output_dir; pretraining keeps its meaning
     overwrite_output_dir: bool = field(
         default=False,
@@ -350,6 +367,8 @@ class LookAroundTrainingArguments(TrainingArguments):
         if self.dataloader_num_workers is None:
             self.dataloader_workers_by_default = True
             self.dataloader_num_workers = default_dataloader_workers(self.use_cpu)
+        if self.dataloader_persistent_workers is None:
+            self.dataloader_persistent_workers = self.dataloader_num_workers > 0
         self.dataloader_pin_memory = self.dataloader_pin_memory and pin_memory_useful(self.use_cpu)
         check_trainer_values(self)
         super().__post_init__()
@@ -801,6 +820,7 @@ def check_data_args(data_args: DataArguments, training_args: TrainingArguments) 
         # a stream's blocks depend on the number of workers (each packs its own files) and N workers need
         # N files per rank: a stream is read in the main process unless --dataloader_num_workers says otherwise
         training_args.dataloader_num_workers = 0
+        training_args.dataloader_persistent_workers = False
     if data_args.preprocessing_num_workers:
         raise ValueError(
             "--streaming tokenizes on the fly, in the data loader: --preprocessing_num_workers (map num_proc) does "

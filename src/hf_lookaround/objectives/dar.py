@@ -22,14 +22,11 @@ import numpy as np
 import torch
 
 from ..data.collators import PlanCollator
-from ..models.lookaround.generation_lookaround import GROUP_DECODING_OBJECTIVES
 from ..models.lookaround.masking_lookaround import one_stream_start_rows as start_rows
 from ..plans import Plan, check_lengths, inside_positions
 from .base import CAUSAL_HEAD, LOOK_AHEAD, SINGLE_STREAM, TWO_STREAM, Objective, ObjectiveParams, check_form, flag
 
-# the group size a dar checkpoint decodes with when its config records none: the model bundle's fact (remote code
-# reads it from old configs), so the plan's default is that one
-DEFAULT_T = GROUP_DECODING_OBJECTIVES["dar"]
+DEFAULT_T = 2  # paper (a)'s group size
 
 
 def group_sizes(t) -> list[int]:
@@ -118,10 +115,15 @@ class Params(ObjectiveParams):
     def collator_params(self) -> dict:
         return {"group_size": self.plan_params()["t"], "form": self.dar_form}
 
+    @classmethod
+    def decoding_group_sizes(cls, plan_params: dict) -> tuple[int, ...]:
+        return tuple(group_sizes(plan_params.get("t", DEFAULT_T)))
+
     def config_fields(self) -> dict:
         if self.dar_form != SINGLE_STREAM:
-            return {}
-        return {"default_attention": "block_causal", "attention_group_size": self.plan_params()["t"]}
+            return super().config_fields()
+        return {**super().config_fields(), "default_attention": "block_causal",
+                "attention_group_size": self.plan_params()["t"]}
 
     def input_width(self, block_size: int) -> int:
         t = self.plan_params()["t"]

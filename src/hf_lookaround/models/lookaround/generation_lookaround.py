@@ -46,7 +46,7 @@ from .masking_lookaround import NO_TARGET_RANK, one_stream_start_rows
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "GROUP_DECODING_OBJECTIVES",
+    "LEGACY_GROUP_DECODING_OBJECTIVES",
     "UntrainedDecodingError",
     "trained_group_sizes",
     "default_group_size",
@@ -66,12 +66,13 @@ __all__ = [
     "build_output",
 ]
 
-# The look-ahead objectives and the group size their plan trains when `plan_params` has no "t" (configs written
-# before it was recorded). Remote code cannot import the package, so this is the one copy: the package's
-# objectives read it from here (objectives/dar.py's default t).
-GROUP_DECODING_OBJECTIVES = {"ar": 1, "dar": 2}
-# The objective whose plan_params are {"mixture": {name: weight}, "components": {name: plan params}}: a checkpoint
-# trained on the look-ahead components among them decodes with their group sizes.
+# What a checkpoint can group-decode is recorded in `config.decoding_group_sizes`, from the objective's parameters
+# (objectives/base.py, `ObjectiveParams.config_fields`). Configs written before that field existed fall back to
+# these frozen facts: the look-ahead objectives of that time and the group size their plan trained when
+# `plan_params` has no "t".
+LEGACY_GROUP_DECODING_OBJECTIVES = {"ar": 1, "dar": 2}
+# The objective whose plan_params are {"mixture": {name: weight}, "components": {name: plan params}}: an old
+# mixture checkpoint decodes with the group sizes of its look-ahead components.
 MIXTURE_OBJECTIVE = "mixture"
 
 # When speculation pays: a verify-and-draft step costs ``1 + c`` plain (t = 1) steps and writes ``1 + a`` tokens per
@@ -94,8 +95,17 @@ class UntrainedDecodingError(ValueError):
 # What a checkpoint was trained for
 # ----------------------------------------------------------------------------------------------
 def trained_group_sizes(config) -> tuple[int, ...] | None:
-    """Group sizes ``t`` the checkpoint's plan trained: ``(1,)`` for ``ar``, ``plan_params["t"]`` (an int or a
-    list, a mixture) for ``dar``, ``()`` for masked / GVP objectives, ``None`` when the config records no objective."""
+    """Group sizes ``t`` the checkpoint's plan trained: ``config.decoding_group_sizes`` (recorded from the objective's
+    parameters; ``()`` for masked / GVP objectives); ``None`` when the config records neither it nor an objective."""
+    recorded = getattr(config, "decoding_group_sizes", None)
+    if recorded is not None:
+        return tuple(int(t) for t in recorded)
+    return _legacy_group_sizes(config)
+
+
+def _legacy_group_sizes(config) -> tuple[int, ...] | None:
+    """The group sizes of a config written before ``decoding_group_sizes``: ``(1,)`` for ``ar``,
+    ``plan_params["t"]`` (an int or a list) for ``dar``, the union over look-ahead components for a mixture."""
     objective = getattr(config, "objective", None)
     if objective is None:
         return None
@@ -104,16 +114,16 @@ def trained_group_sizes(config) -> tuple[int, ...] | None:
         components = params.get("components") or {}
         sizes = set()
         for name, weight in (params.get("mixture") or {}).items():
-            if name in GROUP_DECODING_OBJECTIVES and float(weight) > 0:
+            if name in LEGACY_GROUP_DECODING_OBJECTIVES and float(weight) > 0:
                 sizes.update(_sizes_of(name, components.get(name) or {}))
         return tuple(sorted(sizes))
-    if objective not in GROUP_DECODING_OBJECTIVES:
+    if objective not in LEGACY_GROUP_DECODING_OBJECTIVES:
         return ()
     return _sizes_of(objective, params)
 
 
 def _sizes_of(objective: str, params: dict) -> tuple[int, ...]:
-    t = params.get("t", GROUP_DECODING_OBJECTIVES[objective])
+    t = params.get("t", LEGACY_GROUP_DECODING_OBJECTIVES[objective])
     return (int(t),) if isinstance(t, int) else tuple(int(x) for x in t)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_lookaround import LookAroundForCausalLM, objectives
-from hf_lookaround.generation import UntrainedDecodingError, group_generate
+from hf_lookaround.decoding import UntrainedDecodingError, group_generate
 from hf_lookaround.models.lookaround import configuration_lookaround
 from hf_lookaround.training.pretraining import ModelArguments, ObjectiveArguments, build_collators, build_config, \
     build_model
@@ -68,7 +68,7 @@ def toy_objective(tmp_path, monkeypatch):
 
 def test_a_look_ahead_objective_in_one_module_group_decodes_with_its_own_group_size(toy_objective, tokenizer):
     bundle = configuration_lookaround.__file__.rsplit("/", 1)[0]
-    assert all(TOY not in open(f"{bundle}/{name}").read() for name in ("generation_lookaround.py",))
+    assert all(TOY not in open(f"{bundle}/{name}_lookaround.py").read() for name in ("decoding", "generation"))
     args = ObjectiveArguments(objective=TOY)
     model_args = ModelArguments(preset="tiny", config_overrides="hidden_size=32,intermediate_size=64,"
                                                                 "max_position_embeddings=64")

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from .. import objectives
-from ..models.lookaround.generation_lookaround import is_one_stream_group_model
+from ..decoding import is_one_stream_group_model
 from ..models.lookaround.masking_lookaround import infilling_ranks
 
 logger = logging.getLogger(__name__)

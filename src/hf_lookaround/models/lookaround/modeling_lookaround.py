@@ -55,7 +55,9 @@ from .checks_lookaround import (
     check_single_stream_head_inputs,
 )
 # generate(..., group_size=t): semi-AR group decoding; the next-token view of dar's one-stream form
-from .generation_lookaround import GroupDecodingMixin, is_one_stream_group_model, one_stream_next_token_layouts
+from .decoding_lookaround import is_one_stream_group_model
+from .generation_lookaround import GroupDecodingMixin
+from .layout_lookaround import one_stream_next_token_layouts
 from .masking_lookaround import (
     AUTO_ATTENTION,
     FLEX_ATTENTION_MIN_KEYS,

@@ -150,7 +150,9 @@ def one_stream_layout(input_ids: np.ndarray, is_target: np.ndarray, s1: np.ndarr
     ``start_rows(t, s1[b])`` BOS copies, so its groups fill blocks of ``t`` slots; the label of the token at slot
     ``j`` goes to ``labels[:, j - t + 1]``: with transformers' shift inside the causal LM's loss, the row at slot
     ``j - t`` (one block earlier) predicts it. Slots past a row's end hold ``pad``: only rows of the last blocks,
-    which predict nothing, can see them."""
+    which predict nothing, can see them. The numpy copy of the model bundle's layout
+    (``layout_lookaround.one_stream_rows``), kept for the collator's speed; tests/test_one_stream_layout.py checks
+    them equal."""
     batch, length = input_ids.shape
     width = length + start_rows(t, 1)
     shift = start_rows(t, np.clip(s1, 1, t))

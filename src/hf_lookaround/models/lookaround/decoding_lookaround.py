@@ -34,6 +34,8 @@ from transformers.generation import (
     TypicalLogitsWarper,
 )
 
+from .inputs_lookaround import PreparedInputs
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -368,7 +370,8 @@ def _decoding_step(model, compile_config, one_stream: bool = False):
     def prefill(input_ids, attention_mask, group_ids, position_ids, cache, query_position_ids, query_group_ids):
         out = backbone(input_ids=input_ids, attention_mask=attention_mask, group_ids=group_ids,
                        position_ids=position_ids, past_key_values=cache, use_cache=True,
-                       query_position_ids=query_position_ids, query_group_ids=query_group_ids, content_output=False)
+                       query_position_ids=query_position_ids, query_group_ids=query_group_ids,
+                       prepared=_QUERY_ROWS_ONLY)
         return lm_head(out.query_hidden_state).float()
 
     def one_stream_prefill(input_ids, attention_mask, position_ids, cache):
@@ -385,6 +388,9 @@ def _decoding_step(model, compile_config, one_stream: bool = False):
     if held is None or held[0] != key:
         held = model._lookaround_compiled_step = (key, _compiled(prefill, compile_config))
     return prefill, held[1]
+
+
+_QUERY_ROWS_ONLY = PreparedInputs(content_output=False)  # a decoding step reads the query rows alone
 
 
 def _compiled(function, compile_config):

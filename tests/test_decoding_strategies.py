@@ -71,3 +71,12 @@ def test_a_new_decoder_is_one_subclass():
     with pytest.raises(ValueError, match="left padding"):  # generate() checks the prompt for every decoder
         model.generate(torch.tensor([[1, 7, 0]]), attention_mask=torch.tensor([[1, 1, 0]]), decoding=strategy,
                        max_new_tokens=2)
+
+
+def test_the_remote_code_bundle_ships_every_decoding_module():
+    """The decoders run from a checkpoint loaded with trust_remote_code: every bundle module they import ships."""
+    from hf_lookaround.hub.remote_code import _package_module_files
+
+    shipped = {path.name for path in _package_module_files()}
+    assert {f"{name}_lookaround.py" for name in ("generation", "decoding", "speculation", "layout", "inputs",
+                                                  "masking")} <= shipped

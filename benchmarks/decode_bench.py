@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 import hf_lookaround as H
-from hf_lookaround.generation import group_generate, trained_group_sizes
+from hf_lookaround.decoding import group_generate, trained_group_sizes
 
 SIZES = (1, 2, 4)  # the group sizes the random model claims to have trained (every decoder below may run)
 

@@ -55,7 +55,7 @@ import torch
 
 import hf_lookaround as H
 from hf_lookaround.objectives import make_collator
-from hf_lookaround.generation import group_generate
+from hf_lookaround.decoding import group_generate
 from hf_lookaround.data.tokenization import train_tokenizer
 
 SAMPLING = dict(do_sample=True, temperature=1.0, top_k=50, top_p=0.95)

@@ -193,7 +193,7 @@ def evaluate(model, tokenizer, spec, log, folder: Path | None = None) -> dict:
     import study_cell
 
     from hf_lookaround.evaluation.perplexity import is_two_stream
-    from hf_lookaround.models.lookaround.generation_lookaround import is_one_stream_group_model
+    from hf_lookaround.decoding import is_one_stream_group_model
 
     out, skipped = {}, {}
     if not spec.get("perplexity", True):

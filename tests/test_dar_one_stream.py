@@ -277,7 +277,7 @@ def test_decoding_streams_stops_at_eos_and_samples_reproducibly(tiny_model):
 def brute_force_next_token_log_probs(model, row: list[int], t: int) -> torch.Tensor:
     """log p(row[i + 1] | row[<= i]) for every i: each prefix laid out as a prompt on its own (a BOS in front if
     the row has none); the first of its last t rows predicts the next token. (len(row) - 1, V)"""
-    from hf_lookaround.models.lookaround.generation_lookaround import one_stream_prompt
+    from hf_lookaround.decoding import one_stream_prompt
 
     sequence = row if row[0] == BOS else [BOS, *row]
     lead = len(sequence) - len(row)

@@ -10,7 +10,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor, pipeline
 
 from hf_lookaround import LookAroundConfig, LookAroundForCausalLM, LookAroundForMaskedLM, LookAroundForPreTraining
-from hf_lookaround.generation import GroupDecodingMixin, UntrainedDecodingError, group_generate, semi_ar_ranks
+from hf_lookaround.decoding import GroupDecodingMixin, UntrainedDecodingError, group_generate, semi_ar_ranks
 from hf_lookaround.decoding.infill import commit_schedule, infill
 from hf_lookaround.cli.generate import main
 from hf_lookaround.objectives.ar import plan as autoregressive_plan
@@ -262,7 +262,7 @@ def test_group_size_the_checkpoint_was_not_trained_for(tokenizer, caplog):
     prompt = _prompt(tokenizer)
     with pytest.raises(UntrainedDecodingError, match="group_size=4 was not trained.*allow_untrained"):
         group_generate(model, prompt, group_size=4, max_new_tokens=4)
-    with caplog.at_level(logging.WARNING, logger="hf_lookaround.models.lookaround.generation_lookaround"):
+    with caplog.at_level(logging.WARNING, logger="hf_lookaround.models.lookaround.decoding_lookaround"):
         out = group_generate(model, prompt, group_size=4, max_new_tokens=4, allow_untrained=True)
     assert out.shape[1] == len(prompt) + 4 and "decoding anyway" in caplog.text
     masked = _model(LookAroundForPreTraining, tokenizer, objective="mlm", plan_params={"mask_ratio": 0.15})

@@ -142,7 +142,7 @@ class Never(StoppingCriteria):
 def test_a_group_written_at_once_equals_the_token_by_token_writes(model, tokenizer, group_size, do_sample):
     """With EOS as the only criterion a group's tokens are written in one step; a criterion of the user's makes them
     written (and asked) token by token. Both give the same sequences and scores, a row ending inside a group."""
-    from hf_lookaround.generation import group_generate
+    from hf_lookaround.decoding import group_generate
 
     prompts = tokenizer(["<s>The committee met on", "<s>agreed that the"], add_special_tokens=False,
                         return_tensors="pt", padding=True)
@@ -329,7 +329,7 @@ def test_cli_decodes_a_dar_checkpoint_with_its_own_group_size(tokenizer, tmp_pat
 
     from hf_lookaround import LookAroundForPreTraining
     from hf_lookaround.cli.generate import main
-    from hf_lookaround.generation import group_generate
+    from hf_lookaround.decoding import group_generate
 
     torch.manual_seed(0)
     config = LookAroundConfig.from_preset(
@@ -403,7 +403,7 @@ def test_features_these_decoders_lack_are_refused(model, tokenizer, decoder):
 def test_generate_samples_with_the_generator_it_is_given(model, tokenizer, decoder):
     """generate(..., generator=g) reaches group and self-speculative decoding (the CLI's seeded draws go through
     generate()): the draws are group_generate()'s with the same generator, whatever torch's global seed."""
-    from hf_lookaround.generation import group_generate
+    from hf_lookaround.decoding import group_generate
 
     prompt = _prompt(tokenizer)
     kwargs = dict(max_new_tokens=8, do_sample=True, top_k=0, eos_token_id=[])

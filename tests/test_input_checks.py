@@ -200,7 +200,7 @@ def model():
 
 
 def test_generate_refuses_top_p_above_one(model):
-    from hf_lookaround.generation import group_generate
+    from hf_lookaround.decoding import group_generate
 
     with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 1.5"):
         group_generate(model, torch.tensor([[1, 5, 6]]), group_size=1, max_new_tokens=2, do_sample=True, top_p=1.5)

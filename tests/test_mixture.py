@@ -12,7 +12,7 @@ from hf_lookaround import objectives, plans
 from hf_lookaround.cli import main as cli_main
 from hf_lookaround.objectives import make_collator, max_targets
 from hf_lookaround.leakcheck import audit_two_stream
-from hf_lookaround.models.lookaround import generation_lookaround
+from hf_lookaround.models.lookaround import decoding_lookaround
 from hf_lookaround.training.pretraining import ObjectiveArguments
 
 TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
@@ -113,7 +113,7 @@ def test_python_form_and_what_the_table_says():
     assert objectives.decoders("mixture", params) == (objectives.GROUP_DECODING, objectives.INFILLING)
     assert objectives.decoders("mixture", {"mixture": {"vmlm": 1}}) == (objectives.INFILLING,)
     assert objectives.default_attention("mixture", params) == "causal"
-    assert generation_lookaround.MIXTURE_OBJECTIVE in objectives.names(objectives.MIXTURE)
+    assert decoding_lookaround.MIXTURE_OBJECTIVE in objectives.names(objectives.MIXTURE)
     text = objectives.card_text("mixture", params)
     assert "`dar`" in text and "`vmlm`" in text and "weight 0.5" in text and "AR plan" in text
 
@@ -150,7 +150,7 @@ def test_pretrain_a_mixture_through_the_cli_then_decode(bbc_text_dir, tokenizer_
                            ["input_ids"]])
     generated = causal.generate(prompt, group_size=2, max_new_tokens=4, do_sample=False)
     assert generated.shape[1] == prompt.shape[1] + 4
-    with pytest.raises(generation_lookaround.UntrainedDecodingError, match=r"group_size=4 was not trained.*\[1, 2\]"):
+    with pytest.raises(decoding_lookaround.UntrainedDecodingError, match=r"group_size=4 was not trained.*\[1, 2\]"):
         causal.generate(prompt, group_size=4, max_new_tokens=4)
     pretraining = H.LookAroundForPreTraining.from_pretrained(out).eval()
     filled = infill(pretraining, tokenizer, prompt[0], hidden=[2, 3], steps=2)

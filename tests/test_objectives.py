@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import hf_lookaround as H
 from hf_lookaround import objectives
-from hf_lookaround.models.lookaround import configuration_lookaround, generation_lookaround
+from hf_lookaround.models.lookaround import configuration_lookaround, decoding_lookaround
 
-BUNDLE = Path(generation_lookaround.__file__).parent
+BUNDLE = Path(decoding_lookaround.__file__).parent
 SRC = Path(H.__file__).parent
 
 
@@ -27,13 +27,24 @@ def test_every_objective_module_is_in_the_table_with_a_family():
         assert objectives.make_plan(name, [30], 30, generator=None, **objective.defaults).group_ids.shape == (1, 30)
 
 
-def test_a_look_ahead_config_without_plan_params_decodes_with_its_plans_default_group_size():
-    """The bundle owns which objectives group-decode and the group size of a config that records none (the
-    package's dar reads its default from there): every look-ahead objective of the table must be one of them."""
+def test_a_look_ahead_config_records_its_plans_default_group_size():
+    """What a checkpoint decodes is recorded from its objective's Params (``config_fields``): every look-ahead
+    objective of the table records its plan's default group size, and the bundle's decoders read it there."""
     for name in objectives.names(objectives.LOOK_AHEAD):
+        fields = objectives.OBJECTIVES[name].Params().config_fields()
+        config = SimpleNamespace(objective=name, plan_params={}, **fields)
+        default_t = objectives.OBJECTIVES[name].defaults.get("t", 1)
+        assert decoding_lookaround.trained_group_sizes(config) == (default_t,), name
+
+
+def test_a_legacy_look_ahead_config_without_plan_params_decodes_with_its_plans_default_group_size():
+    """Configs written before ``decoding_group_sizes`` fall back to the bundle's frozen table: history, which
+    objectives added since never join; every name in it is still a look-ahead objective with that default t."""
+    for name, t in decoding_lookaround.LEGACY_GROUP_DECODING_OBJECTIVES.items():
+        assert name in objectives.names(objectives.LOOK_AHEAD)
         config = SimpleNamespace(objective=name, plan_params={})
         default_t = objectives.OBJECTIVES[name].defaults.get("t", 1)
-        assert generation_lookaround.trained_group_sizes(config) == (default_t,), name
+        assert t == default_t and decoding_lookaround.trained_group_sizes(config) == (default_t,), name
 
 
 def test_the_legacy_stream_tuples_name_objectives_of_their_family():
@@ -131,7 +142,7 @@ def test_the_package_spells_no_objective_list_of_its_own():
     """Objective names appear together only in the objective modules (a mixture names its components) and the
     bundle's frozen facts about configs written before a field existed."""
     names = set(objectives.PLAN_NAMES)
-    allowed = {BUNDLE / "generation_lookaround.py", BUNDLE / "configuration_lookaround.py"}
+    allowed = {BUNDLE / "decoding_lookaround.py", BUNDLE / "configuration_lookaround.py"}
     for path in SRC.rglob("*.py"):
         if path in allowed or path.parent == SRC / "objectives":
             continue

@@ -13,8 +13,8 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 from hf_lookaround import LookAroundConfig, LookAroundForCausalLM, LookAroundForPreTraining
 from hf_lookaround.cli.generate import main
 from hf_lookaround.data.tokenization import train_tokenizer
-from hf_lookaround.generation import GenerateSpeculativeOutput, UntrainedDecodingError, group_generate
-from hf_lookaround.models.lookaround import generation_lookaround
+from hf_lookaround.decoding import GenerateSpeculativeOutput, UntrainedDecodingError, group_generate
+from hf_lookaround.models.lookaround import speculation_lookaround
 from hf_lookaround.objectives.ar import plan as autoregressive_plan
 
 PAD, BOS, EOS = 0, 1, 2
@@ -258,7 +258,7 @@ def test_pipeline_and_cli(tmp_path, capsys, caplog):
     text = "<s>The committee met on"
     enc = tokenizer(text, add_special_tokens=False, return_tensors="pt")
     expected = group_generate(model, enc["input_ids"], group_size=1, max_new_tokens=9, eos_token_id=[])
-    with caplog.at_level(logging.INFO, logger=generation_lookaround.__name__):
+    with caplog.at_level(logging.INFO, logger=speculation_lookaround.__name__):
         result = pipe(text, draft_group_size=3, max_new_tokens=9, do_sample=False, eos_token_id=None,
                       return_full_text=False, add_special_tokens=False)
     assert result[0]["generated_text"] == tokenizer.decode(expected[0, enc["input_ids"].shape[1]:])
@@ -345,8 +345,8 @@ def _one_graph_config():
 @pytest.fixture
 def short_schedule(monkeypatch):
     """Windows of 2 verify steps and 3 plain steps: a 20-token run switches back and forth."""
-    monkeypatch.setattr(generation_lookaround, "SPECULATION_WINDOW", 2)
-    monkeypatch.setattr(generation_lookaround, "SPECULATION_REST", 3)
+    monkeypatch.setattr(speculation_lookaround, "SPECULATION_WINDOW", 2)
+    monkeypatch.setattr(speculation_lookaround, "SPECULATION_REST", 3)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
@@ -390,8 +390,8 @@ def test_static_cache_steps_compile_as_one_graph_each(host_sync, monkeypatch, sh
 
     causal = _causal(_model())  # a fresh model: no compiled step held from another test
     if host_sync:
-        content = generation_lookaround._Speculation._content
-        monkeypatch.setattr(generation_lookaround._Speculation, "_content",
+        content = speculation_lookaround._Speculation._content
+        monkeypatch.setattr(speculation_lookaround._Speculation, "_content",
                             lambda self, width: content(self, min(width, 1 + int(self.state.num_new.max()))))
     ids, mask = _left_padded(PROMPTS)
     kwargs = dict(attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=PAD,
@@ -415,7 +415,7 @@ def test_static_cache_steps_compile_as_one_graph_each(host_sync, monkeypatch, sh
 
 
 def test_fallback_rule_is_deterministic_and_does_what_it_says():
-    schedule = generation_lookaround._SpeculationSchedule(0.5)
+    schedule = speculation_lookaround._SpeculationSchedule(0.5)
     window, rest = schedule.window, schedule.rest
     for _ in range(window):  # a window of few accepted drafts
         assert schedule.speculate
@@ -442,7 +442,7 @@ def test_fallback_rule_is_deterministic_and_does_what_it_says():
         return out.num_speculative_steps, out.num_plain_steps
 
     assert run(0.95)[1] > 0 and run(0.95) == run(0.95)
-    assert run(generation_lookaround.SPECULATION_BREAK_EVEN)[1] == 0
+    assert run(speculation_lookaround.SPECULATION_BREAK_EVEN)[1] == 0
     with pytest.raises(ValueError, match="speculation_break_even must be a number >= 0"):
         group_generate(model, ids, mask, draft_group_size=2, max_new_tokens=4, speculation_break_even=-1)
     with pytest.raises(ValueError, match="speculation_break_even must be a number >= 0"):
@@ -477,8 +477,8 @@ def test_dynamic_cache_never_passes_max_position_embeddings_keys(dar, monkeypatc
         cache = kwargs.get("past_key_values")
         seen.append(cache.get_seq_length() + kwargs["input_ids"].shape[1])
 
-    compact = generation_lookaround._compact_cache
-    monkeypatch.setattr(generation_lookaround, "_compact_cache", lambda *a: compactions.append(1) or compact(*a))
+    compact = speculation_lookaround._compact_cache
+    monkeypatch.setattr(speculation_lookaround, "_compact_cache", lambda *a: compactions.append(1) or compact(*a))
     handle = dar.base_model.register_forward_pre_hook(spy, with_kwargs=True)
     try:
         prompts = [[BOS, 5], [BOS] + list(range(5, 20)), [BOS, 9, 9, 9]]

@@ -11,8 +11,7 @@ import torch
 
 from ..data.tokenization import auto_tokenizer
 from ..decoding.infill import ORDERS, SCHEDULES, infill
-from ..generation import default_group_size, make_logits_processor
-from ..models.lookaround.generation_lookaround import is_one_stream_group_model
+from ..decoding import default_group_size, is_one_stream_group_model, make_logits_processor
 from ..hub.load import load_checkpoint
 from ..hub.weights import check_local_checkpoint
 from .common import resolve_device

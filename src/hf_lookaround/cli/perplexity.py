@@ -13,7 +13,7 @@ from ..evaluation import perplexity
 from ..data.subsets import seeded_sample
 from ..hub.load import load_checkpoint
 from ..hub.weights import check_local_checkpoint
-from ..models.lookaround.generation_lookaround import is_one_stream_group_model
+from ..decoding import is_one_stream_group_model
 from .common import resolve_device
 from ..evaluation.perplexity import (
     MASKED_MODES,

@@ -2,15 +2,16 @@
 (DESIGN.md, "Decoding with the streams"): every step predicts all remaining hidden positions from the visible
 ones (visible rank 0, hidden rank 1, query rows at the hidden positions; the content of a hidden position is
 never seen by anyone) and commits some of them, by confidence, at random or left to right, on a cosine or
-linear schedule. Entry point: :func:`infill`. Group decoding (ar / dar checkpoints) is ``generate()``'s, in
-:mod:`hf_lookaround.generation`.
+linear schedule. Entry points: :func:`infill`, or ``model.generate(..., decoding=Infilling(...))``, which fills the
+``max_new_tokens`` positions after a prompt in any order. Group decoding (ar / dar checkpoints) is ``generate()``'s
+(:mod:`hf_lookaround.decoding`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers.generation import (
@@ -18,10 +19,13 @@ from transformers.generation import (
 )
 
 from .. import objectives
-from ..models.lookaround.generation_lookaround import (
+from ..models.lookaround.decoding_lookaround import (
+    DecodingStrategy,
+    StopTracker,
     _check_length,
     _device,
     _refuse_or_warn,
+    build_output,
     make_logits_processor,
     process_and_pick,
 )
@@ -366,3 +370,47 @@ def _commit_now(scores, tokens, slots, in_block, order, confidence_noise, step, 
 
 def rows_of(slots: torch.Tensor) -> torch.Tensor:
     return torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
+
+
+@dataclass
+class Infilling(DecodingStrategy):
+    """``model.generate(prompt, decoding=Infilling(...), max_new_tokens=n)``: the ``n`` positions after each prompt
+    are hidden and filled in any order by :func:`infill` (its ``steps``, ``order``, ``schedule``, ``block_length``,
+    ``confidence_noise``, ``stream``); sampling, the logits processors and ``generator`` come from ``generate()``.
+    A row keeps its tokens up to its first EOS among the new ones; padding follows."""
+
+    steps: int | None = None
+    order: str = "confidence"
+    schedule: str = "cosine"
+    block_length: int | None = None
+    confidence_noise: float = 0.0
+    stream: str = "auto"
+    _allow_untrained: bool = field(default=False, init=False, repr=False)  # what check() was told
+
+    def check(self, config, allow_untrained: bool = False) -> None:
+        _check_infill_options(self.order, self.block_length, self.confidence_noise, None)
+        check_infill_objective(config, allow_untrained)
+        self._allow_untrained = allow_untrained
+
+    def decode(self, model, input_ids, attention_mask, options):
+        if options.output_scores or options.output_logits:
+            raise ValueError("output_scores / output_logits: infilling commits positions in any order, not one token "
+                             "per step; call hf_lookaround.decoding.infill(..., output_logits=True) for its logits")
+        new = options.max_new_tokens
+        rows = []
+        for ids, mask in zip(input_ids, attention_mask):  # each row unpadded: its BOS is the condition token
+            out = infill(model, text_or_ids=ids[mask != 0], num_tokens=new, steps=self.steps, order=self.order,
+                         schedule=self.schedule, do_sample=options.do_sample,
+                         logits_processor=options.logits_processor, generator=options.generator, add_bos=False,
+                         stream=self.stream, allow_untrained=self._allow_untrained,
+                         block_length=self.block_length, confidence_noise=self.confidence_noise)
+            rows.append(out.sequences[0, -new:])
+        tokens = torch.stack(rows)
+        tracker = StopTracker(options.stopping_criteria, input_ids.shape[1] + new, len(rows), input_ids.device,
+                              options.streamer)
+        count, _ = tracker.until_eos(tokens, torch.full_like(tokens[:, 0], new))
+        tokens = torch.where(torch.arange(new, device=tokens.device) < count[:, None], tokens, options.pad_token_id)
+        sequences = torch.cat([input_ids, tokens], 1)
+        tracker.put(tokens[0])
+        tracker.end()
+        return build_output(options, sequences, None)

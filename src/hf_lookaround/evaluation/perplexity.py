@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from .. import objectives
-from ..models.lookaround.generation_lookaround import is_one_stream_group_model
+from ..decoding import is_one_stream_group_model
 from ..models.lookaround.masking_lookaround import infilling_ranks
 
 logger = logging.getLogger(__name__)
@@ -239,8 +239,9 @@ def ar_perplexity(model, tokenizer, texts, max_length=512, stride=256, batch_siz
     ``LookAroundForPreTraining`` predicts it from the query stream at ``k`` under the AR plan (DESIGN.md:
     "one forward with the AR plan"); its single-stream causal view was never trained to predict the next token.
     dar's one-stream form (a block-causal ``LookAroundForCausalLM``) predicts ``x_k`` from the row ``t`` slots
-    before it, which has seen all of ``x_<k`` when ``x_k`` opens a group: ``t`` forwards per window, one per
-    first-group size, score every token once (:func:`_one_stream_ar`).
+    before it, which has seen all of ``x_<k`` when ``x_k`` opens a group: the causal LM's next-token view (``t``
+    layouts of each window, one per first-group size, in one batched forward) scores every token once
+    (:func:`_one_stream_ar`).
     """
     docs, num_bytes, has_bos = encode_documents(tokenizer, texts, add_bos)
     windows = _windows_of(docs, max_length, stride, has_bos)
@@ -399,32 +400,21 @@ def _two_stream_ar_plan(model, windows, batch_size, pad) -> list[torch.Tensor]:
 
 
 def _one_stream_ar(model, windows, batch_size, pad, bos) -> list[torch.Tensor]:
-    """``p(x_k | x_<k)`` from dar's one-stream form: for each first-group size ``s1`` in ``1..t``, one forward of the
-    training layout (``objectives.dar.one_stream_layout``) scores the tokens that open a group, whose predicting
-    row has seen every earlier token; the ``t`` layouts together score each token once. A window that does not
-    start with BOS (a later window of a long document) gets one in front: the layout's start rows are BOS."""
-    from ..objectives.dar import one_stream_layout, start_rows
-
+    """``p(x_k | x_<k)`` from dar's one-stream form, through the causal LM's next-token view (its forward on plain
+    token ids lays each row out once per first-group size ``s1`` and reads each token from the row that has seen
+    every earlier token: ``t`` forwards' worth, batched). A window that does not start with BOS (a later window of
+    a long document) gets one in front, as every training row had."""
     if bos is None:
         raise ValueError("dar's one-stream form lays out every row after BOS copies: the tokenizer has no BOS token")
-    t = int(model.config.attention_group_size)
     device, out = _device(model), []
     for i in range(0, len(windows), batch_size):
         batch = windows[i : i + batch_size]
         rows = [w.input_ids if w.offset else [bos, *w.input_ids] for w in batch]
-        lead = [0 if w.offset else 1 for w in batch]
         ids, mask = _pad(rows, pad)
-        nll = torch.zeros(ids.shape, dtype=torch.float32)
-        for s1 in range(1, t + 1):
-            opens = (torch.arange(ids.shape[1]) - 1 - s1) % t == 0
-            is_target = (mask.bool() & opens & (torch.arange(ids.shape[1]) >= 1)).numpy()
-            inputs, labels = one_stream_layout(ids.numpy(), is_target, np.full(len(batch), s1), t, bos, pad)
-            logits = model(input_ids=torch.from_numpy(inputs).to(device), one_stream_layout=True).logits
-            b, j = np.nonzero(labels != -100)
-            scored = _nll(logits[b, j - 1], torch.from_numpy(labels[b, j]).to(device)).cpu()
-            nll[b, j + t - 1 - start_rows(t, s1)] = scored
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # logits[:, k - 1]: x_k
         for b, w in enumerate(batch):
-            out.append(nll[b, w.first_scored + lead[b] : len(rows[b])])
+            first = w.first_scored + (0 if w.offset else 1)
+            out.append(_nll(logits[b, first - 1 : len(rows[b]) - 1], ids[b, first : len(rows[b])].to(device)).cpu())
     return out
 
 

@@ -48,6 +48,10 @@ class Params(ObjectiveParams):
     def collator_params(self) -> dict:
         return {"form": self.ar_form}
 
+    @classmethod
+    def decoding_group_sizes(cls, plan_params: dict) -> tuple[int, ...]:
+        return (1,)  # AR decoding
+
     @property
     def form(self) -> str:
         return self.ar_form

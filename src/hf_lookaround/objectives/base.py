@@ -78,9 +78,17 @@ class ObjectiveParams:
     def check_block_size(self, block_size: int) -> None:
         """Refuse a block too short for the plan (a ValueError that names the flags to change)."""
 
+    @classmethod
+    def decoding_group_sizes(cls, plan_params: dict) -> tuple[int, ...]:
+        """The group sizes ``t`` a plan with these parameters trains, so those ``generate(group_size=t)`` decodes a
+        checkpoint with: ``()`` for none (masked and any-order plans). A look-ahead objective overrides it."""
+        return ()
+
     def config_fields(self) -> dict:
-        """Fields of the model config this form needs (dar's one-stream form: its block-causal pattern)."""
-        return {}
+        """Fields of the model config this objective sets: what a checkpoint can decode (``decoding_group_sizes``,
+        read by the model bundle's decoders) and what its form needs (dar's one-stream form: its block-causal
+        pattern). A subclass adds its own to ``super().config_fields()``."""
+        return {"decoding_group_sizes": list(self.decoding_group_sizes(self.plan_params()))}
 
     def input_width(self, block_size: int) -> int:
         """The model's input width for blocks of ``block_size`` tokens (a form may add start rows)."""

@@ -22,14 +22,11 @@ import numpy as np
 import torch
 
 from ..data.collators import PlanCollator
-from ..models.lookaround.generation_lookaround import GROUP_DECODING_OBJECTIVES
 from ..models.lookaround.masking_lookaround import one_stream_start_rows as start_rows
 from ..plans import Plan, check_lengths, inside_positions
 from .base import CAUSAL_HEAD, LOOK_AHEAD, SINGLE_STREAM, TWO_STREAM, Objective, ObjectiveParams, check_form, flag
 
-# the group size a dar checkpoint decodes with when its config records none: the model bundle's fact (remote code
-# reads it from old configs), so the plan's default is that one
-DEFAULT_T = GROUP_DECODING_OBJECTIVES["dar"]
+DEFAULT_T = 2  # paper (a)'s group size
 
 
 def group_sizes(t) -> list[int]:
@@ -118,10 +115,15 @@ class Params(ObjectiveParams):
     def collator_params(self) -> dict:
         return {"group_size": self.plan_params()["t"], "form": self.dar_form}
 
+    @classmethod
+    def decoding_group_sizes(cls, plan_params: dict) -> tuple[int, ...]:
+        return tuple(group_sizes(plan_params.get("t", DEFAULT_T)))
+
     def config_fields(self) -> dict:
         if self.dar_form != SINGLE_STREAM:
-            return {}
-        return {"default_attention": "block_causal", "attention_group_size": self.plan_params()["t"]}
+            return super().config_fields()
+        return {**super().config_fields(), "default_attention": "block_causal",
+                "attention_group_size": self.plan_params()["t"]}
 
     def input_width(self, block_size: int) -> int:
         t = self.plan_params()["t"]
@@ -148,7 +150,9 @@ def one_stream_layout(input_ids: np.ndarray, is_target: np.ndarray, s1: np.ndarr
     ``start_rows(t, s1[b])`` BOS copies, so its groups fill blocks of ``t`` slots; the label of the token at slot
     ``j`` goes to ``labels[:, j - t + 1]``: with transformers' shift inside the causal LM's loss, the row at slot
     ``j - t`` (one block earlier) predicts it. Slots past a row's end hold ``pad``: only rows of the last blocks,
-    which predict nothing, can see them."""
+    which predict nothing, can see them. The numpy copy of the model bundle's layout
+    (``layout_lookaround.one_stream_rows``), kept for the collator's speed; tests/test_one_stream_layout.py checks
+    them equal."""
     batch, length = input_ids.shape
     width = length + start_rows(t, 1)
     shift = start_rows(t, np.clip(s1, 1, t))

@@ -238,10 +238,21 @@ class Params(ObjectiveParams):
         return {**self.plan_params(), "form": SINGLE_STREAM, "mask_replace_prob": masked["mask_replace_prob"],
                 "random_replace_prob": masked["random_replace_prob"]}
 
+    @classmethod
+    def decoding_group_sizes(cls, plan_params: dict) -> tuple[int, ...]:
+        """The union over its components of positive weight of the group sizes each trains."""
+        from . import get  # the objectives table imports this module
+
+        components = plan_params.get("components") or {}
+        sizes = {t for name, weight in (plan_params.get("mixture") or {}).items() if float(weight) > 0
+                 for t in get(name).Params.decoding_group_sizes(components.get(name) or {})}
+        return tuple(sorted(sizes))
+
     def config_fields(self) -> dict:
         if self.form != SINGLE_STREAM:
-            return {}
-        return {"default_attention": "block_causal", "attention_group_size": self._group_size()}
+            return super().config_fields()
+        return {**super().config_fields(), "default_attention": "block_causal",
+                "attention_group_size": self._group_size()}
 
     def input_width(self, block_size: int) -> int:
         return block_size + start_rows(self._group_size(), 1) if self.form == SINGLE_STREAM else block_size

@@ -61,7 +61,7 @@ from ..data.text import (
     rank_local_prepare,
     split_for_rank,
 )
-from ..models.lookaround.generation_lookaround import is_one_stream_group_model
+from ..decoding import is_one_stream_group_model
 from . import checkpointing
 from ..hub.files import load_json_file
 from .divergence import FiniteTrainingGuard

@@ -82,6 +82,10 @@ class LookAroundConfig(PreTrainedConfig):
         classifier_dropout (`float`, optional): dropout before the classifier (defaults to `hidden_dropout_prob`).
         objective (`str`, optional), plan_params (`dict`, optional): what the checkpoint was pretrained with;
             informational, written into model cards.
+        decoding_group_sizes (`list[int]`, optional): the group sizes `t` the checkpoint's plan trained, those
+            `generate(group_size=t)` decodes with (`[]`: none; a masked or any-order checkpoint infills instead).
+            Recorded from the objective's parameters at pretraining; unset in configs written before it existed,
+            whose decoders read it from `objective` and `plan_params`.
         prediction_stream (`"query"` or `"content"`, optional): the stream the checkpoint was trained to predict
             with, and so the one `LookAroundForCausalLM` (`generate()`) and `LookAroundForMaskedLM` (`fill-mask`)
             predict with. `"query"`: two-stream pretraining (every plan of `hf-lookaround pretrain` except the
@@ -122,6 +126,7 @@ class LookAroundConfig(PreTrainedConfig):
     classifier_dropout: float | None = None
     objective: str | None = None
     plan_params: dict | None = None
+    decoding_group_sizes: list[int] | None = None
     prediction_stream: str | None = None
     trained_block_size: int | None = None
     pad_token_id: int | None = 0
@@ -183,6 +188,10 @@ class LookAroundConfig(PreTrainedConfig):
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        sizes = self.decoding_group_sizes
+        if sizes is not None and (not isinstance(sizes, (list, tuple))
+                                  or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in sizes)):
+            raise ValueError(f"decoding_group_sizes must be a list of positive ints (or None), got {sizes!r}")
         if self.prediction_stream not in PREDICTION_STREAMS + (None,):
             raise ValueError(f"prediction_stream must be one of {PREDICTION_STREAMS}, got {self.prediction_stream!r}")
         for name in ("hidden_dropout_prob", "attention_dropout"):

@@ -1,4 +1,5 @@
-"""Group decoding, what ``generate(..., group_size=t)`` runs (DESIGN.md, "Decoding with the streams").
+"""``generate()`` of the LookAround LM heads: the mixin, its options and group decoding (DESIGN.md, "Decoding with
+the streams").
 
 The query stream at position ``i`` predicts token ``i`` from content of lower group rank only, so one forward
 predicts every position of the next group. Group decoding (semi-autoregressive, the BD3-LM pattern) serves
@@ -6,14 +7,14 @@ look-ahead checkpoints (``ar`` / ``dar``): each step runs the query stream at th
 the next group), samples them together, and their content joins a KV cache with one rank for the group, so the
 group's content rows see each other and all earlier content, as in training. ``t = 1`` is AR decoding. The ranks
 of prompt + continuation form one semi-AR plan whose groups end where the prompt ends (the first group has
-``1..t`` tokens, as the plan draws it). Entry points: ``model.generate(..., group_size=t)`` on a head with
-:class:`GroupDecodingMixin` (also from the ``text-generation`` pipeline), or :func:`group_generate` on any
-LookAround LM head. Any-order infilling lives in the package (``hf_lookaround.decoding.infill``).
+``1..t`` tokens, as the plan draws it; ``layout_lookaround``). Entry points: ``model.generate(..., group_size=t)``
+on a head with :class:`GroupDecodingMixin` (also from the ``text-generation`` pipeline), or
+:func:`group_generate` on any LookAround LM head.
 
-The file by job: what a checkpoint was trained for (the refusals); the edges every decoder shares (process and
-pick, a stop tracker, the output); ``generate()``'s hook and :func:`group_generate`, which choose the decoder and
-check once; then one section per decoder: group decoding (two-stream and one-stream forms) and self-speculative
-decoding (draft, verify, commit, and the cache surgery it needs).
+Every decoder is a ``DecodingStrategy`` (``decoding_lookaround``, with what decoders share): ``generate()``
+prepares the options, checks the strategy and the prompt once, and calls it. ``group_size=t`` is
+:class:`GroupDecoding` (this module), ``draft_group_size=k`` self-speculative decoding
+(``speculation_lookaround``), ``decoding=`` any other (the package's infilling, ``hf_lookaround.decoding``).
 """
 
 from __future__ import annotations
@@ -27,315 +28,47 @@ from torch.nn import functional as F
 from transformers.cache_utils import DynamicCache
 from transformers.generation import (
     EosTokenCriteria,
-    EpsilonLogitsWarper,
-    EtaLogitsWarper,
-    GenerateDecoderOnlyOutput,
     LogitsProcessorList,
     MaxLengthCriteria,
-    MinPLogitsWarper,
     StoppingCriteriaList,
     StopStringCriteria,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-    TypicalLogitsWarper,
 )
 
-from .masking_lookaround import NO_TARGET_RANK, one_stream_start_rows
+from .decoding_lookaround import (
+    DecodingStrategy,
+    StopTracker,
+    _checked_prompt,
+    _compile_config,
+    _decoding_step,
+    _device,
+    _static_cache,
+    build_output,
+    check_group_size,
+    default_group_size,
+    is_one_stream_group_model,
+    make_logits_processor,
+    process_and_pick,
+    reads_only_scores,
+)
+from .layout_lookaround import one_stream_prompt, semi_ar_ranks
+from .masking_lookaround import NO_TARGET_RANK
+from .speculation_lookaround import (
+    SPECULATION_BREAK_EVEN,
+    SpeculativeDecoding,
+    _check_break_even,
+)
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "GROUP_DECODING_OBJECTIVES",
-    "UntrainedDecodingError",
-    "trained_group_sizes",
-    "default_group_size",
-    "check_group_size",
-    "check_draft_group_size",
-    "check_decoder",
-    "GenerateSpeculativeOutput",
-    "SPECULATION_BREAK_EVEN",
-    "semi_ar_ranks",
     "GroupDecodingMixin",
+    "DecodingOptions",
+    "GroupDecoding",
     "group_decoding",
     "group_generate",
-    "make_logits_processor",
-    "process_and_pick",
-    "StopTracker",
-    "DecodingOptions",
-    "build_output",
+    "check_decoder",
+    "decoding_strategy",
 ]
-
-# The look-ahead objectives and the group size their plan trains when `plan_params` has no "t" (configs written
-# before it was recorded). Remote code cannot import the package, so this is the one copy: the package's
-# objectives read it from here (objectives/dar.py's default t).
-GROUP_DECODING_OBJECTIVES = {"ar": 1, "dar": 2}
-# The objective whose plan_params are {"mixture": {name: weight}, "components": {name: plan params}}: a checkpoint
-# trained on the look-ahead components among them decodes with their group sizes.
-MIXTURE_OBJECTIVE = "mixture"
-
-# When speculation pays: a verify-and-draft step costs ``1 + c`` plain (t = 1) steps and writes ``1 + a`` tokens per
-# row, ``a`` the drafts it keeps, so it pays while ``a > c``. ``c`` is (speculative step time / plain step time) - 1,
-# measured on the GPU (docs/generation.md, "Falling back to plain steps"); 0 never falls back.
-SPECULATION_BREAK_EVEN = 0.25
-SPECULATION_WINDOW = 8  # verify steps whose accepted drafts decide whether speculation pays
-SPECULATION_REST = 32  # plain steps before speculation is probed again
-
-# sampling warpers that read only the scores, never the sequence so far
-_POSITIONLESS_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper,
-                            TypicalLogitsWarper, EpsilonLogitsWarper, EtaLogitsWarper)
-
-
-class UntrainedDecodingError(ValueError):
-    """A decoder the checkpoint was not trained for (pass ``allow_untrained=True`` to run it anyway)."""
-
-
-# ----------------------------------------------------------------------------------------------
-# What a checkpoint was trained for
-# ----------------------------------------------------------------------------------------------
-def trained_group_sizes(config) -> tuple[int, ...] | None:
-    """Group sizes ``t`` the checkpoint's plan trained: ``(1,)`` for ``ar``, ``plan_params["t"]`` (an int or a
-    list, a mixture) for ``dar``, ``()`` for masked / GVP objectives, ``None`` when the config records no objective."""
-    objective = getattr(config, "objective", None)
-    if objective is None:
-        return None
-    params = getattr(config, "plan_params", None) or {}
-    if objective == MIXTURE_OBJECTIVE:  # the union over its look-ahead components of positive weight
-        components = params.get("components") or {}
-        sizes = set()
-        for name, weight in (params.get("mixture") or {}).items():
-            if name in GROUP_DECODING_OBJECTIVES and float(weight) > 0:
-                sizes.update(_sizes_of(name, components.get(name) or {}))
-        return tuple(sorted(sizes))
-    if objective not in GROUP_DECODING_OBJECTIVES:
-        return ()
-    return _sizes_of(objective, params)
-
-
-def _sizes_of(objective: str, params: dict) -> tuple[int, ...]:
-    t = params.get("t", GROUP_DECODING_OBJECTIVES[objective])
-    return (int(t),) if isinstance(t, int) else tuple(int(x) for x in t)
-
-
-def _refuse_or_warn(message: str, allow_untrained: bool) -> None:
-    if not allow_untrained:
-        raise UntrainedDecodingError(message + "; pass allow_untrained=True (CLI: --allow_untrained) to decode anyway")
-    logger.warning("%s; decoding anyway (allow_untrained=True)", message)
-
-
-def check_group_size(config, group_size, allow_untrained: bool = False) -> None:
-    """Refuse a group size the checkpoint was not trained for, unless ``allow_untrained`` (then warn).
-
-    A ``dar`` checkpoint trained with ``t = 2`` predicts the second token of a pair without seeing the
-    first; decoding with ``t = 4`` asks for predictions three tokens ahead that it never learned."""
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
-    sizes = trained_group_sizes(config)
-    objective = getattr(config, "objective", None)
-    if is_one_stream_group_model(config):
-        if group_size != config.attention_group_size:
-            _refuse_or_warn(f"this one-stream checkpoint (block-causal attention) predicts the token "
-                            f"{config.attention_group_size} places ahead: it decodes with group_size="
-                            f"{config.attention_group_size} only, not {group_size}", allow_untrained)
-    elif getattr(config, "prediction_stream", None) == "content":
-        _refuse_or_warn("this checkpoint was trained single-stream (config.prediction_stream='content'): its query "
-                        "stream, which group decoding reads, was never trained; use generate() without group_size (CLI: "
-                        "drop --group_size / --draft_group_size)",
-                        allow_untrained)
-    elif sizes is None:
-        logger.warning("the config records no pretraining objective: cannot check that group_size=%d was trained",
-                       group_size)
-    elif not sizes:
-        _refuse_or_warn(f"this checkpoint was pretrained with the {objective!r} objective, not a (semi-)autoregressive "
-                        "one: fill positions with hf_lookaround.decoding.infill instead of group decoding",
-                        allow_untrained)
-    elif group_size not in sizes:
-        _refuse_or_warn(f"group_size={group_size} was not trained: this {objective!r} checkpoint was pretrained with "
-                        f"group sizes {list(sizes)}", allow_untrained)
-
-
-def default_group_size(config) -> int:
-    """The group size ``generate()`` / the CLI decode with when none is given: 1 (AR decoding) when the checkpoint
-    trained it or records no look-ahead plan, else the smallest group size it trained (a ``dar`` checkpoint trained
-    with ``t = 2`` alone decodes with ``t = 2``, never silently with an untrained ``t = 1``)."""
-    if is_one_stream_group_model(config):
-        return int(config.attention_group_size)
-    sizes = trained_group_sizes(config)
-    if not sizes or 1 in sizes or getattr(config, "prediction_stream", None) == "content":
-        return 1
-    return min(sizes)
-
-
-def is_one_stream_group_model(config) -> bool:
-    """dar's one-stream form: block-causal content stream whose row predicts the token ``t`` places ahead."""
-    return getattr(config, "prediction_stream", None) == "content" and \
-        getattr(config, "default_attention", None) == "block_causal"
-
-
-def check_draft_group_size(config, draft_group_size, allow_untrained: bool = False) -> None:
-    """Refuse self-speculative decoding on a checkpoint that did not train both pathways it reads.
-
-    The drafts are a group of ``k`` query rows of one rank (the ``dar`` plan with ``t = k``), and they are verified
-    by the AR (``t = 1``) pathway, whose tokens are the output: both must have been trained."""
-    if isinstance(draft_group_size, bool) or not isinstance(draft_group_size, int) or draft_group_size < 2:
-        raise ValueError(f"draft_group_size must be an int >= 2 (a group of k query rows: the next token and k - 1 "
-                         f"drafts after it), got {draft_group_size!r}")
-    if is_one_stream_group_model(config):
-        raise UntrainedDecodingError("self-speculative decoding reads the two-stream form's AR and draft query rows; "
-                                     "this one-stream (block-causal) checkpoint has neither: decode with group_size")
-    try:  # the draft group's own size, and the stream
-        check_group_size(config, draft_group_size, allow_untrained)
-    except UntrainedDecodingError as error:
-        raise UntrainedDecodingError(f"draft_group_size={draft_group_size} drafts with a group of that size: {error}") \
-            from None
-    sizes = trained_group_sizes(config)
-    if sizes and 1 not in sizes:
-        _refuse_or_warn(
-            f"self-speculative decoding keeps the tokens of the AR (t=1) pathway, which this checkpoint never trained "
-            f"(group sizes {list(sizes)}): pretrain with t=1 in the mixture (e.g. --objective dar --group_size 1 "
-            f"{draft_group_size}, or --objective mixture with ar), or decode with group_size={min(sizes)}",
-            allow_untrained,
-        )
-
-
-# ----------------------------------------------------------------------------------------------
-# The edges every decoder shares: process and pick, when to stop, what to return
-# ----------------------------------------------------------------------------------------------
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
-
-
-def make_logits_processor(do_sample: bool, temperature=None, top_k=None, top_p=None) -> LogitsProcessorList:
-    """transformers' warpers for sampling (temperature, top-k, top-p); empty for greedy decoding."""
-    if not do_sample:
-        given = {k: v for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p).items() if v is not None}
-        if given:
-            raise ValueError(f"{sorted(given)} only apply when sampling: pass do_sample=True (CLI: --do_sample)")
-        return LogitsProcessorList()
-    # transformers' warpers accept top_p > 1 (and 1.5 would silently mean "no top-p"): refuse what is not one
-    if top_p is not None and not 0.0 < float(top_p) <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}: the share of probability mass kept")
-    if top_k is not None and int(top_k) < 0:
-        raise ValueError(f"top_k must be >= 0 (0: no top-k), got {top_k}")
-    processors = LogitsProcessorList()
-    if temperature is not None and temperature != 1.0:
-        processors.append(TemperatureLogitsWarper(float(temperature)))  # checks temperature > 0
-    if top_k is not None and top_k != 0:
-        processors.append(TopKLogitsWarper(int(top_k)))
-    if top_p is not None and top_p < 1.0:
-        processors.append(TopPLogitsWarper(float(top_p)))
-    return processors
-
-
-def reads_only_scores(processors: LogitsProcessorList) -> bool:
-    """Whether every processor reads the scores alone, never the sequence so far (sampling warpers): then the rows of
-    a group, or of drafts, are processed in one call."""
-    return all(isinstance(p, _POSITIONLESS_PROCESSORS) for p in processors)
-
-
-def process(processors: LogitsProcessorList, scores: torch.Tensor, context=None) -> torch.Tensor:
-    """``scores`` (N, V) after the logits processors and warpers, each row after its own ``context``: the ids it
-    follows, as one (N, L) tensor, or as a list of N 1-D prefixes when rows have advanced by different numbers of
-    tokens (each row is then processed alone); None when the processors read only the scores."""
-    if not len(processors):
-        return scores
-    if context is None:
-        return processors(scores.new_zeros((scores.shape[0], 1), dtype=torch.long), scores)
-    if isinstance(context, list):
-        return torch.cat([processors(prefix[None], row[None]) for prefix, row in zip(context, scores)])
-    return processors(context, scores)
-
-
-def process_and_pick(processors, logits: torch.Tensor, context, do_sample: bool, generator=None):
-    """``(scores, tokens)``: the processed ``logits`` (N, V) (see :func:`process`) and a token per row, a draw from
-    their softmax or the argmax."""
-    scores = process(processors, logits, context)
-    return scores, _pick(scores, do_sample, generator)
-
-
-def _pick(scores: torch.Tensor, do_sample: bool, generator=None) -> torch.Tensor:
-    """(N, V) processed scores -> (N,) tokens: a draw from their softmax, or the argmax."""
-    if not do_sample:
-        return scores.argmax(-1)
-    probs = torch.softmax(scores.float(), dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
-
-
-class StopTracker:
-    """Which rows are still decoding, and what the streamer is shown.
-
-    EOS and the token budget are applied to a whole batch at once (a decoder stops at ``max_length`` itself); any
-    other criterion (stop strings, your own) is asked as transformers' loop asks it, after each token."""
-
-    def __init__(self, stopping_criteria: StoppingCriteriaList, max_length: int, batch: int, device, streamer=None):
-        self.criteria, self.streamer = stopping_criteria, streamer
-        eos, self.others = [], []
-        for criterion in stopping_criteria:
-            if isinstance(criterion, EosTokenCriteria):
-                eos.append(torch.as_tensor(criterion.eos_token_id).flatten())
-            elif not (isinstance(criterion, MaxLengthCriteria) and criterion.max_length >= max_length):
-                self.others.append(criterion)
-        self.eos_ids = torch.cat(eos).to(device) if eos else None
-        self.unfinished = torch.ones(batch, dtype=torch.bool, device=device)
-
-    def until_eos(self, tokens: torch.Tensor, count: torch.Tensor):
-        """Of each row's first ``count`` candidate ``tokens`` (B, n), how many it keeps: up to and including its
-        first EOS. Returns ``(count, ended)``, ``ended`` the rows that wrote an EOS."""
-        if self.eos_ids is None:
-            return count, torch.zeros_like(self.unfinished)
-        slot = torch.arange(tokens.shape[1], device=tokens.device)
-        is_eos = torch.isin(tokens, self.eos_ids) & (slot < count[:, None])
-        ended = is_eos.any(-1)
-        return torch.where(ended, is_eos.long().argmax(-1) + 1, count), ended
-
-    def until_other_stop(self, sequences: torch.Tensor, starts: torch.Tensor, count: torch.Tensor, scores):
-        """Ask the other criteria after each of the ``count[b]`` tokens that row ``b`` of ``sequences`` holds from
-        column ``starts[b]`` (``scores[b, i]`` those of its token ``i``). Returns ``(count, stopped)``: a row that
-        stops keeps the tokens up to the one that stopped it."""
-        stopped = torch.zeros_like(self.unfinished)
-        if not self.others:
-            return count, stopped
-        count = count.clone()
-        for b in self.unfinished.nonzero().flatten().tolist():
-            for i in range(int(count[b])):
-                end = int(starts[b]) + i + 1
-                if any(bool(c(sequences[b : b + 1, :end], scores[b, i][None]).any()) for c in self.others):
-                    count[b], stopped[b] = i + 1, True
-                    break
-        return count, stopped
-
-    def after_token(self, sequences: torch.Tensor, scores: torch.Tensor) -> None:
-        """Every criterion, on the whole batch, after one more token per row (transformers' own loop)."""
-        self.stop(self.criteria(sequences, scores))
-
-    def stop(self, rows: torch.Tensor) -> None:
-        self.unfinished &= ~rows  # in place: a compiled speculative step holds its address
-
-    @property
-    def done(self) -> bool:
-        return not bool(self.unfinished.any())
-
-    def put(self, tokens: torch.Tensor) -> None:
-        if self.streamer is not None:
-            self.streamer.put(tokens.cpu())
-
-    def end(self) -> None:
-        if self.streamer is not None:
-            self.streamer.end()
-
-
-def build_output(options, sequences, cache, scores=None, logits=None, output_class=None, **extra):
-    """What a decoder returns: the sequences, or with ``return_dict_in_generate`` transformers' decoder-only output
-    (``scores`` / ``logits``: one (B, V) tensor per new token, where asked for)."""
-    if not options.return_dict:
-        return sequences
-    return (output_class or GenerateDecoderOnlyOutput)(
-        sequences=sequences,
-        scores=tuple(scores) if options.output_scores else None,
-        logits=tuple(logits) if options.output_logits else None,
-        past_key_values=cache,
-        **extra,
-    )
 
 
 @dataclass
@@ -359,139 +92,30 @@ class DecodingOptions:
     speculation_break_even: float = SPECULATION_BREAK_EVEN  # self-speculative decoding runs plain steps below it
 
 
-def _check_length(total: int, config, what: str) -> None:
-    limit = config.max_position_embeddings
-    if total > limit:
-        raise ValueError(f"{what} needs {total} positions but the model has max_position_embeddings={limit}: "
-                         "shorten the input or ask for fewer tokens (nothing is truncated for you)")
-
-
-def _compile_config(model, generation_config):
-    """The ``CompileConfig`` a static-cache decoding step is compiled with, or None (eager), as transformers decides
-    for its own static cache: compiled on CUDA, or anywhere a ``compile_config`` is given; never with
-    ``disable_compile``."""
-    if getattr(generation_config, "disable_compile", False):
-        return None
-    given = getattr(generation_config, "compile_config", None)
-    if given is not None:
-        return given
-    if _device(model).type == "cuda":
-        from transformers import CompileConfig
-
-        return CompileConfig()
-    return None
-
-
-def _static_cache(model, batch: int, max_len: int, dtype_like):
-    """A StaticCache of ``max_len`` slots, reused across calls of one shape (a compiled step guards on it)."""
-    from transformers.cache_utils import StaticCache
-
-    key = (batch, max_len)
-    held = getattr(model, "_lookaround_static_cache", None)
-    if held is not None and held[0] == key:
-        held[1].reset()
-        return held[1]
-    cache = StaticCache(config=model.config, max_cache_len=max_len)
-    model._lookaround_static_cache = (key, cache)
-    return cache
-
-
-def _decoding_step(model, compile_config, one_stream: bool = False):
-    """``(prefill, step)``: one decoding forward (content rows join the cache, query rows predict) -> float logits
-    of the query rows. ``step`` is compiled with ``compile_config`` (fixed shapes: a static cache and full-width
-    ranks and mask); ``prefill``, the first forward over the prompt, runs eager, as in transformers' own loop: it
-    has its own width, and it fills the static cache's tensors outside any CUDA graph, which would own them.
-    ``one_stream``: dar's one-stream form: block-causal content rows join the cache and the last ``t`` of them
-    predict (``forward(input_ids, attention_mask, position_ids, cache)``)."""
-    backbone, lm_head = model.base_model, model.lm_head
-
-    def prefill(input_ids, attention_mask, group_ids, position_ids, cache, query_position_ids, query_group_ids):
-        out = backbone(input_ids=input_ids, attention_mask=attention_mask, group_ids=group_ids,
-                       position_ids=position_ids, past_key_values=cache, use_cache=True,
-                       query_position_ids=query_position_ids, query_group_ids=query_group_ids, content_output=False)
-        return lm_head(out.query_hidden_state).float()
-
-    def one_stream_prefill(input_ids, attention_mask, position_ids, cache):
-        out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       attention_pattern="block_causal", past_key_values=cache, use_cache=cache is not None)
-        return lm_head(out.last_hidden_state[:, -model.config.attention_group_size:]).float()
-
-    if one_stream:
-        prefill = one_stream_prefill
-    if compile_config is None:
-        return prefill, prefill
-    held = getattr(model, "_lookaround_compiled_step", None)
-    key = repr((one_stream, sorted(compile_config.to_dict().items())))
-    if held is None or held[0] != key:
-        held = model._lookaround_compiled_step = (key, _compiled(prefill, compile_config))
-    return prefill, held[1]
-
-
-def _compiled(function, compile_config):
-    """``function`` compiled with the ``CompileConfig`` (fixed shapes), called as a step of a CUDA-graph tree."""
-    options = compile_config.to_dict()
-    compiled = torch.compile(function, fullgraph=options["fullgraph"], dynamic=False, backend=options["backend"],
-                             mode=options["mode"] if options["backend"] == "inductor" else None,
-                             options=options["options"])
-
-    def step(*args):
-        # a CUDA-graph step ("reduce-overhead") reuses its output memory at the next call: start a new step, and
-        # copy the output out of the graph's memory before it is replayed
-        torch.compiler.cudagraph_mark_step_begin()
-        return compiled(*args).clone()
-
-    return step
-
-
-
-def _checked_prompt(input_ids, attention_mask, max_new_tokens: int, config) -> torch.Tensor:
-    """The prompt's attention mask (ones if none), after the checks both decoders need: its shape, left padding,
-    max_new_tokens >= 1 and a total length within max_position_embeddings."""
-    prompt_len = input_ids.shape[1]
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    attention_mask = attention_mask.to(device=input_ids.device, dtype=torch.long)
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
-    _check_left_padded(attention_mask)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    _check_length(prompt_len, config, "the prompt")
-    _check_length(prompt_len + max_new_tokens, config, f"the prompt ({prompt_len} tokens) + max_new_tokens")
-    return attention_mask
-
-
-def _check_left_padded(attention_mask: torch.Tensor) -> None:
-    if attention_mask.dim() != 2:
-        raise ValueError(f"attention_mask must have shape (batch, seq_len), got {tuple(attention_mask.shape)}")
-    mask = attention_mask != 0
-    if (mask[:, :-1] & ~mask[:, 1:]).any():
-        raise ValueError("group decoding needs left padding (attention_mask 0...0 1...1 in every row): "
-                         "set tokenizer.padding_side = 'left'")
-    if (~mask.any(-1)).any():
-        raise ValueError("every row of the prompt needs at least one token (a BOS token will do)")
-
-
-
 # ----------------------------------------------------------------------------------------------
 # Choosing the decoder: generate()'s hook and group_generate()
 # ----------------------------------------------------------------------------------------------
-def check_decoder(config, group_size, draft_group_size, allow_untrained: bool = False) -> None:
-    """Refuse a decoder the checkpoint was not trained for: self-speculative decoding with ``draft_group_size=k``
-    (:func:`check_draft_group_size`; it decodes the AR plan, so no other group size goes with it), else group
-    decoding with ``group_size`` (:func:`check_group_size`)."""
+def decoding_strategy(group_size, draft_group_size) -> DecodingStrategy:
+    """The strategy of ``generate()``'s shorthands: self-speculative decoding with ``draft_group_size=k`` (it decodes
+    the AR plan, so no other group size goes with it), else group decoding with ``group_size``."""
     if draft_group_size is None:
-        check_group_size(config, group_size, allow_untrained)
-        return
+        return GroupDecoding(group_size)
     if group_size not in (None, 1):
         raise ValueError(f"draft_group_size={draft_group_size} decodes the AR (t=1) plan with drafts; "
                          f"group_size={group_size} cannot be combined with it (drop one of them)")
-    check_draft_group_size(config, draft_group_size, allow_untrained)
+    return SpeculativeDecoding(draft_group_size)
+
+
+def check_decoder(config, group_size, draft_group_size, allow_untrained: bool = False) -> None:
+    """Refuse a decoder the checkpoint was not trained for: self-speculative decoding with ``draft_group_size=k``
+    (:func:`check_draft_group_size`), else group decoding with ``group_size`` (:func:`check_group_size`)."""
+    decoding_strategy(group_size, draft_group_size).check(config, allow_untrained)
 
 
 class GroupDecodingMixin:
     """``generate(..., group_size=t)`` runs group decoding through the query stream (:func:`group_decoding`);
-    ``generate(..., draft_group_size=k)`` runs lossless self-speculative decoding (:class:`_Speculation`).
+    ``generate(..., draft_group_size=k)`` runs lossless self-speculative decoding (``speculation_lookaround``);
+    ``generate(..., decoding=strategy)`` runs any ``DecodingStrategy`` (the package's ``Infilling``, a new decoder).
 
     The usual preparation of ``generate`` (generation config, logits processors and warpers, stopping criteria
     including ``stop_strings`` with ``tokenizer=``, EOS, ``max_new_tokens``, ``num_return_sequences``) runs, and
@@ -504,30 +128,38 @@ class GroupDecodingMixin:
     """
 
     def generate(self, inputs=None, generation_config=None, *args, group_size=None, draft_group_size=None,
-                 allow_untrained=False, speculation_break_even=SPECULATION_BREAK_EVEN, **kwargs):
-        if group_size is None and draft_group_size is None:
+                 decoding: DecodingStrategy | None = None, allow_untrained=False,
+                 speculation_break_even=SPECULATION_BREAK_EVEN, **kwargs):
+        if decoding is not None:
+            if group_size is not None or draft_group_size is not None:
+                raise ValueError("decoding= is the decoder; group_size / draft_group_size choose one of the bundle's "
+                                 "own: pass one or the other")
+            if not isinstance(decoding, DecodingStrategy):
+                raise ValueError(f"decoding= takes a DecodingStrategy, got {type(decoding).__name__}")
+            decoding.check(self.config, allow_untrained)
+        elif group_size is None and draft_group_size is None:
             group_size = default_group_size(self.config)
             if group_size == 1:  # AR decoding: transformers' own loop (static cache, compile, assisted, beams...)
                 self._warn_if_prompt_ends_with_eos(inputs if inputs is not None else kwargs.get("input_ids"))
                 return super().generate(inputs, generation_config, *args, **kwargs)
             logger.info("generate() without group_size: decoding with group_size=%d, the group size this checkpoint "
                         "was trained for (it never trained t=1)", group_size)
+            decoding = GroupDecoding(group_size)
         else:
-            check_decoder(self.config, group_size, draft_group_size, allow_untrained)
+            decoding = decoding_strategy(group_size, draft_group_size)
+            decoding.check(self.config, allow_untrained)
         if kwargs.get("custom_generate") is not None:
-            raise ValueError("group_size / draft_group_size select group decoding; they cannot be combined with "
-                             "custom_generate")
+            raise ValueError("group_size / draft_group_size / decoding select the decoder; they cannot be combined "
+                             "with custom_generate")
         if kwargs.get("assistant_model") is not None:
             raise ValueError("assistant_model cannot be combined with group decoding; draft_group_size=k drafts with "
                              "the model's own query stream instead")
         # transformers hands a custom_generate callable only the keys its signature adds to `_sample`'s, so the
-        # streamer would be dropped: it travels bound to the callable
-        decoder = functools.partial(group_decoding, streamer=kwargs.pop("streamer", None))
+        # streamer would be dropped: it travels bound to the callable, with the strategy
+        decoder = functools.partial(group_decoding, streamer=kwargs.pop("streamer", None), decoding=decoding)
         self._stop_strings_to_criteria(generation_config, kwargs)
-        return super().generate(
-            inputs, generation_config, *args, custom_generate=decoder, group_size=group_size or 1,
-            draft_group_size=draft_group_size, speculation_break_even=speculation_break_even, **kwargs,
-        )
+        return super().generate(inputs, generation_config, *args, custom_generate=decoder,
+                                speculation_break_even=speculation_break_even, **kwargs)
 
     def _stop_strings_to_criteria(self, generation_config, kwargs) -> None:
         """Build the stop-string criterion here: with a custom_generate callable, transformers drops ``tokenizer=``
@@ -603,13 +235,13 @@ def group_decoding(
     generation_config,
     synced_gpus: bool = False,
     streamer=None,
-    group_size: int = 1,
-    draft_group_size: int | None = None,
+    decoding: DecodingStrategy | None = None,
     generator: torch.Generator | None = None,
     speculation_break_even: float = SPECULATION_BREAK_EVEN,
     **model_kwargs,
 ):
-    """transformers' ``custom_generate`` callable: ``GenerationMixin.generate`` has prepared everything."""
+    """transformers' ``custom_generate`` callable: ``GenerationMixin.generate`` has prepared everything; ``decoding``
+    (checked by the mixin) decodes."""
     _refuse_what_group_decoding_lacks(generation_config, model_kwargs)
     if streamer is not None:
         streamer.put(input_ids.cpu())  # what transformers' own loop does first (TextStreamer skips it, skip_prompt)
@@ -634,7 +266,7 @@ def group_decoding(
         compile_config=_compile_config(model, generation_config) if static else None,
         speculation_break_even=_check_break_even(speculation_break_even),
     )
-    return _decode(model, input_ids, model_kwargs.get("attention_mask"), options, group_size, draft_group_size)
+    return _decode(model, input_ids, model_kwargs.get("attention_mask"), options, decoding)
 
 
 @torch.no_grad()
@@ -675,7 +307,8 @@ def group_generate(
     config = model.config
     if group_size is None and draft_group_size is None:
         group_size = default_group_size(config)
-    check_decoder(config, group_size, draft_group_size, allow_untrained)
+    decoding = decoding_strategy(group_size, draft_group_size)
+    decoding.check(config, allow_untrained)
     device = _device(model)
     input_ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
     if input_ids.dim() == 1:
@@ -699,98 +332,32 @@ def group_generate(
         output_scores=output_scores, output_logits=output_logits, generator=generator,
         speculation_break_even=_check_break_even(speculation_break_even),
     )
-    return _decode(model, input_ids, attention_mask, options, group_size, draft_group_size)
+    return _decode(model, input_ids, attention_mask, options, decoding)
 
 
-def _decode(model, input_ids, attention_mask, options: DecodingOptions, group_size, draft_group_size):
+def _decode(model, input_ids, attention_mask, options: DecodingOptions, decoding: DecodingStrategy):
     """Run the decoder, after the checks every caller needs: the cache it keeps, the prompt's shape and length."""
-    if draft_group_size is not None and not options.use_cache:
-        raise ValueError("self-speculative decoding verifies drafts against a KV cache: use_cache=False "
-                         "is not supported with draft_group_size")
     if options.static_cache and not options.use_cache:
         raise ValueError("cache_implementation='static' needs use_cache=True")
     attention_mask = _checked_prompt(input_ids, attention_mask, options.max_new_tokens, model.config)
     _warn_if_prompt_ends_with_eos(input_ids, model.config)
-    if draft_group_size is not None:
-        return _Speculation(model, input_ids, attention_mask, draft_group_size, options).run()
-    return _group_decode(model, input_ids, attention_mask, group_size, options)
+    return decoding.decode(model, input_ids, attention_mask, options)
 
 
 # ----------------------------------------------------------------------------------------------
 # Group decoding
 # ----------------------------------------------------------------------------------------------
-def semi_ar_ranks(attention_mask: torch.Tensor, total_len: int, group_size: int, has_condition: torch.Tensor):
-    """Group ranks ``(B, total_len)`` of a left-padded prompt followed by its continuation, and position ids.
+class GroupDecoding(DecodingStrategy):
+    """``generate(..., group_size=t)``: each forward predicts the next group of ``t`` tokens (:func:`_group_decode`)."""
 
-    Per row, with ``P`` real prompt tokens and ``c`` = 1 when it starts with a condition token (BOS), the
-    condition has rank 0 and text position ``i >= c`` has rank ``R + floor((i - P) / t)`` with
-    ``R = c + ceil((P - c) / t)`` the rank of the first generated group: groups of ``t`` tokens end where the
-    prompt ends and the first text group holds ``1..t`` tokens, exactly a plan that
-    the dar plan (``objectives/dar.py``) draws. ``t = 1`` gives ``g[i] = i`` (the AR plan). Padding gets rank 0
-    (it is never attended). Position ids count real tokens only.
-    """
-    batch, prompt_cols = attention_mask.shape
-    device = attention_mask.device
-    real = (attention_mask != 0).long().sum(-1, keepdim=True)  # P
-    pad = prompt_cols - real
-    cols = torch.arange(total_len, device=device).expand(batch, total_len)
-    i = cols - pad  # position in the row's own sequence (negative on padding)
-    c = has_condition.long().view(batch, 1).to(device)
-    first_generated = c + torch.div(real - c + group_size - 1, group_size, rounding_mode="floor")
-    ranks = first_generated + torch.div(i - real, group_size, rounding_mode="floor")
-    ranks = torch.where(i < c, torch.zeros_like(ranks), ranks)
-    return ranks, i.clamp(min=0)
+    def __init__(self, group_size: int):
+        self.group_size = group_size
 
+    def check(self, config, allow_untrained: bool = False) -> None:
+        check_group_size(config, self.group_size, allow_untrained)
 
-def one_stream_prompt(input_ids, attention_mask, group_size: int, bos: int, pad: int):
-    """A left-padded prompt in dar's one-stream layout: ``(ids, mask, positions)``, ``(B, U)`` with ``U`` a multiple
-    of ``t``. Groups of ``t`` tokens end where each prompt ends (the first text group holds ``1..t`` tokens, as the
-    plan draws it), and :func:`one_stream_start_rows` BOS copies come before the prompt's BOS, so every group fills
-    a block and the prompt's last ``t`` rows predict the next group. Rows are left-padded by whole blocks."""
-    batch, prompt_len = input_ids.shape
-    real = (attention_mask != 0).long().sum(-1, keepdim=True)  # BOS and the text
-    first_group = torch.remainder(real - 2, group_size) + 1  # s1: (text - 1) mod t + 1
-    row_len = one_stream_start_rows(group_size, first_group) + real
-    width = int(row_len.max())
-    from_end = torch.arange(width - 1, -1, -1, device=input_ids.device).expand(batch, width)
-    source = (prompt_len - 1 - from_end).clamp(min=0)
-    ids = torch.where(from_end < real, input_ids.gather(1, source), torch.where(from_end < row_len, bos, pad))
-    positions = (torch.arange(width, device=input_ids.device) - (width - row_len)).clamp(min=0)
-    return ids, (from_end < row_len).long(), positions
-
-
-def one_stream_next_token_layouts(input_ids, attention_mask, group_size: int, bos: int, pad: int):
-    """Plain token ids ``(B, T)`` in dar's one-stream layouts, for the next-token (causal) view: ``(layouts, rows)``.
-
-    A row predicts the token ``t`` slots after it, and it has seen every earlier token only when that token opens
-    a group. Token ``k`` of a sequence (BOS at ``k = 0``) opens a group when the first text group has
-    ``s1 = (k - 2) mod t + 1`` tokens, the rule :func:`one_stream_prompt` applies to a prompt ending at ``k - 1``.
-    So each row is laid out ``t`` times, once per ``s1`` in ``1..t``: :func:`one_stream_start_rows` BOS copies,
-    then the row (with a BOS in front if it does not start with one: the start rows are its copies, as in
-    training). ``layouts`` ``(t * B, W)`` stacks them in the batch dimension, layout ``s1 - 1`` first; position ids
-    are the slot indices, as in training. ``rows`` ``(B, T)`` indexes the flattened ``(t * B * W)`` rows: the
-    one whose state predicts ``input_ids[:, i + 1]`` (past the input, the next token). ``attention_mask`` (or None)
-    marks the real tokens, one run per row (left or right padding); a padding column's row is a real one."""
-    t, device = group_size, input_ids.device
-    batch, length = input_ids.shape
-    columns = torch.arange(length, device=device)
-    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask != 0
-    start = torch.where(real.any(-1), real.long().argmax(-1), 0)[:, None]  # (B, 1): the first real column
-    lead = (input_ids.gather(1, start) != bos).long()  # 1: a BOS goes in front of the row
-    first_group = torch.arange(1, t + 1, device=device)[:, None, None]  # (t, 1, 1): s1 of each layout
-    before = one_stream_start_rows(t, first_group) + lead - start  # (t, B, 1): slot of column c is c + before
-    width = length + int(before.max())
-    source = torch.arange(width, device=device) - before  # (t, B, W): the column each slot holds
-    tokens = input_ids.expand(t, batch, length).gather(2, source.clamp(0, length - 1))
-    layouts = torch.where(source < start, bos, torch.where(source < length, tokens, pad))
-    # the token after column i is k = i + 1 - start + lead of its sequence; its layout and its predicting row
-    k = (columns + 1 - start + lead).clamp(min=1)  # (B, T); padding columns before the row get any valid row
-    layout = torch.remainder(k - 2, t)  # s1 - 1
-    sequence = torch.arange(batch, device=device)[:, None]
-    slot = (columns + 1 + before[layout, sequence, 0] - t).clamp(min=0)  # (B, T): its slot, less t
-    rows = (layout * batch + sequence) * width + slot
-    return layouts.reshape(t * batch, width), rows
-
+    def decode(self, model, input_ids, attention_mask, options):
+        return _group_decode(model, input_ids, attention_mask, self.group_size, options)
 
 
 def _group_decode(model, input_ids, attention_mask, group_size: int, options: DecodingOptions):
@@ -945,443 +512,3 @@ class _OneStreamGroups:
         forward = self.step if (past and self.static) else self.prefill
         self.past = length
         return forward(ids, key_mask, position_ids, self.cache)[:, :width]
-
-
-# ----------------------------------------------------------------------------------------------
-# Self-speculative decoding
-# ----------------------------------------------------------------------------------------------
-@dataclass
-class GenerateSpeculativeOutput(GenerateDecoderOnlyOutput):
-    """What ``generate(..., draft_group_size=k, return_dict_in_generate=True)`` returns: transformers' decoder-only
-    output (``sequences``, ``scores`` / ``logits`` of the AR pathway, one entry per new token) and how the drafts
-    fared.
-
-    num_drafted (`(B,)`): drafts each row had verified (those within its token budget).
-    num_accepted (`(B,)`): drafts the AR pathway accepted.
-    num_forwards (`int`): forwards of the model, the prompt's included.
-    num_speculative_steps (`int`): verify-and-draft steps after the prompt's forward.
-    num_plain_steps (`int`): plain (t = 1) steps, run while speculation did not pay (``speculation_break_even``).
-    """
-
-    num_drafted: torch.LongTensor | None = None
-    num_accepted: torch.LongTensor | None = None
-    num_forwards: int | None = None
-    num_speculative_steps: int | None = None
-    num_plain_steps: int | None = None
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted / drafted over the batch (NaN when nothing was drafted)."""
-        drafted = int(self.num_drafted.sum()) if self.num_drafted is not None else 0
-        return int(self.num_accepted.sum()) / drafted if drafted else float("nan")
-
-
-
-def _compact_cache(cache: DynamicCache, key_valid: torch.Tensor, key_pos: torch.Tensor, columns: int) -> int:
-    """Move each row's valid cache columns (of the first ``columns``) to the right end of the new first columns, a
-    left-padded layout, and drop the columns no row needs (the holes of rejected drafts). Only the DynamicCache is
-    compacted, outside any graph, when its next step would pass max_position_embeddings keys. ``key_valid`` /
-    ``key_pos`` (full width) are updated in place; returns the new number of columns."""
-    valid = key_valid[:, :columns]
-    keep = int(valid.sum(-1).max())
-    order = torch.argsort(valid.to(torch.int8), dim=1, stable=True)[:, columns - keep :]
-    for layer in cache.layers:
-        index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-        layer.keys = layer.keys[:, :, :columns].gather(2, index)
-        layer.values = layer.values[:, :, :columns].gather(2, index)
-    key_valid[:, :keep], key_pos[:, :keep] = valid.gather(1, order), key_pos[:, :columns].gather(1, order)
-    key_valid[:, keep:] = False
-    return keep
-
-
-class _SpeculationSchedule:
-    """Whether the next step speculates or runs plain (t = 1). Deterministic given the tokens, never the clock, so
-    that a seeded run repeats: over a window of ``SPECULATION_WINDOW`` steps that verified drafts, if the drafts
-    accepted per step (averaged over the rows still decoding) fall below ``break_even``, the next
-    ``SPECULATION_REST`` steps are plain; then speculation is probed again."""
-
-    def __init__(self, break_even: float):
-        self.break_even, self.window, self.rest = break_even, SPECULATION_WINDOW, SPECULATION_REST
-        self.accepted, self.plain_left = [], 0
-
-    @property
-    def speculate(self) -> bool:
-        return self.plain_left == 0
-
-    def record(self, verified: bool, accepted: float) -> None:
-        """After a step: whether it verified drafts, and how many it kept per row."""
-        if self.plain_left:
-            self.plain_left -= 1
-        elif verified:
-            self.accepted.append(accepted)
-            if len(self.accepted) == self.window:
-                if sum(self.accepted) / self.window < self.break_even:
-                    self.plain_left = self.rest
-                self.accepted = []
-
-
-def _check_break_even(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"speculation_break_even must be a number >= 0 (accepted drafts per verify step below "
-                         f"which plain steps run; 0: never), got {value!r}")
-    return float(value)
-
-
-class _SpeculationState:
-    """Every tensor a speculative run changes, allocated once per shape and kept on the model: a compiled step
-    holds their addresses (CUDA graphs replay on the same memory, as transformers' StaticCache does), and each run
-    refills them in place."""
-
-    def __init__(self, batch: int, prompt_len: int, max_new_tokens: int, k: int, columns: int, vocab: int,
-                 do_sample: bool, device):
-        def new(*shape, dtype=torch.long):
-            tensor = torch.zeros(shape, dtype=dtype, device=device)
-            torch._dynamo.mark_static_address(tensor)
-            return tensor
-
-        self.out = new(batch, prompt_len + max_new_tokens + 1)  # the prompt, the new tokens, a spare last column
-        self.num_new, self.real, self.last_position = new(batch), new(batch), new(batch)
-        self.unfinished, self.has_drafts = new(batch, dtype=torch.bool), new(batch, dtype=torch.bool)
-        self.drafts = new(batch, k - 1)
-        self.draft_probs = new(batch, k - 1, vocab, dtype=torch.float) if do_sample else None
-        self.key_valid, self.key_pos = new(batch, columns, dtype=torch.bool), new(batch, columns)
-        self.drafted, self.accepted = new(batch), new(batch)
-
-    def reset(self, input_ids, attention_mask, max_new_tokens: int, pad: int) -> None:
-        for tensor in (self.num_new, self.unfinished, self.has_drafts, self.drafts, self.key_valid, self.key_pos,
-                       self.drafted, self.accepted):
-            tensor.zero_()
-        self.out.fill_(pad)
-        self.out[:, : input_ids.shape[1]] = input_ids
-        self.unfinished.fill_(True)
-        self.real.copy_(attention_mask.sum(-1))  # prompt tokens of a row; its new token i sits at position real + i
-        self.last_position.copy_(self.real + max_new_tokens - 1)  # the last position a row may fill
-
-
-def _speculation_state(model, key: tuple, device) -> _SpeculationState:
-    """The state of the last shape, reused across runs of that shape (as :func:`_static_cache` reuses its cache)."""
-    held = getattr(model, "_lookaround_speculation_state", None)
-    if held is None or held[0] != (key, device):
-        held = model._lookaround_speculation_state = ((key, device), _SpeculationState(*key, device=device))
-    return held[1]
-
-
-def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """A token per row of ``probs`` (N, V) from uniforms ``u`` (N,) in [0, 1), by the inverse CDF: the uniforms
-    are drawn before a compiled step (a ``torch.Generator`` cannot enter its graph), the same ones give the same
-    tokens, and ``1 - u > 0`` never lands on a token of probability 0."""
-    cdf = probs.cumsum(-1)
-    return (cdf < (1 - u)[:, None] * cdf[:, -1:]).sum(-1).clamp(max=probs.shape[-1] - 1)
-
-
-class _Speculation:
-    """Lossless self-speculative decoding: the tokens of AR (``t = 1``) decoding, up to ``k`` of them per forward.
-
-    Ranks follow the AR plan (a token's rank is its position), so the content in the cache is that of AR decoding.
-    A verify-and-draft step (:meth:`_speculative_step`) is one forward whose content rows are the token picked last
-    and the ``k - 1`` drafts after it (causal among themselves, as AR content is), and whose query rows are ``k``
-    groups of ``k`` rows: group ``a`` sits at the ``k`` positions after the last token and the first ``a`` drafts,
-    with one rank, so it reads exactly those. Its first row is the AR pathway's prediction there: group ``a``'s
-    first row verifies draft ``a + 1`` (greedy: equal to the argmax; sampling: accepted with probability
-    ``min(1, p/q)``, else the token is drawn from ``max(0, p - q)``, the standard speculative rule, so the output is
-    distributed as ``t = 1`` sampling). After ``a`` accepted drafts, the group at ``a`` also holds the next drafts
-    (its other ``k - 1`` rows, the ``dar`` plan's look-ahead), so drafting costs no extra forward. A plain step
-    (:meth:`_plain_step`) is t = 1: the last token's content, one query row after it; the schedule
-    (:class:`_SpeculationSchedule`) runs plain steps while speculation does not pay.
-
-    Every step appends its content rows to the cache at the same columns for every row; rejected drafts stay there
-    as invalid keys (holes in ``key_valid``, positions from ``key_pos``), so no row's cache is moved or cropped and
-    a static cache keeps fixed shapes: with ``cache_implementation="static"`` each kind of step is one compiled
-    graph without host syncs, and the loop in :meth:`run` reads one small status tensor per step. A DynamicCache
-    is compacted (outside any graph) only when its next step would pass ``max_position_embeddings`` keys.
-    """
-
-    def __init__(self, model, input_ids, attention_mask, draft_group_size: int, options: DecodingOptions):
-        batch, prompt_len = input_ids.shape
-        if options.streamer is not None and batch > 1:
-            raise ValueError("a streamer takes one row: stream with batch size 1 (and num_return_sequences=1)")
-        self.k, self.options, self.batch, self.prompt_len = draft_group_size, options, batch, prompt_len
-        self.device, self.limit = input_ids.device, model.config.max_position_embeddings
-        max_new_tokens = options.max_new_tokens
-        self.tracker = StopTracker(options.stopping_criteria, prompt_len + max_new_tokens, batch, self.device,
-                                   options.streamer)
-        self.positionless = reads_only_scores(options.logits_processor)
-        self.rows = torch.arange(batch, device=self.device)
-        # every step writes >= 1 token per row still decoding and appends at most k columns
-        columns = prompt_len + draft_group_size * max_new_tokens
-        self.state = _speculation_state(model, (batch, prompt_len, max_new_tokens, draft_group_size, columns,
-                                                model.config.vocab_size, options.do_sample), self.device)
-        self.state.reset(input_ids, attention_mask, max_new_tokens, options.pad_token_id)
-        self.tracker.unfinished = self.state.unfinished
-        self.spare = self.state.out.shape[1] - 1  # takes the writes past a row's end
-        if options.static_cache:
-            self.cache = _static_cache(model, batch, columns, input_ids.dtype)
-        else:
-            self.cache = DynamicCache(config=model.config)
-        # what reads tokens on the host after each step keeps the step eager (only its forward is compiled)
-        host_work = (not self.positionless or bool(self.tracker.others) or options.streamer is not None
-                     or options.output_scores or options.output_logits)
-        compile_config = options.compile_config if options.static_cache else None
-        one_graph = compile_config is not None and not host_work
-        self.prefill, self.forward = _decoding_step(model, None if one_graph else compile_config)
-        if one_graph:  # the forward is traced inside each compiled step
-            self.speculative_step, self.plain_step = _speculation_steps(model, compile_config)
-        else:
-            self.speculative_step, self.plain_step = _Speculation._speculative_step, _Speculation._plain_step
-        self.schedule = _SpeculationSchedule(options.speculation_break_even)
-        self.steps = {"speculative": 0, "plain": 0}
-        self.records = []
-        self.first_content = (input_ids, attention_mask)
-
-    def run(self):
-        done = self._prefill()[0]
-        while not done:
-            speculate = self.schedule.speculate
-            width = self._width(self.k if speculate else 1)
-            step = self.speculative_step if speculate else self.plain_step
-            done, accepted, verified = step(self, width, self._uniforms()).tolist()  # the one read per step
-            self.steps["speculative" if speculate else "plain"] += 1
-            self.schedule.record(bool(verified), accepted)
-        return self._output()
-
-    # the two steps: each is one graph when compiled -------------------------------------------------------------
-    def _speculative_step(self, width: int, uniforms):
-        """Verify the drafts and draft the next ones: content rows are the last token and ``width - 1`` drafts,
-        query rows a group of ``k`` after each."""
-        ids, positions, valid = self._content(width)
-        logits = self._forward(self.forward, ids, positions, valid, groups=width, rows=self.k)
-        return self._advance(logits, uniforms)
-
-    def _plain_step(self, width: int, uniforms):
-        """t = 1: the last token's content row and one query row after it (no drafts to verify, none drafted)."""
-        ids, positions, valid = self._content(1)
-        logits = self._forward(self.forward, ids, positions, valid, groups=1, rows=1)
-        return self._advance(logits, uniforms)
-
-    def _prefill(self):
-        """The prompt's forward (its own width, eager): its content, one group of ``k`` query rows after it."""
-        input_ids, attention_mask = self.first_content
-        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self._forward(self.prefill, input_ids, positions, attention_mask != 0, groups=1, rows=self.k)
-        return self._advance(logits, self._uniforms()).tolist()
-
-    def _width(self, width: int) -> int:
-        """Content rows of the next step: ``width``; a DynamicCache first drops its holes when the step would pass
-        max_position_embeddings keys, and takes fewer drafts if still short of room."""
-        if self.options.static_cache:
-            return width
-        columns = self.cache.get_seq_length()
-        if columns + width > self.limit:
-            columns = _compact_cache(self.cache, self.state.key_valid, self.state.key_pos, columns)
-        return min(width, self.limit - columns)
-
-    def _uniforms(self):
-        """The step's random numbers, drawn outside its graph: ``k - 1`` to verify drafts, one for the token,
-        ``k - 1`` for the next drafts (None when greedy)."""
-        if not self.options.do_sample:
-            return None
-        return torch.rand((self.batch, 2 * self.k - 1), device=self.device, generator=self.options.generator)
-
-    # a step's parts ---------------------------------------------------------------------------------------------
-    def _content(self, width: int):
-        """The content rows: each row's last token and the first ``width - 1`` drafts, causal among themselves, at
-        the positions after its last committed token. A row that finished, a position past the row's budget, or a
-        draft column after a plain step (no drafts) is an invalid key."""
-        s = self.state
-        last = s.out.gather(1, (self.prompt_len + s.num_new - 1)[:, None])
-        ids = torch.cat([last, s.drafts[:, : width - 1]], 1)
-        positions = (s.real + s.num_new - 1)[:, None] + torch.arange(width, device=self.device)
-        is_draft = torch.arange(width, device=self.device) > 0
-        valid = (positions <= s.last_position[:, None]) & s.unfinished[:, None] & (s.has_drafts[:, None] | ~is_draft)
-        return ids, positions.clamp(max=self.limit - 1), valid
-
-    def _queries(self, groups: int, rows: int):
-        """``groups`` groups of ``rows`` query rows; group ``a`` has rank ``nxt + a`` (``nxt``: the position after
-        the row's last committed token) and sits at positions ``nxt + a ..``. Slots past the budget predict
-        nothing."""
-        s = self.state
-        group_rank = (s.real + s.num_new)[:, None] + torch.arange(groups, device=self.device)
-        positions = (group_rank[:, :, None] + torch.arange(rows, device=self.device)).flatten(1)
-        ranks = group_rank[:, :, None].expand(-1, -1, rows).flatten(1)
-        is_slot = (positions <= s.last_position[:, None]) & s.unfinished[:, None]
-        return torch.where(is_slot, positions, 0), torch.where(is_slot, ranks, NO_TARGET_RANK)
-
-    def _forward(self, forward, ids, positions, valid, groups: int, rows: int):
-        """The content rows join the cache at its next columns (a static cache's own column counter, a tensor: no
-        host read); the query rows' logits come back as ``(B, groups, rows, V)``."""
-        s, width = self.state, ids.shape[1]
-        start = self.cache.get_seq_length()
-        columns = start + torch.arange(width, device=self.device)
-        s.key_valid.index_copy_(1, columns, valid)
-        s.key_pos.index_copy_(1, columns, positions)
-        keys = s.key_valid.shape[1] if self.options.static_cache else start + width
-        query_positions, query_ranks = self._queries(groups, rows)
-        logits = forward(ids, s.key_valid[:, :keys].long(), s.key_pos[:, :keys], positions, self.cache,
-                         query_positions, query_ranks)
-        return logits.view(self.batch, groups, rows, -1)
-
-    def _advance(self, logits, uniforms):
-        """Everything after the forward: verify, commit, drop the rejected drafts' keys, draft the next ones.
-        Returns the status the loop reads: ``[all rows done, drafts accepted per verifying row, any row
-        verified]``."""
-        groups, rows = logits.shape[1:3]
-        ar_logits = logits[:, :, 0]
-        ar_scores = self._ar_scores(ar_logits)
-        num_ok, token = self._verify(ar_scores, uniforms)
-        accepted, verifying = self._commit(ar_logits, ar_scores, num_ok, token)
-        self._drop_rejected(num_ok, groups)
-        if rows > 1:
-            self._draft(logits, num_ok, uniforms)
-        else:
-            self.state.has_drafts.fill_(False)
-        rate = accepted.sum() / verifying.sum().clamp(min=1)
-        return torch.stack([~self.state.unfinished.any(), rate, verifying.any()]).float()
-
-    def _ar_scores(self, ar_logits):
-        """The AR pathway's logits after the processors; those that read the sequence see each row's committed
-        tokens and the drafts before the group (host work: per-row prefixes)."""
-        processors, s = self.options.logits_processor, self.state
-        if self.positionless:
-            return process(processors, ar_logits.flatten(0, 1), None).view_as(ar_logits)
-        committed = [s.out[b, : self.prompt_len + int(s.num_new[b])] for b in range(self.batch)]
-        context = [torch.cat([committed[b], s.drafts[b, :a]]) for b in range(self.batch)
-                   for a in range(ar_logits.shape[1])]
-        return process(processors, ar_logits.flatten(0, 1), context).view_as(ar_logits)
-
-    def _verify(self, ar_scores, uniforms):
-        """The AR pathway's verdict: the first row of group ``a`` predicts position ``nxt + a``, after the first
-        ``a`` drafts. Returns the drafts accepted before the first rejection ``(B,)`` and the token after them: AR's
-        own pick, or a draw from ``max(0, p - q)`` where a draft was rejected."""
-        s, groups, do_sample = self.state, ar_scores.shape[1], self.options.do_sample
-        ar_probs = torch.softmax(ar_scores, -1) if do_sample else None
-        num_ok = torch.zeros_like(s.num_new)
-        if groups > 1:
-            to_verify = s.drafts[:, : groups - 1]
-            if do_sample:
-                p = ar_probs[:, : groups - 1].gather(-1, to_verify[..., None]).squeeze(-1)
-                q = s.draft_probs[:, : groups - 1].gather(-1, to_verify[..., None]).squeeze(-1)
-                ok = uniforms[:, : groups - 1] * q < p  # accepted with probability min(1, p / q)
-            else:
-                ok = to_verify == ar_scores[:, : groups - 1].argmax(-1)
-            num_ok = (ok & s.has_drafts[:, None]).long().cumprod(-1).sum(-1)
-        if not do_sample:
-            return num_ok, ar_scores[self.rows, num_ok].argmax(-1)
-        dist = ar_probs[self.rows, num_ok]
-        if groups > 1:
-            residual = (dist - s.draft_probs[self.rows, num_ok.clamp(max=groups - 2)]).clamp(min=0)
-            use = (num_ok < groups - 1) & s.has_drafts & (residual.sum(-1) > 0)
-            dist = torch.where(use[:, None], residual, dist)
-        return num_ok, _draw(dist, uniforms[:, self.k - 1])
-
-    def _commit(self, ar_logits, ar_scores, num_ok, token):
-        """Write the accepted drafts and the token, within each row's budget, up to EOS (or another stop, host
-        work); count the drafts. Returns the drafts each row kept and the rows that verified any."""
-        s, options, tracker, groups = self.state, self.options, self.tracker, ar_scores.shape[1]
-        pad, running = options.pad_token_id, s.unfinished.clone()
-        budget = options.max_new_tokens - s.num_new
-        candidates = torch.cat([s.drafts[:, : groups - 1], token[:, None]], 1)
-        candidates = candidates.scatter(1, num_ok[:, None], token[:, None])
-        count, ended = tracker.until_eos(candidates, torch.where(running, torch.minimum(num_ok + 1, budget), 0))
-        slot = torch.arange(groups, device=self.device)
-        keep = slot < count[:, None]
-        starts = self.prompt_len + s.num_new
-        s.out.scatter_(1, torch.where(keep, starts[:, None] + slot, self.spare), torch.where(keep, candidates, pad))
-        stopped = torch.zeros_like(running)
-        if tracker.others:  # stop strings, your own criteria: asked on the host after each token
-            count, stopped = tracker.until_other_stop(s.out, starts, count, ar_scores)
-            columns = torch.arange(s.out.shape[1], device=self.device)
-            after_stop = (columns >= (starts + count)[:, None]) & (columns < self.spare)
-            s.out.masked_fill_(stopped[:, None] & after_stop, pad)
-        if options.output_scores or options.output_logits:
-            self.records.append((s.num_new.clone(), count.clone(), ar_scores if options.output_scores else None,
-                                 ar_logits if options.output_logits else None))
-        if tracker.streamer is not None and int(count[0]):
-            tracker.put(s.out[0, int(starts[0]) : int(starts[0] + count[0])])
-        verifiable = (budget - 1).clamp(min=0, max=groups - 1) * (running & s.has_drafts)
-        accepted = torch.minimum(num_ok, verifiable)
-        s.drafted.add_(verifiable)
-        s.accepted.add_(accepted)
-        s.num_new.add_(count)
-        tracker.stop(ended | stopped | (s.num_new >= options.max_new_tokens))
-        return accepted, verifiable > 0
-
-    def _drop_rejected(self, num_ok, groups: int) -> None:
-        """Rejected drafts become holes: of the step's ``groups`` content columns a row keeps its last token and the
-        drafts it accepted. A row that finished keeps none (it is never read again, and it would hold accepted drafts
-        past its EOS: keys a DynamicCache would have to make room for)."""
-        if groups == 1:
-            return
-        key_valid = self.state.key_valid
-        columns = self.cache.get_seq_length() - groups + torch.arange(groups, device=self.device)
-        kept = (torch.arange(groups, device=self.device) < (num_ok + 1)[:, None]) & self.state.unfinished[:, None]
-        key_valid.index_copy_(1, columns, key_valid.index_select(1, columns) & kept)
-
-    def _draft(self, logits, num_ok, uniforms) -> None:
-        """The next drafts: the other rows of the group after the accepted ones (it never saw the token picked
-        now). Processors that read the sequence see, slot by slot, the drafts before the slot (host work)."""
-        s, options, k = self.state, self.options, self.k
-        draft_logits = logits[self.rows, num_ok, 1:]  # (B, k - 1, V)
-        draft_u = uniforms[:, k:] if options.do_sample else None
-        if self.positionless:
-            scores = process(options.logits_processor, draft_logits.flatten(0, 1), None).view_as(draft_logits)
-            drafts = self._choose(scores, draft_u)
-        else:
-            drafts, scores = num_ok.new_zeros((self.batch, k - 1)), torch.empty_like(draft_logits)
-            for j in range(k - 1):
-                context = [torch.cat([s.out[b, : self.prompt_len + int(s.num_new[b])], drafts[b, :j]])
-                           for b in range(self.batch)]
-                scores[:, j] = process(options.logits_processor, draft_logits[:, j], context)
-                u = None if draft_u is None else draft_u[:, j : j + 1]
-                drafts[:, j] = self._choose(scores[:, j : j + 1], u)[:, 0]
-        if options.do_sample:
-            s.draft_probs.copy_(torch.softmax(scores, -1))
-        s.drafts.copy_(drafts)
-        s.has_drafts.fill_(True)
-
-    def _choose(self, scores, u):
-        """(B, n, V) processed scores -> (B, n) tokens: the argmax, or draws with the uniforms ``u`` (B, n)."""
-        if u is None:
-            return scores.argmax(-1)
-        return _draw(torch.softmax(scores, -1).flatten(0, 1), u.flatten()).view(scores.shape[:2])
-
-    # what the run returns ---------------------------------------------------------------------------------------
-    def _output(self):
-        self.tracker.end()
-        s, steps = self.state, self.steps
-        # the state is refilled by the next run: hand out copies
-        num_new, drafted, accepted = s.num_new.clone(), s.drafted.clone(), s.accepted.clone()
-        forwards = 1 + steps["speculative"] + steps["plain"]
-        if int(drafted.sum()) > 0:
-            logger.info("self-speculative decoding (k=%d): %d of %d drafts accepted (%.1f%%), %d forwards for %d "
-                        "tokens (%d speculative steps, %d plain)", self.k, int(accepted.sum()), int(drafted.sum()),
-                        100.0 * int(accepted.sum()) / int(drafted.sum()), forwards, int(num_new.sum()),
-                        steps["speculative"], steps["plain"])
-        scores, logits = self._per_token(num_new) if self.records else (None, None)
-        sequences = s.out[:, : self.prompt_len + int(num_new.max())].clone()
-        return build_output(self.options, sequences, self.cache, scores, logits, GenerateSpeculativeOutput,
-                            num_drafted=drafted, num_accepted=accepted, num_forwards=forwards,
-                            num_speculative_steps=steps["speculative"], num_plain_steps=steps["plain"])
-
-    def _per_token(self, num_new):
-        """The recorded AR scores / logits as one ``(B, V)`` tensor per new token (rows took different steps)."""
-        vocab = next(v for record in self.records for v in record[2:] if v is not None).shape[-1]
-        stacked = {name: torch.zeros(int(num_new.max()), self.batch, vocab, device=self.device)
-                   for name in ("scores", "logits")}
-        for start, count, step_scores, step_logits in self.records:
-            slot = torch.arange((step_scores if step_scores is not None else step_logits).shape[1], device=self.device)
-            b_idx, i_idx = (slot[None] < count[:, None]).nonzero(as_tuple=True)
-            for name, values in (("scores", step_scores), ("logits", step_logits)):
-                if values is not None:
-                    stacked[name][start[b_idx] + i_idx, b_idx] = values[b_idx, i_idx]
-        return stacked["scores"], stacked["logits"]
-
-
-def _speculation_steps(model, compile_config):
-    """The verify-and-draft step and the plain step, each compiled whole as one graph with ``compile_config``, kept
-    on the model so that every run of one shape reuses them."""
-    key = repr(sorted(compile_config.to_dict().items()))
-    held = getattr(model, "_lookaround_speculation_steps", None)
-    if held is None or held[0] != key:
-        held = model._lookaround_speculation_steps = (key, _compiled(_Speculation._speculative_step, compile_config),
-                                                      _compiled(_Speculation._plain_step, compile_config))
-    return held[1], held[2]

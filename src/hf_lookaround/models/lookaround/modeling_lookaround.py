@@ -56,7 +56,10 @@ from .checks_lookaround import (
 )
 # generate(..., group_size=t): semi-AR group decoding; the next-token view of dar's one-stream form
 from .loading_lookaround import check_loaded, check_weights_files
-from .generation_lookaround import GroupDecodingMixin, is_one_stream_group_model, one_stream_next_token_layouts
+from .decoding_lookaround import is_one_stream_group_model
+from .generation_lookaround import GroupDecodingMixin
+from .inputs_lookaround import PreparedInputs
+from .layout_lookaround import one_stream_next_token_layouts
 from .masking_lookaround import (
     AUTO_ATTENTION,
     FLEX_ATTENTION_MIN_KEYS,
@@ -465,9 +468,7 @@ class LookAroundModel(LookAroundPreTrainedModel):
         use_cache: bool | None = None,
         query_position_ids: torch.LongTensor | None = None,
         query_group_ids: torch.LongTensor | None = None,
-        prepared_attention: PreparedAttention | None = None,
-        content_output: bool = True,
-        row_kind: torch.LongTensor | None = None,
+        prepared: PreparedInputs | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> LookAroundModelOutput:
         r"""
@@ -488,16 +489,15 @@ class LookAroundModel(LookAroundPreTrainedModel):
             defaults to `config.default_attention`.
         past_key_values (`Cache`, optional), use_cache: keys and values of the content stream of earlier tokens;
             those of the current tokens are appended. Query rows never enter the cache.
-        prepared_attention (`PreparedAttention`, optional): the masks built beforehand by `prepare_attention` from
-            the same batch (e.g. outside a compiled step, so that no BlockMask is built inside the graph).
-        content_output (`bool`, default True): False when nothing reads the content stream's output (a loss on the
-            query stream): the last layer then runs the query rows alone and `last_hidden_state` is None.
-        row_kind (`(B,)` int, optional): a one-stream mixture batch (a block-causal config, no padding, no cache):
-            `BLOCK_CAUSAL_ROW` (0) rows are dar's one-stream form, `BIDIRECTIONAL_ROW` (1) rows BERT's `[MASK]`
-            form, whose text ends before dar's start rows (`masking_lookaround.mixed_rows_plan`).
+        prepared (`PreparedInputs`, optional): how the forward runs beyond these inputs (`inputs_lookaround`): masks
+            built outside a compiled step, `content_output=False` when nothing reads the content stream's output
+            (the last layer then runs the query rows alone and `last_hidden_state` is None), a one-stream mixture
+            batch's `row_kind`. A batch may carry them as keys (`prepared_attention`, `content_output`, `row_kind`).
         kwargs: transformers' output flags (`output_hidden_states`, `output_attentions`, `return_dict`), read by
             `capture_outputs`.
         """
+        prepared = PreparedInputs.take(prepared, kwargs)
+        row_kind = prepared.row_kind
         output_hidden_states, output_attentions = self._output_flags(kwargs)
         use_cache = bool(use_cache) and not self.training
         if use_cache and past_key_values is None:
@@ -514,13 +514,13 @@ class LookAroundModel(LookAroundPreTrainedModel):
         rows = self._rows(batch, seq_len, inputs_embeds.device, attention_mask, group_ids, target_positions,
                           position_ids, attention_pattern, past_key_values, query_position_ids, query_group_ids)
         # nobody reads the content stream's output: the last layer runs the query rows alone
-        query_rows_alone = not content_output and rows.num_query > 0 and not output_hidden_states \
+        query_rows_alone = not prepared.content_output and rows.num_query > 0 and not output_hidden_states \
             and not output_attentions
         unpadded = not rows.two_stream and attention_mask is None and rows.key_len == seq_len and not output_attentions
         static_group_size = self._static_group_size(rows, unpadded)
         masks = create_plan_mask(rows.plan, self.config._attn_implementation, inputs_embeds.dtype, seq_len,
                                  plain_causal=unpadded and rows.pattern == "causal", query_rows_alone=query_rows_alone,
-                                 prepared=prepared_attention, static_group_size=static_group_size, row_kind=row_kind)
+                                 prepared=prepared.attention, static_group_size=static_group_size, row_kind=row_kind)
 
         hidden = inputs_embeds
         if rows.two_stream:  # the query stream starts from a learned vector
@@ -782,10 +782,10 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         use_cache: bool | None = None,
         query_position_ids: torch.LongTensor | None = None,
         query_group_ids: torch.LongTensor | None = None,
-        prepared_attention: PreparedAttention | None = None,
         return_last_hidden_state: bool | None = None,
         query_target_ids: torch.LongTensor | None = None,
         loss_weights: torch.FloatTensor | None = None,
+        prepared: PreparedInputs | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> LookAroundForPreTrainingOutput:
         r"""
@@ -795,7 +795,8 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
         fixed width (collators' `pad_targets_to`); without them a compiled graph uses width T. query_position_ids /
         query_group_ids, past_key_values / use_cache: explicit query rows and the content cache, as in
         `LookAroundModel.forward` (the logits are then those of the explicit rows).
-        prepared_attention: the masks from `model.prepare_attention(**batch)`, built outside a compiled step.
+        prepared (`PreparedInputs`, optional): e.g. the masks from `model.prepare_attention(**batch)`, built outside
+        a compiled step (a batch may carry them as `prepared_attention`).
         return_last_hidden_state (`bool`, optional): compute the content stream's final state. Default: only
         without labels; with labels the loss reads the query stream alone, so the last layer skips the content rows
         (the loss and its gradients are unchanged) and `last_hidden_state` is None.
@@ -813,12 +814,12 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
             target_positions = positions_of(labels != -100, width)
         if return_last_hidden_state is None:
             return_last_hidden_state = labels is None and query_target_ids is None
+        prepared = PreparedInputs.take(prepared, kwargs).with_content_output(return_last_hidden_state)
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, group_ids=group_ids,
             target_positions=target_positions, position_ids=position_ids, inputs_embeds=inputs_embeds,
             past_key_values=past_key_values, use_cache=use_cache, query_position_ids=query_position_ids,
-            query_group_ids=query_group_ids, prepared_attention=prepared_attention,
-            content_output=return_last_hidden_state, **kwargs,
+            query_group_ids=query_group_ids, prepared=prepared, **kwargs,
         )
         logits = self.lm_head(outputs.query_hidden_state)
         loss = None
@@ -853,7 +854,8 @@ class LookAroundForPreTraining(LookAroundLMHeadMixin, LookAroundPreTrainedModel)
                           return_last_hidden_state: bool | None = None, query_target_ids=None,
                           **batch) -> PreparedAttention:
         """The masks of `forward(**batch)`, built now: call it outside a compiled step, once per batch, and pass the
-        result as `prepared_attention`. Takes the batch `forward` takes (a collator's output)."""
+        result as `prepared=PreparedInputs(attention=...)` (or the batch key `prepared_attention`). Takes the batch
+        `forward` takes (a collator's output)."""
         if target_positions is None and labels is not None:
             target_positions = positions_of(labels != -100)
         if return_last_hidden_state is None:
@@ -1004,54 +1006,35 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        prepared_attention: PreparedAttention | None = None,
-        row_kind: torch.LongTensor | None = None,
-        one_stream_layout: bool = False,
+        prepared: PreparedInputs | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
-        r"""labels (`(B, T)`): the input ids themselves; they are shifted inside, -100 is ignored. (With
-        `one_stream_layout`, the collator writes at `labels[:, j + 1]` the token row `j` predicts, `t` places ahead.)
-        prepared_attention: the masks from `model.prepare_attention(**batch)`, built outside a compiled step.
-        row_kind (`(B,)`, optional): a one-stream mixture batch (the `mixture` collator's single-stream form): rows
-        of kind 1 are BERT's `[MASK]` rows, bidirectional, whose label at `i + 1` is the token masked at `i`. A
-        training layout: it implies `one_stream_layout`.
-        one_stream_layout (`bool`, dar's one-stream form only): the input is in the training layout (start rows,
-        groups filling blocks of `t`), not plain token ids; `logits[:, j]` is then row `j`'s."""
-        check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels, row_kind)
-        inputs = input_ids if input_ids is not None else inputs_embeds
-        shape, device = inputs.shape[:2], inputs.device
+        r"""labels (`(B, T)`): the input ids themselves; they are shifted inside, -100 is ignored.
+        prepared (`PreparedInputs`, optional): how the forward runs beyond these inputs: the masks from
+        `model.prepare_attention(**batch)`, built outside a compiled step; a training layout of dar's one-stream
+        form (`one_stream_layout=True`, or a one-stream mixture batch's `row_kind`, whose rows of kind 1 are BERT's
+        `[MASK]` rows, bidirectional, with the label at `i + 1` the token masked at `i`): `logits[:, j]` is then row
+        `j`'s, and the collator writes at `labels[:, j + 1]` the token row `j` predicts, `t` places ahead. A batch
+        may carry them as keys (`prepared_attention`, `one_stream_layout`, `row_kind`).
+
+        One of three modes runs, by what the checkpoint predicts with (see the class): the query stream
+        (:meth:`_query_stream_logits`), the next-token view of dar's one-stream form on plain token ids
+        (:meth:`_next_token_view_logits`), or the content stream (:meth:`_content_stream_logits`)."""
+        prepared = PreparedInputs.take(prepared, kwargs)
+        check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels, prepared.row_kind)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         common = dict(
             input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
             attention_pattern=self.content_pattern, past_key_values=past_key_values, use_cache=use_cache,
-            prepared_attention=prepared_attention, **kwargs,
+            prepared=prepared, **kwargs,
         )
-        if row_kind is not None:
-            common["row_kind"] = row_kind
         if self.predicts_with_query_stream:
-            # with labels every row is needed for the loss; otherwise only the kept ones run
-            rows = torch.arange(shape[1], device=device)
-            rows = rows if labels is not None else rows[keep]
-            query_positions, query_ranks, position_ids = self._next_token_rows(rows, position_ids, past_key_values, shape)
-            # the logits read the query rows only: the last layer skips the content rows
-            outputs = self.model(**common, position_ids=position_ids, query_position_ids=query_positions,
-                                 query_group_ids=query_ranks, content_output=False)
-            full_logits = self.lm_head(outputs.query_hidden_state)
-            logits = full_logits[:, keep] if labels is not None else full_logits
-        elif row_kind is None and self.reads_next_token_from_layouts(one_stream_layout):  # row_kind: a layout
-            # dar's one-stream form on plain ids: the row of each next token, from the t layouts of the input
-            layouts, rows = self._next_token_layouts(common, position_ids)
-            outputs = self.model(input_ids=layouts, attention_pattern="block_causal")
-            hidden = outputs.last_hidden_state.flatten(0, 1)[rows]
-            logits = self.lm_head(hidden[:, keep])
-            if labels is not None:
-                full_logits = logits if logits.shape[1] == labels.shape[1] else self.lm_head(hidden)
+            mode = self._query_stream_logits
+        elif prepared.row_kind is None and self.reads_next_token_from_layouts(prepared.one_stream_layout):
+            mode = self._next_token_view_logits
         else:
-            outputs = self.model(**common, position_ids=position_ids)
-            hidden = outputs.last_hidden_state
-            logits = self.lm_head(hidden[:, keep])
-            if labels is not None:
-                full_logits = logits if logits.shape[1] == labels.shape[1] else self.lm_head(hidden)
+            mode = self._content_stream_logits
+        outputs, logits, full_logits = mode(common, position_ids, keep, labels is not None)
         loss = None
         if labels is not None:
             loss = self.loss_function(full_logits, labels, vocab_size=self.config.vocab_size, num_items_in_batch=kwargs.get("num_items_in_batch"))  # shifts inside
@@ -1060,6 +1043,43 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
             loss=loss, logits=logits, past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,
         )
+
+    # the three modes: each returns (backbone outputs, logits of the kept rows, logits of every row for the loss)
+    def _query_stream_logits(self, common: dict, position_ids, keep, with_labels: bool):
+        """A two-stream checkpoint: a query row at position `i + 1` with rank `i + 1` gives `logits[:, i]`. With
+        labels every row is needed for the loss; otherwise only the kept ones run."""
+        inputs = common["input_ids"] if common["input_ids"] is not None else common["inputs_embeds"]
+        shape, device = inputs.shape[:2], inputs.device
+        rows = torch.arange(shape[1], device=device)
+        rows = rows if with_labels else rows[keep]
+        query_positions, query_ranks, position_ids = self._next_token_rows(rows, position_ids,
+                                                                           common["past_key_values"], shape)
+        # the logits read the query rows only: the last layer skips the content rows
+        outputs = self.model(**{**common, "prepared": common["prepared"].with_content_output(False)},
+                             position_ids=position_ids, query_position_ids=query_positions,
+                             query_group_ids=query_ranks)
+        full_logits = self.lm_head(outputs.query_hidden_state)
+        logits = full_logits[:, keep] if with_labels else full_logits
+        return outputs, logits, full_logits
+
+    def _next_token_view_logits(self, common: dict, position_ids, keep, with_labels: bool):
+        """dar's one-stream form on plain ids: the row of each next token, from the `t` layouts of the input."""
+        layouts, rows = self._next_token_layouts(common, position_ids)
+        outputs = self.model(input_ids=layouts, attention_pattern="block_causal")
+        hidden = outputs.last_hidden_state.flatten(0, 1)[rows]
+        return outputs, *self._kept_and_full_logits(hidden, keep, with_labels)
+
+    def _content_stream_logits(self, common: dict, position_ids, keep, with_labels: bool):
+        """The single-stream causal view (or a training layout of dar's one-stream form): row `i`'s content state."""
+        outputs = self.model(**common, position_ids=position_ids)
+        return outputs, *self._kept_and_full_logits(outputs.last_hidden_state, keep, with_labels)
+
+    def _kept_and_full_logits(self, hidden, keep, with_labels: bool):
+        logits = self.lm_head(hidden[:, keep])
+        full_logits = None
+        if with_labels:
+            full_logits = logits if logits.shape[1] == hidden.shape[1] else self.lm_head(hidden)
+        return logits, full_logits
 
     def reads_next_token_from_layouts(self, one_stream_layout: bool) -> bool:
         """dar's one-stream form with groups of `t > 1`, given plain token ids: its rows predict `t` places ahead, so
@@ -1076,7 +1096,7 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         input_ids, attention_mask = common["input_ids"], common["attention_mask"]
         check_next_token_view_inputs(
             self.config, input_ids, attention_mask, inputs_embeds=common["inputs_embeds"], position_ids=position_ids,
-            past_key_values=common["past_key_values"], prepared_attention=common["prepared_attention"],
+            past_key_values=common["past_key_values"], prepared_attention=common["prepared"].attention,
             use_cache=common["use_cache"], output_hidden_states=common.get("output_hidden_states"),
             output_attentions=common.get("output_attentions"),
         )
@@ -1224,6 +1244,7 @@ __all__ = [
     "LookAroundForPreTrainingOutput",
     "AttentionPlan",
     "PreparedAttention",
+    "PreparedInputs",
     "may_attend",
     "resolve_attention_implementation",
     "AUTO_ATTENTION",

@@ -407,6 +407,118 @@ def export(checkpoint, dst) -> str:
     return family
 
 
-__all__ = ["SUPPORTED_TYPES", "MASK_TOKEN", "ConversionError", "convert", "convert_folder", "lookaround_config",
-           "export", "export_family", "family_config", "to_lookaround_weights", "from_lookaround_weights"]
 
+
+# ----------------------------------------------------------------------------------------------------------------
+# pretrain --init_from, --lora_r
+# ----------------------------------------------------------------------------------------------------------------
+INIT_FOLDER = "init_from"  # under --output_dir: the conversion a run with --init_from starts from
+
+
+def prepare_init(model_args, training_args, callbacks: list) -> list:
+    """The pretraining run's init step (`--init_from`, `--lora_r`): resolves where the weights start from and
+    returns ``callbacks`` with, for a LoRA run, the one that merges the adapters when training ends."""
+    resolve_init_from(model_args, training_args)
+    if (getattr(model_args, "lora_r", 0) or 0) <= 0:
+        return callbacks
+    if training_args.resume_from_checkpoint not in (None, "", False):
+        raise ValueError("--lora_r runs do not resume: their checkpoints hold the adapters apart from the weights; "
+                         "start again, or continue from the merged final model with --init_from")
+    return [*callbacks, merge_lora_at_train_end()]
+
+
+def merge_lora_at_train_end():
+    """A `TrainerCallback` that folds the LoRA adapters into the weights when training ends, before the final
+    model is saved (defined here: this module imports transformers only when used)."""
+    from transformers import TrainerCallback
+
+    class MergeLoraAtTrainEnd(TrainerCallback):
+        def on_train_end(self, args, state, control, model=None, **kwargs):
+            if model is not None:
+                merge_lora(model)
+
+    return MergeLoraAtTrainEnd()
+
+
+def resolve_init_from(model_args, training_args) -> None:
+    """`pretrain --init_from SRC`: start from SRC's weights. A LookAround checkpoint is read as
+    `--model_name_or_path`; a causal LM folder is converted first (the main process writes `output_dir/init_from`,
+    atomically; a resumed run reuses it) and read from there, tokenizer and mask token included. Every objective
+    and form then loads it into its own head (`build_model`)."""
+    import os
+    import shutil
+
+    from .hub.files import read_json
+
+    src = getattr(model_args, "init_from", None)
+    if not src:
+        return
+    if model_args.model_name_or_path or model_args.config_name:
+        raise ValueError("--init_from replaces --model_name_or_path and --config_name: give only one of them")
+    config = read_json(Path(src) / "config.json") if (Path(src) / "config.json").is_file() else None
+    if not isinstance(config, dict):
+        raise ValueError(f"--init_from {src}: no config.json there; pass a local causal LM or LookAround folder")
+    if config.get("model_type") == "lookaround":
+        model_args.model_name_or_path = str(src)
+        return
+    target = Path(training_args.output_dir) / INIT_FOLDER
+    with training_args.main_process_first(local=False, desc="converting --init_from"):
+        if training_args.process_index == 0 and not (target / "config.json").is_file():
+            partial = target.with_name(INIT_FOLDER + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            convert_folder(src, partial)
+            os.replace(partial, target)  # whole or absent
+    model_args.model_name_or_path = str(target)
+
+
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def with_lora(model, model_args):
+    """`--lora_r R`: LoRA adapters (peft) on ``--lora_target_modules`` (default: every attention and MLP
+    projection), injected into the model itself, so that the Trainer, the collators and the masks see the same
+    LookAround head; every other weight is frozen. :func:`merge_lora` folds them into the weights before the final
+    save, which is then a plain LookAround checkpoint."""
+    rank = getattr(model_args, "lora_r", 0) or 0
+    if rank <= 0:
+        return model
+    from peft import LoraConfig, inject_adapter_in_model
+
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    targets = [t.strip() for t in (model_args.lora_target_modules or ",".join(DEFAULT_LORA_TARGETS)).split(",")
+               if t.strip()]
+    unknown = [t for t in targets if t not in present]
+    if model_args.lora_target_modules and unknown:
+        raise ValueError(f"--lora_target_modules {', '.join(unknown)}: no such module in the model; choose among "
+                         f"{', '.join(t for t in DEFAULT_LORA_TARGETS if t in present)}")
+    targets = [t for t in targets if t in present]  # a GPT-2-style MLP has no gate_proj
+    config = LoraConfig(r=rank, lora_alpha=model_args.lora_alpha or 2 * rank, lora_dropout=model_args.lora_dropout,
+                        target_modules=targets)
+    model = inject_adapter_in_model(config, model)
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name)
+    return model
+
+
+def merge_lora(model) -> bool:
+    """Fold every LoRA adapter into its base weight and put the base layer back in place (so the state dict has
+    the plain LookAround names); returns whether there was any."""
+    from peft.tuners.lora import LoraLayer
+
+    merged = False
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoraLayer):
+            module.merge()
+            parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+            setattr(parent, name.rsplit(".", 1)[-1], module.get_base_layer())
+            merged = True
+    if merged:
+        for param in model.parameters():
+            param.requires_grad_(True)
+        model.freeze_unused_parameters()
+    return merged
+
+
+__all__ = ["SUPPORTED_TYPES", "MASK_TOKEN", "ConversionError", "convert", "convert_folder", "lookaround_config",
+           "export", "export_family", "family_config", "to_lookaround_weights", "from_lookaround_weights",
+           "prepare_init", "with_lora", "merge_lora"]

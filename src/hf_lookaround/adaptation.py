@@ -269,7 +269,8 @@ def convert(src, max_length: int | None = None, dtype=None):
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     state["model.query_embedding"] = state["model.embed_tokens.weight"][mask_id].clone()
 
-    model = LookAroundForCausalLM(config).to(state["model.embed_tokens.weight"].dtype)
+    # built in the source's dtype (no float32 copy of a bf16 model); every weight is then overwritten
+    model = LookAroundForCausalLM._from_config(config, dtype=state["model.embed_tokens.weight"].dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [n for n in missing if not n.endswith("inv_freq")]
     if missing or unexpected:  # a table that does not cover the source is a bug here, not a user error

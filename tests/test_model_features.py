@@ -130,6 +130,12 @@ def test_rope_parameters_default_to_rope_theta_and_refuse_length_dependent_types
     config = tiny_config(rope_theta=500.0)
     assert config.rope_parameters == {"rope_type": "default", "rope_theta": 500.0}
     assert tiny_config(rope_parameters={"rope_type": "default", "rope_theta": 7.0}).rope_theta == 7.0
+    overridden = tiny_config()
+    overridden.rope_theta = 500.0  # what --config_overrides does: the model and a saved config follow
+    assert overridden.rope_parameters["rope_theta"] == 500.0
+    assert H.LookAroundConfig.from_dict(overridden.to_dict()).rope_theta == 500.0
+    rotary = H.models.lookaround.modeling_lookaround.LookAroundRotaryEmbedding
+    torch.testing.assert_close(rotary(overridden).inv_freq, rotary(tiny_config(rope_theta=500.0)).inv_freq)
     with pytest.raises(ValueError, match="rope_type must be one of"):
         tiny_config(rope_parameters={"rope_type": "dynamic", "factor": 2.0})
 

@@ -166,6 +166,17 @@ class LookAroundConfig(PreTrainedConfig):
             self.prediction_stream = infer_prediction_stream(self.objective, self.architectures)
         self.validate_lookaround()
 
+    def __setattr__(self, name, value):
+        # `rope_theta` and rope_parameters' "rope_theta" are one value: setting either (e.g. --config_overrides
+        # rope_theta=...) sets both, so that the model and a reloaded config.json see the same base
+        super().__setattr__(name, value)
+        parameters = self.__dict__.get("rope_parameters")
+        if name == "rope_theta" and isinstance(parameters, dict) and parameters.get("rope_theta") != value:
+            parameters["rope_theta"] = value
+        elif name == "rope_parameters" and isinstance(value, dict) and value.get("rope_theta") is not None \
+                and self.__dict__.get("rope_theta") != value["rope_theta"]:
+            super().__setattr__("rope_theta", value["rope_theta"])
+
     @property
     def n_positions(self) -> int:
         """The longest input whose every next token the causal LM predicts (GPT-2's name, which

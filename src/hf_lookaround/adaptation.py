@@ -153,8 +153,8 @@ def lookaround_config(source, max_length: int | None = None):
         if rope.get("partial_rotary_factor", 1.0) != 1.0:
             raise ConversionError("partial_rotary_factor != 1 (RoPE on part of each head) is not supported")
         positions = source.max_position_embeddings
-        attention_bias = {"llama": source_attr(source, "attention_bias"), "mistral": False, "qwen2": True,
-                          "qwen3": source_attr(source, "attention_bias")}[model_type]
+        # Llama and Qwen3: one flag for q/k/v/o; Mistral: no bias; Qwen2: q/k/v always, the output never
+        attention_bias = {"mistral": False, "qwen2": True}.get(model_type, bool(getattr(source, "attention_bias", False)))
         fields = dict(
             vocab_size=source.vocab_size, hidden_size=source.hidden_size,
             num_hidden_layers=source.num_hidden_layers, num_attention_heads=source.num_attention_heads,
@@ -177,10 +177,6 @@ def lookaround_config(source, max_length: int | None = None):
             f"converted, and the LookAround model attends to every earlier token: convert with --max_length {window} "
             "(or less), where the window never cuts anything off")
     return LookAroundConfig(**fields, **common, max_position_embeddings=positions)
-
-
-def source_attr(config, name: str):
-    return bool(getattr(config, name, False))
 
 
 # ----------------------------------------------------------------------------------------------------------------

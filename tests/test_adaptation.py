@@ -254,3 +254,20 @@ def test_export_refuses_checkpoints_whose_causal_view_is_no_family_forward(tmp_p
     ids = random_ids() % gpt.config.vocab_size
     with torch.no_grad():
         torch.testing.assert_close(llama(input_ids=ids).logits, gpt(input_ids=ids).logits, rtol=0, atol=1e-4)
+
+
+def test_lm_evaluation_harness_scores_a_conversion_as_it_scores_the_source(converted):
+    """lm-evaluation-harness's `hf` model reads a conversion as any causal LM: its log-likelihoods are the source's,
+    less only the mask token's share of each softmax (a new column: log-probabilities can only fall, and little)."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    source_dir, out, _ = converted["qwen3_qk_norm_untied"]
+    pairs = [("w1 w2 w3", " w4 w5"), ("w10 w11", " w12"), ("w40 w3 w7 w9", " w9 w9 w1")]
+    requests = [Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=i) for i, pair in enumerate(pairs)]
+    scores = {}
+    for name, path in (("source", source_dir), ("converted", out)):
+        lm = HFLM(pretrained=str(path), trust_remote_code=True, device="cpu", dtype="float32", batch_size=2)
+        scores[name] = torch.tensor([ll for ll, _ in lm.loglikelihood(requests)], dtype=torch.float64)
+    gap = scores["source"] - scores["converted"]
+    assert (gap >= -1e-5).all() and (gap < 0.05).all(), (scores, gap)

@@ -271,3 +271,31 @@ def test_lm_evaluation_harness_scores_a_conversion_as_it_scores_the_source(conve
         scores[name] = torch.tensor([ll for ll, _ in lm.loglikelihood(requests)], dtype=torch.float64)
     gap = scores["source"] - scores["converted"]
     assert (gap >= -1e-5).all() and (gap < 0.05).all(), (scores, gap)
+
+
+def test_a_bf16_source_converts_in_bf16_and_gpt2_positions_cut_to_max_length(tmp_path):
+    import transformers
+    from safetensors import safe_open
+
+    import hf_lookaround  # noqa: F401
+    from hf_lookaround import cli
+
+    source = save_source(tmp_path / "qwen2", "qwen2_qkv_bias_tied").to(torch.bfloat16)
+    source.save_pretrained(tmp_path / "qwen2")
+    assert cli.main(["convert", str(tmp_path / "qwen2"), "-o", str(tmp_path / "out")]) == 0
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    ids = random_ids()
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    want = load(tmp_path / "qwen2", dtype=torch.float32).eval()(input_ids=ids).logits
+    got = load(tmp_path / "out", dtype=torch.float32).eval()(input_ids=ids).logits
+    torch.testing.assert_close(got[..., :SOURCE_VOCAB], want, rtol=0, atol=1e-4)
+
+    gpt2 = save_source(tmp_path / "gpt2", "gpt2_tied")
+    assert cli.main(["convert", str(tmp_path / "gpt2"), "-o", str(tmp_path / "gpt2_32"), "--max_length", "32"]) == 0
+    short = load(tmp_path / "gpt2_32").eval()
+    assert short.model.embed_positions.weight.shape[0] == 32
+    ids = random_ids(length=32)
+    with torch.no_grad():
+        torch.testing.assert_close(short(input_ids=ids).logits[..., :SOURCE_VOCAB], gpt2(input_ids=ids).logits,
+                                   rtol=0, atol=1e-4)

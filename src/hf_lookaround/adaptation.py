@@ -264,6 +264,8 @@ def convert(src, max_length: int | None = None, dtype=None):
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     state["model.query_embedding"] = state["model.embed_tokens.weight"][mask_id].clone()
+    if "model.embed_positions.weight" in state:  # GPT-2's learned positions, cut to --max_length
+        state["model.embed_positions.weight"] = state["model.embed_positions.weight"][: config.max_position_embeddings]
 
     # built in the source's dtype (no float32 copy of a bf16 model); every weight is then overwritten
     model = LookAroundForCausalLM._from_config(config, dtype=state["model.embed_tokens.weight"].dtype)

@@ -209,14 +209,13 @@ def read_source(src) -> tuple:
     return config, tokenizer
 
 
-def _prepare_tokenizer(tokenizer, source) -> list[int]:
-    """Give the tokenizer what pretraining needs; returns the ids of tokens added (the mask token, if new).
+def _prepare_tokenizer(tokenizer, source) -> None:
+    """Give the tokenizer what pretraining needs:
 
     - a mask token (`[MASK]` inputs, the masked objectives' single-stream form), `MASK_TOKEN` if it has none;
     - a BOS (every block starts with one, the rank-0 condition): the source config's BOS token, else EOS;
     - a pad token (collators fill short rows with it; it is never attended): EOS, as is usual for these families.
     """
-    before = len(tokenizer)
     if tokenizer.mask_token is None:
         tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
     if tokenizer.bos_token is None:
@@ -224,7 +223,6 @@ def _prepare_tokenizer(tokenizer, source) -> list[int]:
         tokenizer.bos_token = tokenizer.convert_ids_to_tokens(bos) if isinstance(bos, int) else tokenizer.eos_token
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return list(range(before, len(tokenizer)))
 
 
 def convert(src, max_length: int | None = None, dtype=None):
@@ -235,7 +233,6 @@ def convert(src, max_length: int | None = None, dtype=None):
     output row from the mean of the output rows: a token nobody has seen, at the scale of the others. The query
     stream's start vector is the mask token's input row, so a two-stream query starts as a [MASK] input would.
     """
-    import torch
     from transformers import AutoModelForCausalLM
 
     from .models.lookaround.modeling_lookaround import LookAroundForCausalLM
@@ -257,7 +254,9 @@ def convert(src, max_length: int | None = None, dtype=None):
     config.pad_token_id = pad if isinstance(pad, int) and 0 <= pad < config.vocab_size else None
     config.validate_lookaround()
 
-    new_rows = [mask_id] if mask_id >= known else []  # an id the source tokenizer had keeps its trained row
+    # a new mask id may fall on an unused padding row of the matrix (it is set too); a mask token the source
+    # tokenizer already had keeps its row
+    new_rows = [mask_id] if mask_id >= known else []
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         if name in state and not (name == "lm_head.weight" and config.tie_word_embeddings):
             state[name] = _with_rows(state[name], config.vocab_size, new_rows, known)

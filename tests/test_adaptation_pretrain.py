@@ -116,6 +116,9 @@ def test_init_from_continues_a_lookaround_checkpoint_and_refuses_what_it_cannot_
     line = one_line_error(capsys, [*args[:-1], str(tmp_path / "fourth"), "--lora_r", "2", "--lora_target_modules",
                                    "q_proj,c_attn"])
     assert "c_attn" in line and "no such module" in line
+    line = one_line_error(capsys, [*args[:-1], str(tmp_path / "fifth"), "--lora_r", "2",
+                                   "--resume_from_checkpoint", "last"])
+    assert "--lora_r runs do not resume" in line
 
 
 def test_other_forms_start_from_a_gpt2_and_an_adapted_ar_checkpoint_exports_back(sources, tmp_path):

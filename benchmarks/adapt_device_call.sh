@@ -10,7 +10,8 @@
 #               and scored by the source, new tokens/s -> $OUT/adapt_bench.json and .md (copy to docs/results/)
 # A stage whose output is complete is skipped and a cut-off training resumes from its last checkpoint, so under a
 # per-call time limit the same call, repeated, finishes the measurement (runs/ stays on a warm machine).
-# carry: .devdata/whl .devdata/bench/tok8k_gut .devdata/gutenberg/train.jsonl.gz .devdata/gutenberg/validation.jsonl.gz
+# carry: .devdata/whl .devdata/gutenberg/train.jsonl.gz .devdata/gutenberg/validation.jsonl.gz (docs/gutenberg.md makes
+# the slice) and .devdata/bench/tok8k_gut if there is one (else an 8k BPE is trained on TRAIN first, into runs/adapt)
 #   NGPU=4 bash benchmarks/adapt_device_call.sh
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -38,6 +39,8 @@ common=(--train_files "$TRAIN" --block_size "$BLOCK" --per_device_train_batch_si
         --weight_decay 0.1 --adam_beta2 0.95 --max_grad_norm 1.0 --lr_scheduler_type cosine --seed 0
         --dataloader_num_workers 2)
 echo "$NGPU GPUs, $STEP_TOKENS tokens a step"
+[ -f "$TOK/tokenizer.json" ] || { TOK="$R/tok8k"; [ -f "$TOK/tokenizer.json" ] || \
+    python3 -m hf_lookaround.cli train-tokenizer "$TRAIN" -o "$TOK" --vocab_size 8192 || exit 2; }
 
 # 1. the pretrained AR model, by plain transformers
 done_run "$R/source" || launch benchmarks/adapt_bench.py source --train_file "$TRAIN" --tokenizer "$TOK" \

@@ -27,6 +27,8 @@ COMMANDS = {
     "theory": ("theory", "co-occurrence matrices, spectra, Thm 3.1 / 4.2 checks"),
     "vision": ("vision", "two-stream ViT on images (p2p/p2d/d2d): pretrain, probe, L2; sample"),
     "push": ("push", "push a checkpoint, its card and remote code to the Hub"),
+    "convert": ("convert", "convert a Llama/Mistral/Qwen2/Qwen3/GPT-2 folder into a LookAround checkpoint"),
+    "export": ("export", "write a single-stream causal checkpoint back in its family's format"),
 }
 USER_ERRORS = (ValueError, OSError)
 # commands whose own options include TrainingArguments' `--debug VALUE`

@@ -95,6 +95,17 @@ class ModelArguments:
         default=None, metadata={"help": "--train_tokenizer: read at most this many training documents (all by default)"}
     )
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flex_attention"})
+    # adaptation (docs/adaptation.md): start from a pretrained causal LM, fully or with LoRA
+    init_from: str | None = field(default=None, metadata={
+        "help": "start from this folder: a causal LM (llama, mistral, qwen2, qwen3, gpt2; converted into "
+                "OUTPUT_DIR/init_from first, tokenizer and mask token included) or a LookAround checkpoint"})
+    lora_r: int = field(default=0, metadata={"help": "train LoRA adapters of this rank (peft) instead of every "
+                                                     "weight; they are merged into the final model (0: full training)"})
+    lora_alpha: int | None = field(default=None, metadata={"help": "LoRA scale numerator (default 2 * lora_r)"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "dropout on the LoRA branch"})
+    lora_target_modules: str | None = field(default=None, metadata={
+        "help": "comma-separated module names that get adapters (default: q_proj,k_proj,v_proj,o_proj,gate_proj,"
+                "up_proj,down_proj, those the model has)"})
 
 
 @dataclass
@@ -699,8 +710,12 @@ def build_model(config, model_args: ModelArguments, objective_args: ObjectiveArg
     if model_args.model_name_or_path:
         from ..hub.load import load_checkpoint
 
-        return load_checkpoint(cls, model_args.model_name_or_path, "hf-lookaround pretrain", config=config, **kwargs)
-    return cls._from_config(config, **kwargs)
+        model = load_checkpoint(cls, model_args.model_name_or_path, "hf-lookaround pretrain", config=config, **kwargs)
+    else:
+        model = cls._from_config(config, **kwargs)
+    from ..adaptation import with_lora
+
+    return with_lora(model, model_args)  # --lora_r: adapters instead of full training
 
 
 def build_collators(objective_args: ObjectiveArguments, tokenizer, seed: int, block_size: int, static_shapes: bool):
@@ -1091,7 +1106,11 @@ def run(model_args: ModelArguments, data_args: DataArguments, objective_args: Ob
         if training_args.process_index == 0 and training_args.do_train:
             checkpointing.check_output_dir(training_args.output_dir, training_args.resume_from_checkpoint,
                                            getattr(training_args, "overwrite_output_dir", False))
-        return _run(model_args, data_args, objective_args, training_args, callbacks or [])
+        from ..adaptation import prepare_init
+
+        # the init step: --init_from (a causal LM converted on the fly) and --lora_r (merged when training ends)
+        callbacks = prepare_init(model_args, training_args, callbacks or [])
+        return _run(model_args, data_args, objective_args, training_args, callbacks)
     finally:
         if lock is not None:
             lock.release()

@@ -13,6 +13,8 @@ PLAIN_ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")
 POSITION_EMBEDDING_TYPES = ("rope", "absolute")
 ATTENTION_PATTERNS = ("causal", "bidirectional", "block_causal")
 POOLINGS = ("cls", "mean", "last")
+# RoPE variants whose frequencies do not depend on the sequence length (transformers' ROPE_INIT_FUNCTIONS computes them)
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 PREDICTION_STREAMS = ("query", "content")
 # Configs written before `prediction_stream` existed name only their objective, one of these five. This file is
 # remote code and cannot read the package's objectives table (objectives.py); newer configs record the stream.
@@ -71,7 +73,16 @@ class LookAroundConfig(PreTrainedConfig):
         position_embedding_type (`"rope"` or `"absolute"`): both index the *original* token order, so they stay
             correct whatever order a plan predicts in.
         rope_theta (`float`): RoPE base.
-        attention_bias, mlp_bias (`bool`): biases in the projections.
+        rope_parameters (`dict`, optional): transformers' RoPE parameters (`rope_type` one of "default", "linear",
+            "llama3", "yarn", with their `factor` etc.), standardised by transformers' rope config handling; its
+            `rope_theta` wins over the field of that name. Default: plain RoPE with `rope_theta`.
+        num_key_value_heads (`int`, optional): grouped-query attention's key/value heads (default: one per
+            attention head); must divide `num_attention_heads`.
+        head_dim (`int`, optional): the width of a head (default `hidden_size // num_attention_heads`).
+        attention_bias, mlp_bias (`bool`): biases in the projections (attention: q, k, v and the output).
+        attention_output_bias (`bool`, optional): the attention output projection's bias apart from q/k/v's (Qwen2:
+            biases on q, k, v only); default `attention_bias`.
+        qk_norm (`bool`): an RMSNorm over each head of the queries and keys before RoPE (Qwen3).
         default_attention (`"causal"`, `"bidirectional"` or `"block_causal"`): the single-stream pattern used when no
             plan is given (features for probing, classification). Pretraining scripts set it to match the objective.
             `"block_causal"`: a token sees the tokens of its own group and of every earlier group, groups being
@@ -96,6 +107,8 @@ class LookAroundConfig(PreTrainedConfig):
         trained_block_size (`int`, optional): the tokens per sequence the checkpoint was pretrained on (`pretrain
             --block_size`), which `max_position_embeddings` (the positional capacity) does not tell; the default
             window of `hf-lookaround perplexity`. The saved tokenizer's `model_max_length` says the same.
+        source_model_type (`str`, optional): the causal LM family a converted checkpoint came from (`hf-lookaround
+            convert`: "llama", "mistral", "qwen2", "qwen3", "gpt2"); `hf-lookaround export` writes that format back.
         pad_token_id, bos_token_id, eos_token_id, mask_token_id: special token ids.
         tie_word_embeddings (`bool`): tie the LM head to the input embeddings.
     """
@@ -118,7 +131,12 @@ class LookAroundConfig(PreTrainedConfig):
     hidden_act: str = "swiglu"
     position_embedding_type: str = "rope"
     rope_theta: float = 10000.0
+    rope_parameters: dict | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
     attention_bias: bool = False
+    attention_output_bias: bool | None = None
+    qk_norm: bool = False
     mlp_bias: bool = False
     default_attention: str = "bidirectional"
     attention_group_size: int = 1
@@ -129,6 +147,7 @@ class LookAroundConfig(PreTrainedConfig):
     decoding_group_sizes: list[int] | None = None
     prediction_stream: str | None = None
     trained_block_size: int | None = None
+    source_model_type: str | None = None
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
     eos_token_id: int | None = 2
@@ -138,14 +157,34 @@ class LookAroundConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         self.plan_params = dict(self.plan_params or {})
-        super().__post_init__(**kwargs)
+        if self.head_dim is None:  # derived from the width: the heads must divide it
+            self.check_positive_ints("hidden_size", "num_attention_heads")
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                    f"({self.num_attention_heads}); pick a head count that divides it, or set head_dim explicitly"
+                )
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.attention_output_bias is None:
+            self.attention_output_bias = self.attention_bias
+        super().__post_init__(**kwargs)  # standardises rope_parameters (rope_theta joins it)
+        self.rope_theta = self.rope_parameters["rope_theta"]  # one value: rope_parameters' wins
         if self.prediction_stream is None:
             self.prediction_stream = infer_prediction_stream(self.objective, self.architectures)
         self.validate_lookaround()
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def __setattr__(self, name, value):
+        # `rope_theta` and rope_parameters' "rope_theta" are one value: setting either (e.g. --config_overrides
+        # rope_theta=...) sets both, so that the model and a reloaded config.json see the same base
+        super().__setattr__(name, value)
+        parameters = self.__dict__.get("rope_parameters")
+        if name == "rope_theta" and isinstance(parameters, dict) and parameters.get("rope_theta") != value:
+            parameters["rope_theta"] = value
+        elif name == "rope_parameters" and isinstance(value, dict) and value.get("rope_theta") is not None \
+                and self.__dict__.get("rope_theta") != value["rope_theta"]:
+            super().__setattr__("rope_theta", value["rope_theta"])
 
     @property
     def n_positions(self) -> int:
@@ -169,14 +208,17 @@ class LookAroundConfig(PreTrainedConfig):
     def validate_lookaround(self) -> None:
         """Raise a ValueError that says what to fix for any inconsistent value."""
         self.check_positive_ints("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                 "intermediate_size", "max_position_embeddings", "attention_group_size")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                f"({self.num_attention_heads}); pick a head count that divides it"
-            )
+                                 "intermediate_size", "max_position_embeddings", "attention_group_size",
+                                 "num_key_value_heads", "head_dim")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads "
+                             f"({self.num_attention_heads}): each key/value head serves a whole group of query heads")
         if self.position_embedding_type == "rope" and self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head dimension, got {self.head_dim}")
+        rope_type = self.rope_parameters.get("rope_type", "default")
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope_parameters' rope_type must be one of {ROPE_TYPES} (frequencies that do not "
+                             f"depend on the sequence length), got {rope_type!r}")
         choices = {
             "norm_type": NORM_TYPES,
             "norm_position": NORM_POSITIONS,
@@ -210,4 +252,4 @@ class LookAroundConfig(PreTrainedConfig):
         return cls(**{**PRESETS[name], **overrides})
 
 
-__all__ = ["LookAroundConfig", "PRESETS", "PREDICTION_STREAMS", "infer_prediction_stream"]
+__all__ = ["LookAroundConfig", "PRESETS", "ROPE_TYPES", "PREDICTION_STREAMS", "infer_prediction_stream"]

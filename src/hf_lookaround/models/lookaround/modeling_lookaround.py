@@ -40,6 +40,7 @@ from transformers.modeling_outputs import (
     ModelOutput,
     SequenceClassifierOutput,
 )
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple, logging
@@ -101,24 +102,36 @@ def make_norm(config: LookAroundConfig) -> nn.Module:
 
 
 class LookAroundRotaryEmbedding(nn.Module):
-    """RoPE over the original token positions, so it is correct in whatever order a plan predicts."""
+    """RoPE over the original token positions, so it is correct in whatever order a plan predicts. The frequencies
+    of a scaled variant (`config.rope_parameters`: linear, llama3, yarn) come from transformers' ROPE_INIT_FUNCTIONS,
+    so a converted Llama or Qwen rotates exactly as the source did."""
 
     inv_freq: torch.Tensor
 
     def __init__(self, config: LookAroundConfig):
         super().__init__()
-        self.rope_theta = config.rope_theta
-        self.dim = config.head_dim
-        self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
+        self.config = config
+        self.rope_type = config.rope_parameters.get("rope_type", "default")
+        inv_freq, self.attention_scaling = self.compute_rope()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def compute_rope(self) -> tuple[torch.Tensor, float]:
+        """(inverse frequencies, the factor cos and sin are scaled by: 1 but for yarn)."""
+        if self.rope_type != "default":
+            return ROPE_INIT_FUNCTIONS[self.rope_type](self.config, None)
+        dim, base = self.config.head_dim, self.config.rope_parameters["rope_theta"]
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
 
     def compute_inv_freq(self) -> torch.Tensor:
-        return 1.0 / (self.rope_theta ** (torch.arange(0, self.dim, 2, dtype=torch.float) / self.dim))
+        return self.compute_rope()[0]
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = position_ids[..., None].float() * self.inv_freq.to(x.device)
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        if self.attention_scaling == 1.0:
+            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -141,6 +154,9 @@ def eager_attention_forward(
     dropout: float = 0.0,
     **kwargs,
 ):
+    if module.num_key_value_groups > 1:  # grouped-query attention: each key/value head serves a group of heads
+        key = key.repeat_interleave(module.num_key_value_groups, dim=1)
+        value = value.repeat_interleave(module.num_key_value_groups, dim=1)
     attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
         attn_weights = attn_weights + attention_mask
@@ -159,14 +175,21 @@ class LookAroundAttention(nn.Module):
         self.layer_idx = layer_idx
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads
-        self.num_key_value_groups = 1
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
         self.scaling = self.head_dim**-0.5
         self.is_causal = False  # the mask always comes from the plan
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
-        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
+        query_width = config.num_attention_heads * config.head_dim
+        key_value_width = config.num_key_value_heads * config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, query_width, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, key_value_width, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, key_value_width, bias=bias)
+        self.o_proj = nn.Linear(query_width, config.hidden_size, bias=config.attention_output_bias)
+        if config.qk_norm:  # Qwen3: each head's queries and keys normalised before RoPE
+            self.q_norm = LookAroundRMSNorm(config.head_dim, eps=config.norm_eps)
+            self.k_norm = LookAroundRMSNorm(config.head_dim, eps=config.norm_eps)
+        else:
+            self.q_norm = self.k_norm = nn.Identity()
 
     def forward(
         self,
@@ -184,9 +207,9 @@ class LookAroundAttention(nn.Module):
         batch = hidden_states.shape[0]
         attending = hidden_states[:, rows_from:] if rows_from else hidden_states
         rows = attending.shape[1]
-        query = self.q_proj(attending).view(batch, rows, -1, self.head_dim).transpose(1, 2)
+        query = self.q_norm(self.q_proj(attending).view(batch, rows, -1, self.head_dim)).transpose(1, 2)
         content = hidden_states[:, :num_content]  # keys and values come from the content stream only
-        key = self.k_proj(content).view(batch, num_content, -1, self.head_dim).transpose(1, 2)
+        key = self.k_norm(self.k_proj(content).view(batch, num_content, -1, self.head_dim)).transpose(1, 2)
         value = self.v_proj(content).view(batch, num_content, -1, self.head_dim).transpose(1, 2)
         if position_embeddings is not None:
             cos, sin = position_embeddings

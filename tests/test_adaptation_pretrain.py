@@ -1,0 +1,144 @@
+"""`hf-lookaround pretrain --init_from` (issue 39): a few steps of dar's one-stream form, vmlm and the one-stream
+mixture from a saved tiny Llama and a saved tiny Qwen2 (converted on the fly), full or with LoRA; the result loads
+through the Auto classes, decodes groups of 2 and infills."""
+
+import gzip
+import json
+
+import pytest
+import torch
+from conftest import one_line_error
+from test_adaptation import save_source, source_texts
+
+from hf_lookaround.cli import main as cli_main
+
+SOURCES = {"llama": "llama_gqa_untied_linear", "qwen2": "qwen2_qkv_bias_tied"}
+OBJECTIVES = {
+    "dar_one_stream": ["--objective", "dar", "--group_size", "2", "--dar_form", "single_stream"],
+    "vmlm": ["--objective", "vmlm"],
+    "mixture_one_stream": ["--objective", "mixture", "--mixture", "dar=0.5", "vmlm=0.5", "--group_size", "2",
+                           "--dar_form", "single_stream", "--masked_form", "single_stream"],
+    # the other forms (test_other_forms_...)
+    "dar_two_stream": ["--objective", "dar", "--group_size", "2"],
+    "vmlm_one_stream": ["--objective", "vmlm", "--masked_form", "single_stream"],
+    "ar_one_stream": ["--objective", "ar", "--ar_form", "single_stream"],
+}
+ISSUE_OBJECTIVES = ("dar_one_stream", "vmlm", "mixture_one_stream")  # the issue's: from a Llama and a Qwen2
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sources")
+    for family, name in SOURCES.items():
+        save_source(root / family, name)
+    with gzip.open(root / "train.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"text": text}) + "\n" for text in source_texts(count=24, seed=1))
+    return root
+
+
+def pretrain(sources, out, family, objective, *extra):
+    return cli_main([
+        "pretrain", "--init_from", str(sources / family), "--train_files", str(sources / "train.jsonl.gz"),
+        "--block_size", "16", *OBJECTIVES[objective], "--per_device_train_batch_size", "4", "--max_train_samples", "8",
+        "--max_steps", "2", "--learning_rate", "1e-3", "--do_train", "--use_cpu", "true", "--report_to", "none",
+        "--disable_tqdm", "true", "--save_strategy", "no", "--output_dir", str(out), *extra,
+    ])
+
+
+def changed(out) -> bool:
+    """Whether training moved the converted weights (the output against the conversion in out/init_from)."""
+    from safetensors.torch import load_file
+
+    before, after = load_file(out / "init_from" / "model.safetensors"), load_file(out / "model.safetensors")
+    return any(not torch.equal(before[k], after[k]) for k in before if k in after)
+
+
+def check_decodes_and_infills(out, objective):
+    from transformers import AutoModelForCausalLM, AutoModelForPreTraining, AutoTokenizer
+
+    from hf_lookaround.decoding.infill import infill
+
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.mask_token == "<|mask|>"
+    ids = tok(tok.bos_token + " w1 w2 w3", return_tensors="pt", add_special_tokens=False).input_ids
+    if objective != "vmlm":  # dar's one-stream rows, alone or in the mixture: t = 2 tokens per forward
+        causal = AutoModelForCausalLM.from_pretrained(out).eval()
+        assert causal.config.attention_group_size == 2
+        generated = causal.generate(ids, max_new_tokens=4, do_sample=False, group_size=2)
+        assert generated.shape == (1, ids.shape[1] + 4)
+    if objective != "dar_one_stream":  # the masked rows: any-order infilling
+        result = infill(AutoModelForPreTraining.from_pretrained(out).eval(), tok,
+                        ["w1 w2<|mask|><|mask|> w5 w6"], steps=2, order="confidence")
+        assert tok.mask_token not in result.text[0] and result.text[0].startswith("w1 w2")
+
+
+@pytest.mark.parametrize("family", list(SOURCES))
+@pytest.mark.parametrize("objective", ISSUE_OBJECTIVES)
+def test_pretrain_init_from_a_causal_lm(sources, tmp_path, family, objective):
+    out = tmp_path / "run"
+    assert pretrain(sources, out, family, objective) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["source_model_type"] == family and config["objective"] == objective.split("_")[0]
+    assert (out / "init_from" / "config.json").is_file() and changed(out)
+    check_decodes_and_infills(out, objective)
+
+
+def test_pretrain_with_lora_saves_a_merged_checkpoint(sources, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "lora"
+    assert pretrain(sources, out, "qwen2", "dar_one_stream", "--lora_r", "4", "--learning_rate", "5e-2") == 0
+    from safetensors.torch import load_file
+
+    weights = load_file(out / "model.safetensors")
+    assert not any("lora_" in k or "base_layer" in k for k in weights)  # plain LookAround names: merged
+    before = load_file(out / "init_from" / "model.safetensors")
+    moved = [k for k in before if not torch.equal(before[k], weights[k])]
+    # only the adapted projections moved (merged in); embeddings and norms were frozen
+    assert moved and all(k.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                  "down_proj") for k in moved), moved
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert model.generate(torch.tensor([[1, 5, 6]]), max_new_tokens=2, do_sample=False).shape == (1, 5)
+
+
+def test_init_from_continues_a_lookaround_checkpoint_and_refuses_what_it_cannot_use(sources, tmp_path, capsys):
+    first = tmp_path / "first"
+    assert pretrain(sources, first, "llama", "vmlm") == 0
+    # a LookAround checkpoint is read as it is (no conversion folder)
+    out = tmp_path / "second"
+    args = ["pretrain", "--init_from", str(first), "--train_files", str(sources / "train.jsonl.gz"), "--block_size",
+            "16", "--objective", "vmlm", "--per_device_train_batch_size", "4", "--max_train_samples", "8",
+            "--max_steps", "1", "--do_train", "--use_cpu", "true", "--report_to", "none", "--disable_tqdm", "true",
+            "--save_strategy", "no", "--output_dir", str(out)]
+    assert cli_main(args) == 0 and not (out / "init_from").exists()
+    line = one_line_error(capsys, [*args[:-1], str(tmp_path / "third"), "--model_name_or_path", str(first)])
+    assert "--init_from replaces --model_name_or_path" in line
+    line = one_line_error(capsys, [*args[:-1], str(tmp_path / "fourth"), "--lora_r", "2", "--lora_target_modules",
+                                   "q_proj,c_attn"])
+    assert "c_attn" in line and "no such module" in line
+    line = one_line_error(capsys, [*args[:-1], str(tmp_path / "fifth"), "--lora_r", "2",
+                                   "--resume_from_checkpoint", "last"])
+    assert "--lora_r runs do not resume" in line
+
+
+def test_other_forms_start_from_a_gpt2_and_an_adapted_ar_checkpoint_exports_back(sources, tmp_path):
+    """The two-stream dar form and BERT's [MASK] form from a GPT-2 (learned positions, LayerNorm, Conv1D weights);
+    GPT's single-stream ar from a Qwen2, whose result is still a Qwen2 forward: export writes it back, exactly."""
+    import transformers
+
+    save_source(sources / "gpt2", "gpt2_tied")
+    for objective in ("dar_two_stream", "vmlm_one_stream"):
+        out = tmp_path / objective
+        assert pretrain(sources, out, "gpt2", objective) == 0 and changed(out)
+        assert json.loads((out / "config.json").read_text())["position_embedding_type"] == "absolute"
+    check_decodes_and_infills(tmp_path / "vmlm_one_stream", "vmlm")
+
+    out = tmp_path / "ar"
+    assert pretrain(sources, out, "qwen2", "ar_one_stream") == 0 and changed(out)
+    assert cli_main(["export", str(out), "-o", str(tmp_path / "exported")]) == 0
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    assert type(exported).__name__ == "Qwen2ForCausalLM"
+    adapted = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=ids).logits, adapted(input_ids=ids).logits, rtol=0, atol=1e-4)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hf_lookaround as H
-from hf_lookaround.plans import make_plan
+from hf_lookaround.objectives import make_plan
 
 
 def inputs(batch=2, length=12, vocab=61, seed=0):

@@ -254,6 +254,40 @@ def test_infill_text_is_a_string_for_a_string(tokenizer):
     assert isinstance(two.text, list) and len(two.text) == 2
 
 
+@pytest.mark.parametrize("objective", ["mlm", "gvp"])
+def test_infill_never_commits_the_mask_token(tokenizer, objective):
+    """A barely trained checkpoint may rate [MASK] highest at a hidden position; infilling must not commit it
+    (issue 43: skip_special_tokens then dropped it from the text without a word)."""
+    from hf_lookaround import LookAroundForPreTraining
+    from hf_lookaround.decoding.infill import infill
+
+    torch.manual_seed(0)
+    config = LookAroundConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, mask_token_id=tokenizer.mask_token_id, objective=objective,
+    )
+    model = LookAroundForPreTraining(config).eval()
+
+    class FavourTheMask(torch.nn.Module):  # the head rates [MASK] first at every position
+        def __init__(self, head):
+            super().__init__()
+            self.head = head
+
+        def forward(self, hidden):
+            logits = self.head(hidden)
+            logits[..., tokenizer.mask_token_id] += 100.0
+            return logits
+
+    model.lm_head = FavourTheMask(model.lm_head)
+    out = infill(model, tokenizer, ["The committee[MASK][MASK] on[MASK]", "agreed[MASK]"], output_logits=True)
+    assert tokenizer.mask_token_id not in out.sequences.tolist()[0] + out.sequences.tolist()[1]
+    # the first step's logits rated the mask token first at every hidden position: the rule is what kept it out
+    first = out.logits[0]
+    hidden = ~first[..., 0].isnan()
+    assert hidden.any() and (first.argmax(-1)[hidden] == tokenizer.mask_token_id).all()
+
+
 # ----------------------------------------------------------------------------------------------
 # prompts end without EOS
 # ----------------------------------------------------------------------------------------------

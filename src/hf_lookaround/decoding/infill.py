@@ -272,6 +272,8 @@ def infill(
         logits = _infill_logits(model, stream, ids, remaining, valid, is_condition, slots)
         if output_logits:
             all_logits.append(_logits_at_positions(logits, slots, ids.shape[1]))
+        if config.mask_token_id is not None:  # a hidden position is never filled with the mask token itself
+            logits[..., config.mask_token_id] = float("-inf")
         context = ids.repeat_interleave(slots.shape[1], 0)  # processors see the row's current sequence
         scores, tokens = process_and_pick(processors, logits.flatten(0, 1), context, do_sample, generator)
         commit = _commit_now(scores, tokens.view_as(slots), slots, in_block, order, confidence_noise, step, steps,

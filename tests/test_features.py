@@ -122,3 +122,75 @@ def test_all_layers_gives_one_table_per_layer_and_the_embeddings(tiny_model, obj
     assert all(table.shape == tables[-1].shape == (*ids.shape, model.config.hidden_size) for table in tables)
     torch.testing.assert_close(tables[-1], token_states(model.model, ids, mask, features))
     assert all((a - b).abs().max() > 1e-4 for a, b in zip(tables, tables[1:]))
+
+
+def test_probing_names_the_same_features():
+    from hf_lookaround.evaluation import probing
+    from hf_lookaround.models.lookaround import features_lookaround
+
+    assert probing.FEATURES == features_lookaround.FEATURES
+
+
+@pytest.fixture(scope="module")
+def dar_checkpoint(tmp_path_factory):
+    """A saved two-stream dar (t = 2) checkpoint with its tokenizer."""
+    from hf_lookaround.data.tokenization import train_tokenizer
+
+    texts = ["a good film", "the worst plot I have seen in years", "fine", "an utterly wonderful cast"]
+    tokenizer = train_tokenizer(texts * 5, vocab_size=300, min_frequency=1)
+    torch.manual_seed(0)
+    config = H.LookAroundConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=32, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        objective="dar", plan_params={"t": 2}, decoding_group_sizes=[2])
+    folder = tmp_path_factory.mktemp("dar")
+    H.LookAroundForPreTraining(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder, tokenizer
+
+
+def test_extract_features_pools_the_named_state(dar_checkpoint):
+    from transformers import AutoModel
+
+    from hf_lookaround.data.tokenization import encode_sentences
+    from hf_lookaround.evaluation.probing import extract_features, max_length_for
+    from hf_lookaround.models.lookaround.modeling_lookaround import pool
+
+    folder, tokenizer = dar_checkpoint
+    model = AutoModel.from_pretrained(folder).eval()
+    texts = ["a good film", "the worst plot I have seen in years"]
+    enc = encode_sentences(tokenizer, texts, padding=True, return_tensors="pt")
+    for features in ("prediction_state", "content_last_layer"):
+        got = extract_features(model, tokenizer, texts, "last", features=features)
+        states = token_states(model, enc["input_ids"], enc["attention_mask"], features)
+        np.testing.assert_allclose(got, pool(states, enc["attention_mask"], "last").detach().numpy(), atol=1e-5)
+    layers = extract_features(model, tokenizer, texts, "mean", features="prediction_state", all_layers=True)
+    assert layers.shape == (model.config.num_hidden_layers + 1, 2, model.config.hidden_size)
+    # the last column's row predicts the token after the input, one position further
+    assert max_length_for(model, tokenizer, None, "prediction_state") == 31
+    assert max_length_for(model, tokenizer, None, "content_last_layer") == 32
+
+
+def test_probe_command_reads_the_named_features(dar_checkpoint, tmp_path):
+    import json
+    from pathlib import Path
+
+    from hf_lookaround.cli.probe import main
+
+    folder, _ = dar_checkpoint
+    data = Path(__file__).resolve().parent / "fixtures" / "review_scores"
+    common = ["--model_name_or_path", str(folder), "--dataset", str(data), "--max_train_samples", "80",
+              "--max_eval_samples", "40"]
+    reports = {}
+    for features in ("prediction_state", "content_last_layer"):
+        out = tmp_path / features
+        assert main(common + ["--features", features, "--all_layers", "--output_dir", str(out)]) == 0
+        reports[features] = json.loads((out / "probe_results.json").read_text())
+    for features, report in reports.items():
+        assert report["features"] == features and len(report["layers"]) == 3
+        assert [row["layer"] for row in report["layers"]] == [0, 1, 2]
+        assert report["layers"][-1]["test_pearson"] == report["test_pearson"]
+    assert reports["prediction_state"]["test_pearson"] != reports["content_last_layer"]["test_pearson"]
+    with pytest.raises(SystemExit):
+        main(common + ["--features", "prediction_state", "--attention_pattern", "causal", "--output_dir",
+                       str(tmp_path / "refused")])

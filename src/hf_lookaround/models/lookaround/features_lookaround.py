@@ -34,7 +34,7 @@ from .decoding_lookaround import default_group_size, is_one_stream_group_model, 
 from .layout_lookaround import one_stream_next_token_layouts
 from .masking_lookaround import NO_TARGET_RANK, infilling_ranks
 
-__all__ = ["FEATURES", "MASKED_FEATURE_RATIO", "token_states", "reads_query_stream"]
+__all__ = ["FEATURES", "MASKED_FEATURE_RATIO", "token_states", "reads_query_stream", "positions_past_input"]
 
 FEATURES = ("prediction_state", "content_last_layer")
 MASKED_FEATURE_RATIO = 0.15  # BERT's ratio, the lowest the text masked objectives train
@@ -48,6 +48,12 @@ def check_features(features: str) -> None:
 def reads_query_stream(config, features: str) -> bool:
     """Whether these features come from the query stream (a two-stream checkpoint's prediction state)."""
     return features == "prediction_state" and getattr(config, "prediction_stream", None) == "query"
+
+
+def positions_past_input(config, features: str) -> int:
+    """Positions the features read past the input: 1 for a look-ahead two-stream prediction state (the last column's
+    row predicts the token after the input, at the next position), else 0."""
+    return int(reads_query_stream(config, features) and bool(trained_group_sizes(config)))
 
 
 def token_states(backbone, input_ids, attention_mask=None, features: str = "prediction_state",

@@ -194,3 +194,43 @@ def test_probe_command_reads_the_named_features(dar_checkpoint, tmp_path):
     with pytest.raises(SystemExit):
         main(common + ["--features", "prediction_state", "--attention_pattern", "causal", "--output_dir",
                        str(tmp_path / "refused")])
+
+
+def test_classifier_pools_the_prediction_state_and_trains_the_query_stream(tiny_model):
+    from hf_lookaround.models.lookaround.modeling_lookaround import pool
+
+    model = tiny_model(H.LookAroundForSequenceClassification, objective="dar", plan_params={"t": 2},
+                       decoding_group_sizes=[2], bos_token_id=BOS, pad_token_id=0, num_labels=3,
+                       classifier_features="prediction_state")
+    assert model.unused_parameter_names() == []
+    ids, mask = batch(6)
+    out = model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 2]))
+    state = token_states(model.model, ids, mask, "prediction_state")
+    torch.testing.assert_close(out.logits, model.score(pool(state, mask, "mean")))
+    out.loss.backward()
+    assert model.model.query_embedding.grad.abs().sum() > 0
+    content = tiny_model(H.LookAroundForSequenceClassification, objective="dar", decoding_group_sizes=[2],
+                         num_labels=3)
+    assert content.unused_parameter_names() == ["model.query_embedding"]
+    with pytest.raises(ValueError, match="classifier_features must be one of"):
+        tiny_model(H.LookAroundForSequenceClassification, classifier_features="query")
+
+
+def test_glue_fine_tunes_on_the_named_features(dar_checkpoint, tmp_path):
+    import json
+    from pathlib import Path
+
+    from hf_lookaround.cli.glue import main
+
+    folder, _ = dar_checkpoint
+    data = Path(__file__).resolve().parent / "fixtures" / "reviews"
+    argv = ["--model_name_or_path", str(folder), "--train_file", str(data / "train.jsonl"),
+            "--validation_file", str(data / "validation.jsonl"), "--max_train_samples", "32",
+            "--max_eval_samples", "16", "--per_device_train_batch_size", "16", "--max_steps", "2",
+            "--do_train", "--do_eval", "--report_to", "none", "--save_strategy", "no", "--use_cpu",
+            "--features", "prediction_state", "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(ValueError, match="31 positions"):  # the row after the last token needs one position
+        main(argv + ["--max_seq_length", "32"])
+    assert main(argv + ["--max_seq_length", "31"]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["classifier_features"] == "prediction_state"
+    assert np.isfinite(json.loads((tmp_path / "out" / "all_results.json").read_text())["train_loss"])

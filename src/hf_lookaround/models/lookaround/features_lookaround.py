@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import torch
 
+from .configuration_lookaround import FEATURES
 from .decoding_lookaround import default_group_size, is_one_stream_group_model, trained_group_sizes
 from .layout_lookaround import one_stream_next_token_layouts
 from .masking_lookaround import NO_TARGET_RANK, infilling_ranks
 
 __all__ = ["FEATURES", "MASKED_FEATURE_RATIO", "token_states", "reads_query_stream", "positions_past_input"]
 
-FEATURES = ("prediction_state", "content_last_layer")
 MASKED_FEATURE_RATIO = 0.15  # BERT's ratio, the lowest the text masked objectives train
 
 

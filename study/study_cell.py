@@ -206,6 +206,7 @@ def probes(model, tokenizer, spec, log) -> dict:
     from hf_lookaround.evaluation import tasks as T
 
     s, out = spec["settings"], {}
+    features = spec.get("features", "content_last_layer")  # the protocol's named state (study18's: the content's)
     for task in TASKS:
         raw = T.load_labeled_splits(dataset=spec["prep"]["task_dirs"][task])
         labels = T.label_info(raw)
@@ -220,7 +221,7 @@ def probes(model, tokenizer, spec, log) -> dict:
             sizes[split] = {"used": len(texts), "available": len(raw[split])}
             truncated[split] = pr.count_truncated(tokenizer, texts, s["max_seq_length"])
             feats[split] = pr.extract_features(model, tokenizer, texts, pooling="mean", batch_size=s["eval_batch_size"],
-                                               max_length=s["max_seq_length"])
+                                               max_length=s["max_seq_length"], features=features)
         task_type = "regression" if labels.is_regression else "classification"
         r = pr.linear_probe(feats["train"], ys["train"], feats["validation"], ys["validation"], feats["test"],
                             ys["test"], task_type=task_type, seed=spec["seed"], return_predictions=True)
@@ -234,6 +235,7 @@ def probes(model, tokenizer, spec, log) -> dict:
             "metric": metric, "test": r[f"test_{metric}"], "validation": r[f"validation_{metric}"],
             "hyperparameter": {"C" if metric == "accuracy" else "alpha": r.get("C", r.get("alpha"))},
             "sizes": sizes, "num_truncated": truncated, "pooling": "mean",
+            **({"features": features} if "features" in spec else {}),
             "test_predictions": test_predictions, "test_labels": test_labels,
         })
         log(f"probe {task}: test {metric} {out[task]['test']:.4f}")
@@ -280,7 +282,8 @@ def finetune_one(ckpt, spec, task, mode, lr, log) -> dict:
     s = spec["settings"]
     folder = Path(spec["cell_dir"]) / "finetune" / f"{task}-{mode}-lr{lr:g}"
     task_dir = spec["prep"]["task_dirs"][task]
-    model_args = G.ModelArguments(model_name_or_path=str(ckpt), use_lora=mode == "lora")
+    model_args = G.ModelArguments(model_name_or_path=str(ckpt), use_lora=mode == "lora",
+                                  features=spec.get("features"))  # None: the config's (content_last_layer)
     data_args = G.DataTrainingArguments(dataset_name=task_dir, max_seq_length=s["max_seq_length"],
                                         max_train_samples=s["ft_train"], max_eval_samples=s["ft_eval"])
     available = spec["prep"]["task_sizes"][task]["train"]

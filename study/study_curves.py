@@ -265,7 +265,14 @@ def _spec(protocol, stamp, args, objective, seed, gpu, prep, settings, deadline_
             "threads": threads, "cell_dir": str(cell_dir), "records_dir": str(args.records_dir),
             "deadline_unix": deadline_unix, "eval_minutes_guess": args.eval_minutes_guess,
             "steps_this_command": args.steps_this_command, "second_scorer": args.second_scorer,
-            "perplexity": protocol.get("evaluation", {}).get("perplexity", True)}
+            "perplexity": protocol.get("evaluation", {}).get("perplexity", True),
+            "features": protocol_features(protocol)}
+
+
+def protocol_features(protocol) -> str:
+    """The token states probes and fine-tuning read (``evaluation.representation.features``); a protocol that names
+    none ran before issue 42 and read ``content_last_layer``."""
+    return protocol.get("evaluation", {}).get("representation", {}).get("features", "content_last_layer")
 
 
 def _start(spec: dict, env: dict) -> subprocess.Popen:

@@ -264,6 +264,7 @@ def finetune_tasks(spec, folder: Path, log) -> bool:
               "protocol_sha256": spec["protocol_sha256"], "part": spec["part"],
               "command_label": spec["command_label"], "finetune": {"full": done}, "finished_unix": time.time(),
               "gpu": spec["gpu"], "versions": versions(), "learning_rate": spec["learning_rate"],
+              "features": spec.get("features", "content_last_layer"),
               "training_slice_sha256": spec["prep"].get("training_slice_sha256"), "cell_run": spec.get("cell_run")}
     write_json(Path(spec["records_dir"]) / finetune_name(spec["key"]), record)
     return True

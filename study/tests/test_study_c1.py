@@ -308,3 +308,17 @@ def test_a_draft_protocol_runs_no_cell_whose_settings_are_pending(tmp_path):
     stamp.write_text(json.dumps(dict(json.loads(stamp.read_text()), tree={"study/study_curves.py": "0" * 40})))
     with pytest.raises(SystemExit, match="not commit"):
         sc.main(argv)
+
+
+def test_the_c1_protocol_names_the_prediction_state_and_study32_keeps_its_own():
+    """Issue 42 part 3: probes and fine-tuning read the state the protocol names; issue 32's protocol, which names
+    none, keeps the content stream's last layer (its numbers stay reproducible)."""
+    import json
+    from pathlib import Path
+
+    from study_curves import protocol_features
+
+    folder = Path(__file__).resolve().parents[1]
+    c1 = json.loads((folder / "study_protocol_c1.json").read_text())
+    assert protocol_features(c1) == "prediction_state" and c1["evaluation"]["representation"]["answers_C1"] == "fine-tuning"
+    assert protocol_features(json.loads((folder / "study_protocol_curves.json").read_text())) == "content_last_layer"

@@ -15,10 +15,12 @@ from ..evaluation import probing
 from ..hub.load import load_checkpoint
 from .common import resolve_device
 from ..evaluation.probing import (
+    FEATURES,
     POOLINGS,
     count_truncated,
     extract_features,
     linear_probe,
+    linear_probe_layers,
     max_length_for,
 )
 
@@ -37,11 +39,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--test_file", default=None)
     p.add_argument("--label_column", default="label")
     p.add_argument("--pooling", choices=POOLINGS, default="mean")
+    p.add_argument("--features", choices=FEATURES, default="content_last_layer",
+                   help="prediction_state: the state that predicts, in the checkpoint's own training layout (a "
+                        "two-stream checkpoint's query stream); content_last_layer: the content stream's last layer "
+                        "under --attention_pattern (docs/evaluation.md)")
+    p.add_argument("--all_layers", action="store_true",
+                   help="also probe the same state after the embeddings and after every layer (results: 'layers')")
     p.add_argument(
         "--attention_pattern",
         choices=("pretrained", "causal", "bidirectional"),
         default="pretrained",
-        help="pretrained = config.default_attention (LookAround models only for the others)",
+        help="pretrained = config.default_attention (LookAround models only for the others; "
+             "--features content_last_layer only)",
     )
     p.add_argument("--max_length", type=int, default=None, help="default: the model's max positions")
     p.add_argument("--batch_size", type=int, default=32)
@@ -108,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = auto_tokenizer(args.tokenizer_name or args.model_name_or_path)
     model.to(device)
     pattern = None if args.attention_pattern == "pretrained" else args.attention_pattern
-    max_length = max_length_for(model, tokenizer, args.max_length)
+    if pattern is not None and args.features != "content_last_layer":
+        raise SystemExit(f"--attention_pattern {pattern} applies to --features content_last_layer; "
+                         f"{args.features} is read in the checkpoint's own training layout: drop one of them")
+    max_length = max_length_for(model, tokenizer, args.max_length, args.features)
 
     feats, ys, truncated = {}, {}, {}
     for split in ("train", "validation", "test"):
@@ -116,12 +128,16 @@ def main(argv: list[str] | None = None) -> int:
             continue
         texts, pairs, ys[split] = _split_xy(raw[split], key1, key2, args.label_column, labels)
         truncated[split] = count_truncated(tokenizer, texts, max_length, pairs)
-        feats[split] = extract_features(model, tokenizer, texts, args.pooling, pattern, args.batch_size, max_length, pairs)
+        feats[split] = extract_features(model, tokenizer, texts, args.pooling, pattern, args.batch_size, max_length,
+                                        pairs, features=args.features, all_layers=args.all_layers)
 
-    result = linear_probe(
-        feats["train"], ys["train"], feats["validation"], ys["validation"], feats.get("test"), ys.get("test"),
-        task_type="regression" if labels.is_regression else "classification", seed=args.seed,
-    )
+    task_type = "regression" if labels.is_regression else "classification"
+    probe = linear_probe_layers if args.all_layers else linear_probe
+    result = probe(feats["train"], ys["train"], feats["validation"], ys["validation"], feats.get("test"),
+                   ys.get("test"), task_type=task_type, seed=args.seed)
+    layers = None
+    if args.all_layers:  # the last table is the single one: the main result
+        layers, result = result, {k: v for k, v in result[-1].items() if k != "layer"}
     dataset = args.dataset or args.train_file
     if args.task_name or not dataset:
         task = args.task_name
@@ -135,10 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         **result,
         "model": args.model_name_or_path,
         "pooling": args.pooling,
-        "attention_pattern": effective_pattern,
+        "features": args.features,
+        "attention_pattern": effective_pattern if args.features == "content_last_layer" else "training_layout",
         "max_length": max_length,
         "num_truncated": truncated,
         "num_examples": {s: int(len(y)) for s, y in ys.items()},
+        **({"layers": layers} if layers is not None else {}),
     }
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -63,6 +63,11 @@ class ModelArguments:
         default=None, metadata={"help": "LookAround: causal or bidirectional (default: as pretrained)"}
     )
     classifier_pooling: str | None = field(default=None, metadata={"help": "LookAround: cls, mean or last"})
+    features: str | None = field(
+        default=None, metadata={"help": "LookAround: the token states the classifier pools, prediction_state or "
+                                        "content_last_layer (default: the config's classifier_features; "
+                                        "docs/evaluation.md)"}
+    )
     use_lora: bool = field(default=False, metadata={"help": "fine-tune LoRA adapters (peft) instead of all weights"})
     lora_r: int = field(default=8)
     lora_alpha: int = field(default=16)
@@ -267,6 +272,11 @@ def _load_model(model_args: ModelArguments, data_args: DataTrainingArguments, la
         config_kwargs["default_attention"] = model_args.attention_pattern
     if model_args.classifier_pooling:
         config_kwargs["classifier_pooling"] = model_args.classifier_pooling
+    if model_args.features:
+        if model_args.attention_pattern and model_args.features == "prediction_state":
+            raise ValueError("--attention_pattern applies to --features content_last_layer; prediction_state is read "
+                             "in the checkpoint's own training layout: drop one of them")
+        config_kwargs["classifier_features"] = model_args.features
     config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path, **config_kwargs, **common)
     tokenizer = auto_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, **common)
     model = load_checkpoint(
@@ -277,8 +287,13 @@ def _load_model(model_args: ModelArguments, data_args: DataTrainingArguments, la
         tokenizer.pad_token = tokenizer.eos_token
         model.config.pad_token_id = tokenizer.pad_token_id
     max_positions = getattr(config, "max_position_embeddings", None)
+    if max_positions and getattr(config, "model_type", None) == "lookaround":
+        from hf_lookaround.models.lookaround.features_lookaround import positions_past_input
+
+        max_positions -= positions_past_input(config, config.classifier_features)  # the row after the last token
     if max_positions and data_args.max_seq_length > max_positions:
-        raise ValueError(f"--max_seq_length {data_args.max_seq_length} exceeds the model's {max_positions} positions")
+        raise ValueError(f"--max_seq_length {data_args.max_seq_length} exceeds the {max_positions} positions the "
+                         f"model's features take")
     if model_args.use_lora:
         model = apply_lora(model, model_args)
     return model, tokenizer

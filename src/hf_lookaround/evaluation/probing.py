@@ -1,8 +1,11 @@
 """Linear probing of frozen features: ``hf-lookaround probe`` (paper (a) §3.3, Thm 4.1).
 
 The backbone is frozen; each text becomes one vector (pooling: ``mean`` over real tokens, ``last``
-real token, or ``cls`` = the first token) under a chosen attention pattern (as pretrained, i.e.
-``config.default_attention``, or forced ``causal`` / ``bidirectional``). A scikit-learn model is fitted
+real token, or ``cls`` = the first token) of a named state (``features``, ``models/lookaround/features_lookaround.py``):
+``prediction_state``, the state that predicts in the checkpoint's own training layout (a two-stream checkpoint's
+query stream), or ``content_last_layer``, the content stream's last layer under a chosen attention pattern (as
+pretrained, i.e. ``config.default_attention``, or forced ``causal`` / ``bidirectional``). ``all_layers`` gives the
+same state after the embeddings and after every layer. A scikit-learn model is fitted
 on top of standardised features: logistic regression for classes (``C`` chosen on the validation
 split), ridge regression for real-valued labels (``alpha`` chosen on validation, Pearson / Spearman).
 
@@ -19,15 +22,24 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["POOLINGS", "DEFAULT_CS", "DEFAULT_ALPHAS", "count_truncated", "extract_features", "linear_probe"]
+__all__ = ["POOLINGS", "FEATURES", "DEFAULT_CS", "DEFAULT_ALPHAS", "count_truncated", "extract_features",
+           "linear_probe", "linear_probe_layers"]
+
+FEATURES = ("prediction_state", "content_last_layer")  # features_lookaround.FEATURES (checked equal in the tests)
 
 POOLINGS = ("mean", "last", "cls")
 DEFAULT_CS = tuple(10.0**e for e in range(-4, 3))  # 1e-4 ... 1e2
 DEFAULT_ALPHAS = tuple(10.0**e for e in range(-2, 5))  # 1e-2 ... 1e4
 
 
-def max_length_for(model, tokenizer, max_length: int | None) -> int:
+def max_length_for(model, tokenizer, max_length: int | None, features: str = "content_last_layer") -> int:
+    """The longest input the features take: the model's positions (less the one a look-ahead prediction state reads
+    past the input), the tokenizer's limit, or ``max_length`` if it fits."""
     limit = getattr(model.config, "max_position_embeddings", None) or 512
+    if getattr(model.config, "model_type", None) == "lookaround":
+        from hf_lookaround.models.lookaround.features_lookaround import positions_past_input
+
+        limit -= positions_past_input(model.config, features)
     tok_limit = getattr(tokenizer, "model_max_length", None)
     if tok_limit and tok_limit < 1e9:  # transformers uses a huge sentinel for "no limit"
         limit = min(limit, tok_limit)
@@ -56,17 +68,24 @@ def extract_features(
     batch_size: int = 32,
     max_length: int | None = None,
     text_pairs=None,
+    features: str = "content_last_layer",
+    all_layers: bool = False,
 ) -> np.ndarray:
-    """Frozen pooled features ``(N, hidden)`` of ``texts`` (optionally sentence pairs).
+    """Frozen pooled features ``(N, hidden)`` of ``texts`` (optionally sentence pairs), or with ``all_layers``
+    ``(num_hidden_layers + 1, N, hidden)``: after the embeddings and after each layer.
 
-    ``attention_pattern`` (``causal`` / ``bidirectional``; None = as pretrained) needs a LookAround
-    model; other ``AutoModel`` backbones run as they are.
+    ``features``: ``content_last_layer`` (the default: what probes read before issue 42) or ``prediction_state``
+    (``features_lookaround``). ``attention_pattern`` (``causal`` / ``bidirectional``; None = as pretrained) applies
+    to ``content_last_layer`` of a LookAround model; other ``AutoModel`` backbones run as they are, and offer
+    ``content_last_layer`` only (their last hidden state).
     """
     from hf_lookaround.data.tokenization import encode_sentences
+    from hf_lookaround.models.lookaround.features_lookaround import check_features, token_states
     from hf_lookaround.models.lookaround.modeling_lookaround import pool
 
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    check_features(features)
     backbone = model.base_model  # the encoder of a head model, or the model itself
     is_lookaround = getattr(backbone.config, "model_type", None) == "lookaround"
     if attention_pattern is not None and not is_lookaround:
@@ -74,7 +93,10 @@ def extract_features(
             f"attention_pattern={attention_pattern!r} needs a LookAround model; "
             f"{type(backbone).__name__} has a fixed pattern (pass None)"
         )
-    max_length = max_length_for(backbone, tokenizer, max_length)
+    if not is_lookaround and (features != "content_last_layer" or all_layers):
+        raise ValueError(f"features={features!r} and all_layers need a LookAround model; "
+                         f"{type(backbone).__name__} offers features='content_last_layer' only")
+    max_length = max_length_for(backbone, tokenizer, max_length, features)
     texts = list(texts)
     text_pairs = list(text_pairs) if text_pairs is not None else None
     truncated = count_truncated(tokenizer, texts, max_length, text_pairs)
@@ -83,16 +105,21 @@ def extract_features(
 
     backbone.eval()
     device = next(backbone.parameters()).device
-    extra = {"attention_pattern": attention_pattern} if is_lookaround else {}
-    features = []
+    pooled = []
     for i in range(0, len(texts), batch_size):
         pairs = text_pairs[i : i + batch_size] if text_pairs is not None else None
         enc = encode_sentences(tokenizer, texts[i : i + batch_size], pairs, padding=True, truncation=True,
                                max_length=max_length, return_tensors="pt")
         enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
-        hidden = backbone(**enc, **extra).last_hidden_state
-        features.append(pool(hidden, enc["attention_mask"], pooling).float().cpu())
-    return torch.cat(features).numpy()
+        if is_lookaround:
+            tables = token_states(backbone, enc["input_ids"], enc["attention_mask"], features, attention_pattern,
+                                  all_layers)
+        else:
+            tables = backbone(**enc).last_hidden_state
+        tables = tables if all_layers else [tables]
+        pooled.append(torch.stack([pool(h, enc["attention_mask"], pooling).float().cpu() for h in tables]))
+    stacked = torch.cat(pooled, dim=1).numpy()
+    return stacked if all_layers else stacked[0]
 
 
 def linear_probe(
@@ -180,6 +207,17 @@ def linear_probe(
             if return_predictions:
                 result["test_predictions"] = predictions.tolist()
     return result
+
+
+def linear_probe_layers(train_layers, train_y, val_layers, val_y, test_layers=None, test_y=None, **kwargs) -> list:
+    """:func:`linear_probe` on every layer's features (``extract_features(..., all_layers=True)``): one result per
+    table, ``layer`` 0 being the embeddings; each layer chooses its own ``C`` / ``alpha`` on validation."""
+    results = []
+    for layer in range(len(train_layers)):
+        test = test_layers[layer] if test_layers is not None else None
+        results.append({"layer": layer, **linear_probe(train_layers[layer], train_y, val_layers[layer], val_y, test,
+                                                       test_y, **kwargs)})
+    return results
 
 
 def _correlations(pred, gold) -> dict:

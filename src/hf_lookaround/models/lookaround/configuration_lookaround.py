@@ -15,6 +15,7 @@ ATTENTION_PATTERNS = ("causal", "bidirectional", "block_causal")
 POOLINGS = ("cls", "mean", "last")
 # RoPE variants whose frequencies do not depend on the sequence length (transformers' ROPE_INIT_FUNCTIONS computes them)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+FEATURES = ("prediction_state", "content_last_layer")  # the named token states (features_lookaround)
 PREDICTION_STREAMS = ("query", "content")
 # Configs written before `prediction_stream` existed name only their objective, one of these five. This file is
 # remote code and cannot read the package's objectives table (objectives.py); newer configs record the stream.
@@ -91,6 +92,9 @@ class LookAroundConfig(PreTrainedConfig):
         attention_group_size (`int`): the group size of the `"block_causal"` pattern (1 is causal).
         classifier_pooling (`"cls"`, `"mean"` or `"last"`): how the sequence classifier pools tokens.
         classifier_dropout (`float`, optional): dropout before the classifier (defaults to `hidden_dropout_prob`).
+        classifier_features (`"content_last_layer"` or `"prediction_state"`): the token states the sequence
+            classifier pools (`features_lookaround`): the content stream's last layer, or the state that predicts in
+            the checkpoint's own training layout.
         objective (`str`, optional), plan_params (`dict`, optional): what the checkpoint was pretrained with;
             informational, written into model cards.
         decoding_group_sizes (`list[int]`, optional): the group sizes `t` the checkpoint's plan trained, those
@@ -142,6 +146,7 @@ class LookAroundConfig(PreTrainedConfig):
     attention_group_size: int = 1
     classifier_pooling: str = "mean"
     classifier_dropout: float | None = None
+    classifier_features: str = "content_last_layer"
     objective: str | None = None
     plan_params: dict | None = None
     decoding_group_sizes: list[int] | None = None
@@ -226,6 +231,7 @@ class LookAroundConfig(PreTrainedConfig):
             "position_embedding_type": POSITION_EMBEDDING_TYPES,
             "default_attention": ATTENTION_PATTERNS,
             "classifier_pooling": POOLINGS,
+            "classifier_features": FEATURES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

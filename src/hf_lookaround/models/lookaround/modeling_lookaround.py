@@ -58,6 +58,7 @@ from .checks_lookaround import (
 # generate(..., group_size=t): semi-AR group decoding; the next-token view of dar's one-stream form
 from .loading_lookaround import check_loaded, check_weights_files
 from .decoding_lookaround import is_one_stream_group_model
+from .features_lookaround import reads_query_stream, token_states
 from .generation_lookaround import GroupDecodingMixin
 from .inputs_lookaround import PreparedInputs
 from .layout_lookaround import one_stream_next_token_layouts
@@ -1198,7 +1199,9 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, pooling: str
 
 
 class LookAroundForSequenceClassification(LookAroundPreTrainedModel):
-    """Sequence (pair) classification or regression on pooled single-stream features."""
+    """Sequence (pair) classification or regression on pooled token states: the content stream's last layer, or with
+    `config.classifier_features="prediction_state"` the state that predicts in the checkpoint's own training layout
+    (`features_lookaround`; the probes read the same)."""
 
     def __init__(self, config: LookAroundConfig):
         super().__init__(config)
@@ -1210,6 +1213,8 @@ class LookAroundForSequenceClassification(LookAroundPreTrainedModel):
         self.post_init()
 
     def unused_parameter_names(self) -> list[str]:
+        if reads_query_stream(self.config, self.config.classifier_features):
+            return []
         return ["model.query_embedding"]  # classification reads the content stream only
 
     @can_return_tuple
@@ -1224,11 +1229,20 @@ class LookAroundForSequenceClassification(LookAroundPreTrainedModel):
         **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput:
         check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels=None)  # class labels: `_loss`
-        outputs = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            inputs_embeds=inputs_embeds, attention_pattern=attention_pattern, **kwargs,
-        )
-        pooled = pool(outputs.last_hidden_state, attention_mask, self.config.classifier_pooling)
+        if self.config.classifier_features == "prediction_state":
+            if inputs_embeds is not None or position_ids is not None or kwargs.get("output_hidden_states") \
+                    or kwargs.get("output_attentions"):
+                raise ValueError("classifier_features='prediction_state' lays out its own rows from input_ids and "
+                                 "attention_mask: drop inputs_embeds, position_ids and output flags")
+            hidden = token_states(self.model, input_ids, attention_mask, "prediction_state", attention_pattern)
+            outputs = LookAroundModelOutput(last_hidden_state=hidden)
+        else:
+            outputs = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                inputs_embeds=inputs_embeds, attention_pattern=attention_pattern, **kwargs,
+            )
+            hidden = outputs.last_hidden_state
+        pooled = pool(hidden, attention_mask, self.config.classifier_pooling)
         logits = self.score(self.dropout(pooled))
         loss = None
         if labels is not None:

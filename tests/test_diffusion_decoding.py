@@ -185,3 +185,33 @@ def test_the_cli_reports_tokens_per_forward(tok, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["mode"] == "diffusion"
     line = one_line_error(capsys, argv + ["--diffusion_steps", "2", "--diffusion_threshold", "0.9"])
     assert "not both" in line
+
+
+def test_a_static_cache_gives_the_same_tokens_and_each_step_compiles_once():
+    """cache_implementation="static": a slot per column, the steps after the prompt's compile whole (fullgraph) in
+    two shapes (a block's first step, the others), once: a second run of the same shapes compiles nothing."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    torch._dynamo.reset()
+    graphs = []
+
+    def record(graph_module, example_inputs):  # a backend that keeps each graph dynamo captured, then runs it
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    model = _model()
+    rows = [[BOS, 7, 9, 11, 13, 15], [BOS, 21, 5]]
+    batch = torch.tensor([[PAD] * (6 - len(r)) + r for r in rows])
+    kwargs = dict(attention_mask=(batch != PAD).long(), diffusion_threshold=0.2)
+    expected = _decode(model, batch, **kwargs)
+    assert torch.equal(_decode(model, batch, cache_implementation="static", **kwargs), expected)  # eager on CPU
+    static = dict(cache_implementation="static", compile_config=CompileConfig(backend=record, fullgraph=True))
+    start = counters["stats"]["unique_graphs"]
+    assert torch.equal(_decode(model, batch, **static, **kwargs), expected)
+    assert counters["stats"]["unique_graphs"] - start == len(graphs) == 2
+    host_reads = [node for graph in graphs for node in graph.graph.nodes
+                  if node.target in ("item", "tolist", torch.ops.aten._local_scalar_dense.default)]
+    assert not host_reads
+    assert torch.equal(_decode(model, batch, **static, **kwargs), expected)
+    assert counters["stats"]["unique_graphs"] - start == 2

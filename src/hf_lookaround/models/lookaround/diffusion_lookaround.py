@@ -15,7 +15,9 @@ Inside a block, each step predicts every masked position and commits the most co
 picked token): every one at or above ``threshold`` (Fast-dLLM; at least one per step), or the share of a fixed
 ``steps`` per block. Each row commits at its own pace; a row that commits EOS stops: its later positions become
 padding (never attended, never predicted) and it costs no further commits. The mask token is never committed.
-Eager, with a DynamicCache (a static cache and a compiled step are not offered yet).
+With ``cache_implementation="static"`` the cache has a slot per column and each step after the prompt's is one
+compiled graph of fixed shapes (the bundle's ``_decoding_step``: the forward and the LM head; two shapes, the first
+step of a block, which re-writes the finished block's rows, and the others); picking and committing run eager.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from transformers.generation import GenerateDecoderOnlyOutput
 from .decoding_lookaround import (
     DecodingStrategy,
     StopTracker,
+    _decoding_step,
     _refuse_or_warn,
+    _static_cache,
     build_output,
     process_and_pick,
     reads_only_scores,
@@ -167,6 +171,8 @@ class _DiffusionRun:
         self.new = options.max_new_tokens
         self.block = block or self.new
         self.total = self.prompt_len + self.new
+        # the columns, padded to whole blocks: every step has the same shapes (the padding is never valid or open)
+        self.columns = self.prompt_len + -(-self.new // self.block) * self.block
         self.device = input_ids.device
         self.mask_id = config.mask_token_id
         self.tracker = StopTracker(options.stopping_criteria, self.total, self.batch, self.device, options.streamer)
@@ -176,24 +182,30 @@ class _DiffusionRun:
         bos = config.bos_token_id
         first = input_ids.gather(1, (attention_mask == 0).sum(-1, keepdim=True)).squeeze(1)
         has_condition = first == bos if bos is not None else torch.zeros_like(first, dtype=torch.bool)
-        self.ranks, self.positions = diffusion_ranks(attention_mask, self.new, block, has_condition)
-        self.buffer = input_ids.new_full((self.batch, self.total), self.mask_id)
+        self.ranks, self.positions = diffusion_ranks(attention_mask, self.columns - self.prompt_len, block,
+                                                     has_condition)
+        self.buffer = input_ids.new_full((self.batch, self.columns), self.mask_id)
         self.buffer[:, : self.prompt_len] = input_ids
-        self.committed = torch.zeros(self.batch, self.total, dtype=torch.bool, device=self.device)
+        self.committed = torch.zeros(self.batch, self.columns, dtype=torch.bool, device=self.device)
         self.committed[:, : self.prompt_len] = attention_mask != 0
         self.open = torch.zeros_like(self.committed)
-        self.open[:, self.prompt_len :] = True
-        self.cache = DynamicCache(config=config) if options.use_cache else None
+        self.open[:, self.prompt_len : self.total] = True
+        self.static = options.static_cache
+        if self.static:  # a slot per column; each step is one compiled graph of fixed shapes (_decoding_step)
+            self.cache = _static_cache(model, self.batch, self.columns, input_ids.dtype)
+            self.prefill, self.step = _decoding_step(model, options.compile_config)
+        else:
+            self.cache = DynamicCache(config=config) if options.use_cache else None
         self.cached = 0  # columns whose content is in the cache (clean: earlier blocks, the prompt)
         self.forwards = 0
 
     def run(self):
         for start in range(self.prompt_len, self.total, self.block):
-            end = min(start + self.block, self.total)
+            end, real_end = start + self.block, min(start + self.block, self.total)
             step = 0
             while (self.open[:, start:end] & self.tracker.unfinished[:, None]).any():
                 logits = self._forward(start, end)
-                self._commit(logits, start, end, step)
+                self._commit(logits, start, end, step, real_end - start)
                 step += 1
             if self.tracker.done:
                 break
@@ -205,6 +217,15 @@ class _DiffusionRun:
         keeps the columns before the block (clean); the block's own are dropped. Float logits ``(B, w, V)``."""
         past = self.cached if self.cache is not None else 0
         query_ranks = torch.where(self.open[:, start:end], self.ranks[:, start:end] + 1, NO_TARGET_RANK)
+        self.forwards += 1
+        if self.static:  # every key of the plan, one slot per column; the prompt's forward (its own width) eager
+            forward = self.step if past else self.prefill
+            logits = forward(self.buffer[:, past:end], self.committed.long(), self.ranks, self.positions[:, past:end],
+                             self.cache, self.positions[:, start:end], query_ranks)
+            for layer in self.cache.layers:  # forget the block's own columns: a static cache's counter, in place
+                layer.cumulative_length.fill_(start)
+            self.cached = start
+            return logits
         out = self.model.base_model(
             input_ids=self.buffer[:, past:end], attention_mask=self.committed[:, :end].long(),
             group_ids=self.ranks[:, :end], position_ids=self.positions[:, past:end],
@@ -216,10 +237,9 @@ class _DiffusionRun:
             if extra > 0:
                 self.cache.crop(-extra)
             self.cached = start
-        self.forwards += 1
         return self.model.lm_head(out.query_hidden_state).float()
 
-    def _commit(self, logits, start: int, end: int, step: int) -> None:
+    def _commit(self, logits, start: int, end: int, step: int, real_width: int) -> None:
         """Pick a token at every masked position of the block, commit the most confident (threshold or schedule),
         and stop the rows that committed EOS (their later positions become padding)."""
         options, width = self.options, end - start
@@ -235,7 +255,7 @@ class _DiffusionRun:
             commit = eligible & ((confidence >= self.threshold) | (order == 0))
         else:
             left = eligible.sum(-1, keepdim=True)
-            steps = self.steps if self.steps is not None else width
+            steps = self.steps if self.steps is not None else real_width
             quota = -torch.div(-left, max(steps - step, 1), rounding_mode="floor")  # ceil: done at the last step
             commit = eligible & (order < quota)
         columns = slice(start, end)
@@ -249,7 +269,7 @@ class _DiffusionRun:
         predicted); the row is finished once nothing before its EOS is still masked."""
         if self.tracker.eos_ids is None:
             return
-        new = slice(self.prompt_len, self.total)
+        new = slice(self.prompt_len, self.total)  # the padding columns after it stay closed
         is_eos = torch.isin(self.buffer[:, new], self.tracker.eos_ids) & self.committed[:, new]
         has_eos = is_eos.any(-1)
         first = torch.where(has_eos, is_eos.long().argmax(-1), self.new)  # (B,) index among the new columns
@@ -261,7 +281,7 @@ class _DiffusionRun:
 
     def _output(self):
         # the columns any row wrote (rows that ended early hold padding up to there)
-        written = torch.where(self.committed[:, self.prompt_len :], 1, 0)
+        written = torch.where(self.committed[:, self.prompt_len : self.total], 1, 0)
         num_new = torch.where(written.any(-1), self.new - written.flip(-1).argmax(-1), 0)
         width = self.prompt_len + int(num_new.max())
         sequences = self.buffer[:, :width].clone()

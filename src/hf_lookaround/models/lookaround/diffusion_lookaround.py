@@ -182,8 +182,8 @@ class _DiffusionRun:
         bos = config.bos_token_id
         first = input_ids.gather(1, (attention_mask == 0).sum(-1, keepdim=True)).squeeze(1)
         has_condition = first == bos if bos is not None else torch.zeros_like(first, dtype=torch.bool)
-        self.ranks, self.positions = diffusion_ranks(attention_mask, self.columns - self.prompt_len, block,
-                                                     has_condition)
+        self.ranks, positions = diffusion_ranks(attention_mask, self.columns - self.prompt_len, block, has_condition)
+        self.positions = positions.clamp(max=config.max_position_embeddings - 1)  # the block padding's: never read
         self.buffer = input_ids.new_full((self.batch, self.columns), self.mask_id)
         self.buffer[:, : self.prompt_len] = input_ids
         self.committed = torch.zeros(self.batch, self.columns, dtype=torch.bool, device=self.device)

@@ -79,4 +79,4 @@ def test_the_remote_code_bundle_ships_every_decoding_module():
 
     shipped = {path.name for path in _package_module_files()}
     assert {f"{name}_lookaround.py" for name in ("generation", "decoding", "speculation", "layout", "inputs",
-                                                  "masking")} <= shipped
+                                                  "masking", "diffusion")} <= shipped

@@ -1,4 +1,5 @@
-"""``hf-lookaround generate``: group decoding (ar / dar checkpoints) and any-order infilling (masked / GVP)."""
+"""``hf-lookaround generate``: group decoding (ar / dar checkpoints), diffusion decoding (mdlm / bd3lm) and any-order
+infilling (masked / GVP)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 
 from ..data.tokenization import auto_tokenizer
 from ..decoding.infill import ORDERS, SCHEDULES, infill
-from ..decoding import default_group_size, is_one_stream_group_model, make_logits_processor
+from ..decoding import DiffusionDecoding, default_group_size, diffusion_block_of, is_one_stream_group_model, \
+    make_logits_processor
+from ..models.lookaround.diffusion_lookaround import DIFFUSION_OBJECTIVES
 from ..hub.load import load_checkpoint
 from ..hub.weights import check_local_checkpoint
 from .common import resolve_device
@@ -28,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-lookaround generate",
         description="Decode with a LookAround checkpoint through its query stream: continue a prompt by group "
-        "decoding (ar / dar checkpoints, --group_size), fill [MASK] positions (--infill) or sample --num_tokens "
+        "decoding (ar / dar checkpoints, --group_size) or diffusion decoding (mdlm / bd3lm checkpoints, "
+        "--diffusion_threshold / --diffusion_steps), fill [MASK] positions (--infill) or sample --num_tokens "
         "tokens in any order (masked / GVP checkpoints).",
     )
     parser.add_argument("model", help="checkpoint folder (or hub name)")
@@ -47,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--speculation_break_even", type=float, default=None,
                         help="self-speculative decoding: accepted drafts per verify step below which it runs plain "
                         "(t=1) steps for a while (default 0.25; 0: never)")
+    parser.add_argument("--diffusion_threshold", type=float, default=None,
+                        help="diffusion decoding (mdlm / bd3lm checkpoints): commit every masked position of the block "
+                             "whose token has probability >= p, at least one per step (Fast-dLLM)")
+    parser.add_argument("--diffusion_steps", type=int, default=None,
+                        help="diffusion decoding: a fixed number of steps per block (the most confident each step); "
+                             "default without either knob: one commit per step")
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--no_cache", action="store_true", help="group decoding: recompute the prefix every step")
     parser.add_argument("--steps", type=int, default=None, help="infilling: steps (default: one per hidden position)")
@@ -126,7 +136,15 @@ def _continue_prompt(args, config, tokenizer, sampling, generator):
     input_ids = torch.tensor([_prompt_ids(args, tokenizer)] * args.num_samples, device=args.device)
     gpt_form = config.prediction_stream == "content" and config.default_attention == "causal"
     group_size = args.group_size
-    if group_size is None and args.draft_group_size is None and not gpt_form:
+    diffusion = args.diffusion_threshold is not None or args.diffusion_steps is not None
+    if not diffusion and group_size is None and args.draft_group_size is None and config.objective in \
+            DIFFUSION_OBJECTIVES:
+        diffusion = True  # an mdlm / bd3lm checkpoint decodes by diffusion unless asked otherwise
+        logger.info("no --diffusion_threshold / --diffusion_steps: diffusion decoding with one commit per step")
+    if diffusion and (group_size is not None or args.draft_group_size is not None):
+        raise ValueError("--diffusion_threshold / --diffusion_steps choose diffusion decoding; drop --group_size / "
+                         "--draft_group_size")
+    if group_size is None and args.draft_group_size is None and not gpt_form and not diffusion:
         group_size = default_group_size(config)  # group decoding, t = 1 included (not transformers' loop)
         if group_size != 1:
             logger.info("no --group_size: decoding t = %d tokens per forward, the smallest group size this "
@@ -137,6 +155,8 @@ def _continue_prompt(args, config, tokenizer, sampling, generator):
         if args.draft_group_size is None:
             raise ValueError("--speculation_break_even tunes self-speculative decoding: give --draft_group_size too")
         decoder["speculation_break_even"] = args.speculation_break_even
+    if diffusion:
+        decoder["decoding"] = DiffusionDecoding(threshold=args.diffusion_threshold, steps=args.diffusion_steps)
     if decoder:  # group decoding draws with the seeded generator (transformers' loop: torch's seeded global one)
         decoder["generator"] = generator
         if args.do_sample and args.top_k is None and config.prediction_stream != "content":
@@ -147,7 +167,12 @@ def _continue_prompt(args, config, tokenizer, sampling, generator):
         return_dict_in_generate=True, **decoder, **{k: v for k, v in sampling.items() if v is not None},
     )
     outputs = [tokenizer.decode(row[input_ids.shape[1]:], skip_special_tokens=True) for row in result.sequences.tolist()]
-    if args.draft_group_size is not None:
+    if diffusion:
+        info = {"mode": "diffusion", "diffusion_threshold": args.diffusion_threshold,
+                "diffusion_steps": args.diffusion_steps, "diffusion_block": diffusion_block_of(config),
+                "forwards": result.num_forwards, "new_tokens": result.num_new_tokens.tolist(),
+                "tokens_per_forward": result.tokens_per_forward}
+    elif args.draft_group_size is not None:
         info = {"mode": "self_speculative", "draft_group_size": args.draft_group_size,
                 "acceptance_rate": result.acceptance_rate, "forwards": result.num_forwards,
                 "speculative_steps": result.num_speculative_steps, "plain_steps": result.num_plain_steps}
@@ -176,4 +201,7 @@ def _print(args, result) -> int:
         if "acceptance_rate" in info:
             print(f"self-speculative decoding: {info['acceptance_rate']:.1%} of the drafts accepted, "
                   f"{info['forwards']} forwards", file=sys.stderr)
+        if "tokens_per_forward" in info:
+            print(f"diffusion decoding: {info['forwards']} forwards, {info['tokens_per_forward']:.2f} new tokens per "
+                  "forward", file=sys.stderr)
     return 0

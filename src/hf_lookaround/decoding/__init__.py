@@ -2,10 +2,11 @@
 
 Every decoder is a :class:`DecodingStrategy` (``check`` what the checkpoint was trained for, ``decode`` a prompt)
 that ``model.generate(...)`` runs: ``group_size=t`` (group decoding), ``draft_group_size=k`` (self-speculative
-decoding), ``decoding=Infilling(...)`` (any-order infilling of masked and GVP checkpoints). The strategies of
-``generate()`` live in the model bundle (``models/lookaround/``: ``generation_lookaround``, ``speculation_lookaround``,
-``decoding_lookaround``, ``layout_lookaround``), because a checkpoint loaded with ``trust_remote_code`` runs them
-without this package; the package adds infilling (:mod:`.infill`) and image sampling (:mod:`.images`).
+decoding), ``decoding=Infilling(...)`` (any-order infilling of masked and GVP checkpoints),
+``decoding=DiffusionDecoding(...)`` or ``diffusion_threshold=p`` / ``diffusion_steps=s`` (block-wise masked diffusion
+of mdlm and bd3lm checkpoints). The strategies of ``generate()`` live in the model bundle (``models/lookaround/``:
+``generation_lookaround``, ``speculation_lookaround``, ``diffusion_lookaround``, ``decoding_lookaround``,
+``layout_lookaround``), because a checkpoint loaded with ``trust_remote_code`` runs them without this package; the package adds infilling (:mod:`.infill`) and image sampling (:mod:`.images`).
 """
 
 from ..models.lookaround.decoding_lookaround import (
@@ -20,6 +21,12 @@ from ..models.lookaround.decoding_lookaround import (
     make_logits_processor,
     process_and_pick,
     trained_group_sizes,
+)
+from ..models.lookaround.diffusion_lookaround import (
+    DiffusionDecoding,
+    GenerateDiffusionOutput,
+    diffusion_block_of,
+    diffusion_ranks,
 )
 from ..models.lookaround.generation_lookaround import (
     DecodingOptions,
@@ -46,7 +53,8 @@ __all__ = [
     "check_draft_group_size", "check_decoder", "decoding_strategy", "is_one_stream_group_model",
     "LEGACY_GROUP_DECODING_OBJECTIVES", "SPECULATION_BREAK_EVEN", "GenerateSpeculativeOutput",
     "make_logits_processor", "process_and_pick", "StopTracker", "build_output", "semi_ar_ranks",
-    "one_stream_prompt", "one_stream_next_token_layouts",
+    "one_stream_prompt", "one_stream_next_token_layouts", "DiffusionDecoding", "GenerateDiffusionOutput",
+    "diffusion_block_of", "diffusion_ranks",
 ]
 
 

@@ -50,6 +50,7 @@ from .decoding_lookaround import (
     process_and_pick,
     reads_only_scores,
 )
+from .diffusion_lookaround import diffusion_decoding
 from .layout_lookaround import one_stream_prompt, semi_ar_ranks
 from .masking_lookaround import NO_TARGET_RANK
 from .speculation_lookaround import (
@@ -115,7 +116,8 @@ def check_decoder(config, group_size, draft_group_size, allow_untrained: bool = 
 class GroupDecodingMixin:
     """``generate(..., group_size=t)`` runs group decoding through the query stream (:func:`group_decoding`);
     ``generate(..., draft_group_size=k)`` runs lossless self-speculative decoding (``speculation_lookaround``);
-    ``generate(..., decoding=strategy)`` runs any ``DecodingStrategy`` (the package's ``Infilling``, a new decoder).
+    ``generate(..., decoding=strategy)`` runs any ``DecodingStrategy`` (the package's ``Infilling``, a new decoder);
+    ``diffusion_threshold=p`` / ``diffusion_steps=s`` run masked-diffusion decoding (``diffusion_lookaround``).
 
     The usual preparation of ``generate`` (generation config, logits processors and warpers, stopping criteria
     including ``stop_strings`` with ``tokenizer=``, EOS, ``max_new_tokens``, ``num_return_sequences``) runs, and
@@ -129,7 +131,14 @@ class GroupDecodingMixin:
 
     def generate(self, inputs=None, generation_config=None, *args, group_size=None, draft_group_size=None,
                  decoding: DecodingStrategy | None = None, allow_untrained=False,
-                 speculation_break_even=SPECULATION_BREAK_EVEN, **kwargs):
+                 speculation_break_even=SPECULATION_BREAK_EVEN, diffusion_threshold=None, diffusion_steps=None,
+                 **kwargs):
+        diffusion = diffusion_decoding(diffusion_threshold, diffusion_steps)  # mdlm / bd3lm checkpoints
+        if diffusion is not None:
+            if decoding is not None:
+                raise ValueError("diffusion_threshold / diffusion_steps are the shorthand of decoding="
+                                 "DiffusionDecoding(...): pass one or the other")
+            decoding = diffusion
         if decoding is not None:
             if group_size is not None or draft_group_size is not None:
                 raise ValueError("decoding= is the decoder; group_size / draft_group_size choose one of the bundle's "

@@ -1,0 +1,296 @@
+"""Masked-diffusion decoding of ``mdlm`` and ``bd3lm`` checkpoints, what ``generate(..., decoding=DiffusionDecoding(...))``
+(or the shorthands ``diffusion_threshold=`` / ``diffusion_steps=``) runs (DESIGN.md, "Masked diffusion is a plan too").
+
+The new tokens are cut into blocks, decoded left to right: blocks of the checkpoint's ``diffusion_block`` for a
+``bd3lm`` checkpoint, one block holding every new token for an ``mdlm`` checkpoint. In ranks (the training plan's):
+the prompt is clean text (BOS rank 0, then bd3lm's clean blocks ``2k`` above it, or mdlm's one unmasked rank), new
+block ``k``'s committed tokens take rank ``R + 2k`` and its still-masked positions ``R + 2k + 1`` (``R`` above every
+prompt rank). So a masked position's query row reads every earlier block and the committed part of its own, never a
+later block, and a finished block's content rows, which see the earlier blocks and their whole (clean) block, are
+exactly what any later step reads of them: they join the KV cache once (the prompt's content rows at the first
+step: prefix caching) and are never recomputed. The current block's content rows are recomputed each step (its
+committed set grows) and dropped from the cache after the step.
+
+Inside a block, each step predicts every masked position and commits the most confident (the probability of the
+picked token): every one at or above ``threshold`` (Fast-dLLM; at least one per step), or the share of a fixed
+``steps`` per block. Each row commits at its own pace; a row that commits EOS stops: its later positions become
+padding (never attended, never predicted) and it costs no further commits. The mask token is never committed.
+With ``cache_implementation="static"`` the cache has a slot per column and each step after the prompt's is one
+compiled graph of fixed shapes (the bundle's ``_decoding_step``: the forward and the LM head; two shapes, the first
+step of a block, which re-writes the finished block's rows, and the others); picking and committing run eager.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import DynamicCache
+from transformers.generation import GenerateDecoderOnlyOutput
+
+from .decoding_lookaround import (
+    DecodingStrategy,
+    StopTracker,
+    _decoding_step,
+    _refuse_or_warn,
+    _static_cache,
+    build_output,
+    process_and_pick,
+    reads_only_scores,
+)
+from .masking_lookaround import NO_TARGET_RANK
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DIFFUSION_OBJECTIVES", "DiffusionDecoding", "GenerateDiffusionOutput", "diffusion_block_of",
+           "diffusion_decoding", "diffusion_ranks"]
+
+# the objectives whose plan is a masked diffusion (objectives/mdlm.py, objectives/bd3lm.py); a bd3lm config records
+# its block size as plan_params["diffusion_block"]
+DIFFUSION_OBJECTIVES = ("mdlm", "bd3lm")
+
+
+def diffusion_block_of(config) -> int | None:
+    """The block size a checkpoint was trained with: ``plan_params["diffusion_block"]`` for ``bd3lm``; None for
+    ``mdlm`` (one block: every new token)."""
+    if getattr(config, "objective", None) != "bd3lm":
+        return None
+    return int((getattr(config, "plan_params", None) or {}).get("diffusion_block", 4))
+
+
+def diffusion_ranks(attention_mask: torch.Tensor, max_new_tokens: int, block: int | None, has_condition):
+    """``(ranks, positions)`` ``(B, P + n)`` of a left-padded prompt and its ``n`` new columns, the content ranks of
+    the diffusion plan with every token clean (module doc); a masked position's query row takes its rank + 1.
+
+    Prompt: BOS (``has_condition``) rank 0, text position ``i >= c`` rank ``c + 2 ((i - c) // b)`` (bd3lm's clean
+    blocks), or ``c`` for every text token (``block=None``, mdlm). New block ``k`` (columns ``P + k b ..``): rank
+    ``R + 2k``, ``R = 2 P + 2`` above every prompt rank. Position ids count real tokens only."""
+    batch, prompt_cols = attention_mask.shape
+    device = attention_mask.device
+    total = prompt_cols + max_new_tokens
+    real = (attention_mask != 0).long().sum(-1, keepdim=True)
+    cols = torch.arange(total, device=device).expand(batch, total)
+    i = cols - (prompt_cols - real)  # position in the row's own sequence
+    c = has_condition.long().view(batch, 1).to(device)
+    text = (i - c).clamp(min=0)
+    prompt_rank = c + (2 * torch.div(text, block, rounding_mode="floor") if block else 0)
+    prompt_rank = torch.where(i < c, torch.zeros_like(prompt_rank), prompt_rank)
+    new_block = torch.div((cols - prompt_cols).clamp(min=0), block or max(max_new_tokens, 1), rounding_mode="floor")
+    ranks = torch.where(cols < prompt_cols, prompt_rank, 2 * prompt_cols + 2 + 2 * new_block)
+    return ranks, i.clamp(min=0)
+
+
+@dataclass
+class GenerateDiffusionOutput(GenerateDecoderOnlyOutput):
+    """What ``generate(..., decoding=DiffusionDecoding(...), return_dict_in_generate=True)`` returns: the sequences
+    and how many forwards made them.
+
+    num_forwards (`int`): forwards of the model (the first one reads the prompt too).
+    num_new_tokens (`(B,)`): the tokens each row committed, up to and including its EOS (padding after it not counted).
+    """
+
+    num_forwards: int | None = None
+    num_new_tokens: torch.LongTensor | None = None
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """New tokens per forward, over the batch (a row's tokens count once: batch 1 is the decoder's parallelism)."""
+        return float(self.num_new_tokens.float().mean()) / max(self.num_forwards, 1)
+
+
+@dataclass
+class DiffusionDecoding(DecodingStrategy):
+    """Block-wise masked-diffusion decoding (module doc). Give one of ``threshold`` (commit every masked position
+    whose picked token has probability ``>= threshold``, at least one per step; > 1: exactly one) or ``steps`` (a
+    fixed number of steps per block, the most confident ``ceil(left / steps left)`` each); neither: one per step.
+    ``block`` overrides the checkpoint's block size (bd3lm: ``diffusion_block``; mdlm: every new token in one block);
+    any other than the trained one is refused unless ``allow_untrained``."""
+
+    threshold: float | None = None
+    steps: int | None = None
+    block: int | None = None
+
+    def __post_init__(self):
+        if self.threshold is not None and self.steps is not None:
+            raise ValueError("diffusion decoding takes a confidence threshold or a fixed number of steps per block, "
+                             "not both: drop threshold (--diffusion_threshold) or steps (--diffusion_steps)")
+        if self.threshold is not None and (isinstance(self.threshold, bool) or not float(self.threshold) > 0):
+            raise ValueError(f"diffusion threshold must be a probability > 0 (> 1: one commit per step), "
+                             f"got {self.threshold!r}")
+        for name in ("steps", "block"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"diffusion {name} must be an int >= 1, got {value!r}")
+        self._block = self.block
+
+    def check(self, config, allow_untrained: bool = False) -> None:
+        objective = getattr(config, "objective", None)
+        if objective not in DIFFUSION_OBJECTIVES:
+            _refuse_or_warn(f"diffusion decoding denoises blocks as mdlm / bd3lm pretraining does; this checkpoint was "
+                            f"pretrained with the {objective!r} objective: use group decoding (group_size) or "
+                            f"decoding=Infilling(...)", allow_untrained)
+        if getattr(config, "prediction_stream", None) == "content":
+            raise ValueError("diffusion decoding reads the query stream; this checkpoint was trained single-stream "
+                             "([MASK] inputs): fill positions with decoding=Infilling(stream='content') instead")
+        trained = diffusion_block_of(config)
+        if self.block is not None and self.block != trained:
+            _refuse_or_warn(f"block={self.block} was not trained: this {objective!r} checkpoint denoises "
+                            + (f"blocks of {trained}" if trained else "every new token as one block"), allow_untrained)
+        self._block = self.block if self.block is not None else trained
+
+    def decode(self, model, input_ids, attention_mask, options):
+        return _DiffusionRun(model, input_ids, attention_mask, self.threshold, self.steps, self._block, options).run()
+
+
+def diffusion_decoding(threshold=None, steps=None) -> DiffusionDecoding | None:
+    """The strategy of ``generate()``'s shorthands ``diffusion_threshold=`` / ``diffusion_steps=`` (None if neither)."""
+    if threshold is None and steps is None:
+        return None
+    return DiffusionDecoding(threshold=threshold, steps=steps)
+
+
+class _DiffusionRun:
+    """One diffusion decode of a left-padded batch (module doc). ``buffer`` holds the tokens (masked positions hold
+    the mask token, never read: their keys are invalid), ``committed`` the columns that are valid keys, ``open`` the
+    masked positions still to predict."""
+
+    def __init__(self, model, input_ids, attention_mask, threshold, steps, block, options):
+        config = model.config
+        if not reads_only_scores(options.logits_processor):
+            raise ValueError("diffusion decoding takes sampling warpers only (temperature, top_k, top_p, ...): a "
+                             "processor that reads the sequence so far (repetition penalty, ...) has no sequence "
+                             "order to read; drop it")
+        if options.output_scores or options.output_logits:
+            raise ValueError("output_scores / output_logits: diffusion decoding commits positions in any order, "
+                             "not one token per step; drop them")
+        if config.mask_token_id is None:
+            raise ValueError("diffusion decoding needs config.mask_token_id (the token it never commits)")
+        self.model, self.options, self.threshold, self.steps = model, options, threshold, steps
+        self.batch, self.prompt_len = input_ids.shape
+        self.new = options.max_new_tokens
+        self.block = block or self.new
+        self.total = self.prompt_len + self.new
+        # the columns, padded to whole blocks: every step has the same shapes (the padding is never valid or open)
+        self.columns = self.prompt_len + -(-self.new // self.block) * self.block
+        self.device = input_ids.device
+        self.mask_id = config.mask_token_id
+        self.tracker = StopTracker(options.stopping_criteria, self.total, self.batch, self.device, options.streamer)
+        if self.tracker.others:
+            raise ValueError("diffusion decoding stops at EOS and max_new_tokens only; stop strings and other "
+                             "stopping criteria read tokens in order, which diffusion does not write: drop them")
+        bos = config.bos_token_id
+        first = input_ids.gather(1, (attention_mask == 0).sum(-1, keepdim=True)).squeeze(1)
+        has_condition = first == bos if bos is not None else torch.zeros_like(first, dtype=torch.bool)
+        self.ranks, positions = diffusion_ranks(attention_mask, self.columns - self.prompt_len, block, has_condition)
+        self.positions = positions.clamp(max=config.max_position_embeddings - 1)  # the block padding's: never read
+        self.buffer = input_ids.new_full((self.batch, self.columns), self.mask_id)
+        self.buffer[:, : self.prompt_len] = input_ids
+        self.committed = torch.zeros(self.batch, self.columns, dtype=torch.bool, device=self.device)
+        self.committed[:, : self.prompt_len] = attention_mask != 0
+        self.open = torch.zeros_like(self.committed)
+        self.open[:, self.prompt_len : self.total] = True
+        self.static = options.static_cache
+        if self.static:  # a slot per column; each step is one compiled graph of fixed shapes (_decoding_step)
+            self.cache = _static_cache(model, self.batch, self.columns, input_ids.dtype)
+            self.prefill, self.step = _decoding_step(model, options.compile_config)
+        else:
+            self.cache = DynamicCache(config=config) if options.use_cache else None
+        self.cached = 0  # columns whose content is in the cache (clean: earlier blocks, the prompt)
+        self.forwards = 0
+
+    def run(self):
+        for start in range(self.prompt_len, self.total, self.block):
+            end, real_end = start + self.block, min(start + self.block, self.total)
+            step = 0
+            while (self.open[:, start:end] & self.tracker.unfinished[:, None]).any():
+                logits = self._forward(start, end)
+                self._commit(logits, start, end, step, real_end - start)
+                step += 1
+            if self.tracker.done:
+                break
+        return self._output()
+
+    def _forward(self, start: int, end: int) -> torch.Tensor:
+        """One forward: the content rows from the first column not cached to the block's end (committed columns are
+        valid keys), query rows at the block's columns (masked positions; the others predict nothing). The cache
+        keeps the columns before the block (clean); the block's own are dropped. Float logits ``(B, w, V)``."""
+        past = self.cached if self.cache is not None else 0
+        query_ranks = torch.where(self.open[:, start:end], self.ranks[:, start:end] + 1, NO_TARGET_RANK)
+        self.forwards += 1
+        if self.static:  # every key of the plan, one slot per column; the prompt's forward (its own width) eager
+            forward = self.step if past else self.prefill
+            logits = forward(self.buffer[:, past:end], self.committed.long(), self.ranks, self.positions[:, past:end],
+                             self.cache, self.positions[:, start:end], query_ranks)
+            for layer in self.cache.layers:  # forget the block's own columns: a static cache's counter, in place
+                layer.cumulative_length.fill_(start)
+            self.cached = start
+            return logits
+        out = self.model.base_model(
+            input_ids=self.buffer[:, past:end], attention_mask=self.committed[:, :end].long(),
+            group_ids=self.ranks[:, :end], position_ids=self.positions[:, past:end],
+            past_key_values=self.cache, use_cache=self.cache is not None,
+            query_position_ids=self.positions[:, start:end], query_group_ids=query_ranks,
+        )
+        if self.cache is not None:
+            extra = self.cache.get_seq_length() - start
+            if extra > 0:
+                self.cache.crop(-extra)
+            self.cached = start
+        return self.model.lm_head(out.query_hidden_state).float()
+
+    def _commit(self, logits, start: int, end: int, step: int, real_width: int) -> None:
+        """Pick a token at every masked position of the block, commit the most confident (threshold or schedule),
+        and stop the rows that committed EOS (their later positions become padding)."""
+        options, width = self.options, end - start
+        logits[..., self.mask_id] = float("-inf")  # never commit the mask token
+        scores, tokens = process_and_pick(options.logits_processor, logits.flatten(0, 1), None, options.do_sample,
+                                          options.generator)
+        scores, tokens = scores.view(self.batch, width, -1), tokens.view(self.batch, width)
+        confidence = torch.softmax(scores, -1).gather(-1, tokens[..., None]).squeeze(-1)
+        eligible = self.open[:, start:end] & self.tracker.unfinished[:, None]
+        confidence = torch.where(eligible, confidence, -1.0)
+        order = torch.argsort(torch.argsort(confidence, dim=-1, descending=True, stable=True), dim=-1)  # 0: most confident
+        if self.threshold is not None:
+            commit = eligible & ((confidence >= self.threshold) | (order == 0))
+        else:
+            left = eligible.sum(-1, keepdim=True)
+            steps = self.steps if self.steps is not None else real_width
+            quota = -torch.div(-left, max(steps - step, 1), rounding_mode="floor")  # ceil: done at the last step
+            commit = eligible & (order < quota)
+        columns = slice(start, end)
+        self.buffer[:, columns] = torch.where(commit, tokens, self.buffer[:, columns])
+        self.committed[:, columns] |= commit
+        self.open[:, columns] &= ~commit
+        self._stop_at_eos(start)
+
+    def _stop_at_eos(self, start: int) -> None:
+        """A row's first committed EOS ends it: every column after it becomes padding (an invalid key, not
+        predicted); the row is finished once nothing before its EOS is still masked."""
+        if self.tracker.eos_ids is None:
+            return
+        new = slice(self.prompt_len, self.total)  # the padding columns after it stay closed
+        is_eos = torch.isin(self.buffer[:, new], self.tracker.eos_ids) & self.committed[:, new]
+        has_eos = is_eos.any(-1)
+        first = torch.where(has_eos, is_eos.long().argmax(-1), self.new)  # (B,) index among the new columns
+        after = torch.arange(self.new, device=self.device) > first[:, None]
+        self.buffer[:, new] = torch.where(after, self.options.pad_token_id, self.buffer[:, new])
+        self.committed[:, new] &= ~after
+        self.open[:, new] &= ~after
+        self.tracker.stop(has_eos & ~self.open[:, new].any(-1))
+
+    def _output(self):
+        # the columns any row wrote (rows that ended early hold padding up to there)
+        written = torch.where(self.committed[:, self.prompt_len : self.total], 1, 0)
+        num_new = torch.where(written.any(-1), self.new - written.flip(-1).argmax(-1), 0)
+        width = self.prompt_len + int(num_new.max())
+        sequences = self.buffer[:, :width].clone()
+        # a row that stopped holds padding where nothing was committed
+        sequences[:, self.prompt_len :] = torch.where(self.committed[:, self.prompt_len : width],
+                                                      sequences[:, self.prompt_len :], self.options.pad_token_id)
+        self.tracker.put(sequences[0, self.prompt_len :])
+        self.tracker.end()
+        logger.info("diffusion decoding: %d forwards for %d new tokens per row (%.2f tokens per forward)",
+                    self.forwards, int(num_new.float().mean()), float(num_new.float().mean()) / max(self.forwards, 1))
+        return build_output(self.options, sequences, self.cache, output_class=GenerateDiffusionOutput,
+                            num_forwards=self.forwards, num_new_tokens=num_new)

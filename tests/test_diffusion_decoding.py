@@ -1,0 +1,217 @@
+"""Diffusion decoding through generate() (issue 40, part 3): blocks left to right with an exact KV cache over the
+clean blocks, parallel unmasking by confidence (threshold or steps), per-row pace, EOS, sampling, refusals, CLI."""
+
+import json
+
+import pytest
+import torch
+
+from hf_lookaround import LookAroundConfig, LookAroundForCausalLM, cli
+from hf_lookaround.decoding import DiffusionDecoding, GenerateDiffusionOutput, UntrainedDecodingError
+from hf_lookaround.models.lookaround.masking_lookaround import NO_TARGET_RANK
+from conftest import one_line_error
+
+BLOCK, PAD, BOS, EOS, MASK = 4, 0, 1, 2, 3
+
+
+def _model(objective="bd3lm", plan_params=None, seed=0):
+    torch.manual_seed(seed)
+    config = LookAroundConfig.from_preset(
+        "tiny", vocab_size=40, hidden_size=32, num_attention_heads=2, intermediate_size=64, max_position_embeddings=48,
+        pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, mask_token_id=MASK, objective=objective,
+        plan_params={"diffusion_block": BLOCK} if plan_params is None else plan_params, prediction_stream="query",
+        initializer_range=0.2)
+    return LookAroundForCausalLM(config).eval()
+
+
+PROMPT = torch.tensor([[BOS, 7, 9, 11, 13, 15]])  # BOS and 5 text tokens: blocks of 4 do not end at the prompt
+
+
+@torch.no_grad()
+def _reference(model, prompt, new, threshold, block=BLOCK):
+    """Greedy diffusion decoding of one unpadded row written from the plan alone, recomputing the whole sequence
+    every step (no cache): prompt BOS rank 0, text block j rank 1 + 2j; new block k's committed tokens rank
+    100 + 2k, its masked positions a query row of rank 100 + 2k + 1; commit every position with probability
+    >= threshold, or the most confident one."""
+    ids = prompt[0].tolist() + [MASK] * new
+    length = len(prompt[0])
+    ranks = [0] + [1 + 2 * ((i - 1) // block) for i in range(1, length)]
+    ranks += [100 + 2 * (j // block) for j in range(new)]
+    committed = [True] * length + [False] * new
+    for start in range(length, length + new, block):
+        end = min(start + block, length + new)
+        while not all(committed[start:end]):
+            hidden = [i for i in range(start, end) if not committed[i]]
+            out = model.base_model(
+                input_ids=torch.tensor([ids[:end]]), attention_mask=torch.tensor([committed[:end]]).long(),
+                group_ids=torch.tensor([ranks[:end]]), query_position_ids=torch.tensor([hidden]),
+                query_group_ids=torch.tensor([[ranks[i] + 1 for i in hidden]]))
+            logits = model.lm_head(out.query_hidden_state)[0].float()
+            logits[:, MASK] = float("-inf")
+            probs = logits.softmax(-1)
+            confidence, tokens = probs.max(-1)
+            best = int(confidence.argmax())
+            for slot, i in enumerate(hidden):
+                if confidence[slot] >= threshold or slot == best:
+                    ids[i], committed[i] = int(tokens[slot]), True
+    return torch.tensor([ids])
+
+
+def _decode(model, prompt, new=10, **kwargs):
+    kwargs.setdefault("eos_token_id", None)
+    return model.generate(prompt, max_new_tokens=new, **kwargs)
+
+
+@pytest.mark.parametrize("threshold", [0.05, 0.2, 1.5])
+def test_the_cached_decoder_gives_the_tokens_of_a_full_recompute(threshold):
+    model = _model()
+    expected = _reference(model, PROMPT, 10, threshold)
+    cached = _decode(model, PROMPT, decoding=DiffusionDecoding(threshold=threshold), return_dict_in_generate=True)
+    assert torch.equal(cached.sequences, expected)
+    uncached = _decode(model, PROMPT, decoding=DiffusionDecoding(threshold=threshold), use_cache=False)
+    assert torch.equal(uncached, expected)
+    # the cache holds the clean columns only: the prompt and every block but the last
+    assert cached.past_key_values.get_seq_length() == PROMPT.shape[1] + 8
+
+
+def test_one_commit_per_step_two_ways_and_the_mdlm_block():
+    model = _model()
+    one_per_step = _decode(model, PROMPT, diffusion_threshold=1.01, return_dict_in_generate=True)
+    by_steps = _decode(model, PROMPT, diffusion_steps=BLOCK, return_dict_in_generate=True)
+    assert torch.equal(one_per_step.sequences, by_steps.sequences)
+    assert one_per_step.num_forwards == by_steps.num_forwards == 10 and by_steps.tokens_per_forward == 1.0
+    fewer = _decode(model, PROMPT, diffusion_steps=2, return_dict_in_generate=True)
+    # blocks of 4, 4 and 2 tokens, two steps each
+    assert fewer.num_forwards == 6 and fewer.tokens_per_forward == pytest.approx(10 / 6)
+    # an mdlm checkpoint: one block holding every new token
+    mdlm = _model("mdlm", {})
+    out = _decode(mdlm, PROMPT, 6, diffusion_threshold=1.5)
+    ranks_ref = _reference(mdlm, PROMPT, 6, 1.5, block=6)
+    assert torch.equal(out, ranks_ref)
+
+
+def test_left_padded_rows_equal_their_unbatched_decode_and_keep_their_own_pace():
+    model = _model()
+    rows = [[BOS, 7, 9, 11, 13, 15], [BOS, 21, 5], [BOS, 30, 31, 8]]
+    width = max(len(r) for r in rows)
+    batch = torch.tensor([[PAD] * (width - len(r)) + r for r in rows])
+    mask = (torch.arange(width) >= torch.tensor([width - len(r) for r in rows])[:, None]).long()
+    for knobs in ({"diffusion_threshold": 0.1}, {"diffusion_steps": 2}):
+        out = _decode(model, batch, attention_mask=mask, **knobs)
+        for b, row in enumerate(rows):
+            alone = _decode(model, torch.tensor([row]), **knobs)
+            assert torch.equal(out[b, width - len(row):], alone[0]), (knobs, b)
+
+
+def test_seeded_sampling_repeats():
+    model = _model()
+
+    def sample(seed):
+        return _decode(model, PROMPT.expand(3, -1), diffusion_threshold=0.3, do_sample=True, temperature=1.5, top_k=0,
+                       top_p=0.95, generator=torch.Generator().manual_seed(seed))
+
+    first = sample(0)
+    assert torch.equal(first, sample(0))
+    assert not torch.equal(first, sample(1))
+    assert not (torch.equal(first[0], first[1]) and torch.equal(first[1], first[2]))  # rows draw their own
+
+
+def test_eos_stops_a_row():
+    model = _model()
+    greedy = _decode(model, PROMPT, diffusion_threshold=1.5, return_dict_in_generate=True)
+    # the first token committed is the most confident of the first block; make it EOS
+    first_block = slice(PROMPT.shape[1], PROMPT.shape[1] + BLOCK)
+    eos = int(greedy.sequences[0, first_block][0])
+    other = torch.tensor([[BOS, 30, 31, 8, 22, 23]])
+    batch = torch.cat([PROMPT, other])
+    out = _decode(model, batch, diffusion_threshold=1.5, eos_token_id=eos, pad_token_id=PAD,
+                  return_dict_in_generate=True)
+    row = out.sequences[0, PROMPT.shape[1]:].tolist()
+    end = row.index(eos)
+    assert end < BLOCK and all(t == PAD for t in row[end + 1:]) and PAD not in row[:end]
+    assert int(out.num_new_tokens[0]) == end + 1
+    alone = _decode(model, other, diffusion_threshold=1.5, eos_token_id=eos, pad_token_id=PAD)
+    assert torch.equal(out.sequences[1, : alone.shape[1]], alone[0])  # the other row keeps its pace
+    # a batch of the EOS row alone costs one forward per commit up to its EOS, then stops
+    single = _decode(model, PROMPT, diffusion_threshold=1.5, eos_token_id=eos, pad_token_id=PAD,
+                     return_dict_in_generate=True)
+    assert single.num_forwards == end + 1 and single.sequences.shape[1] == PROMPT.shape[1] + end + 1
+
+
+def test_the_mask_token_is_never_committed():
+    model = _model()
+    # make the mask token everybody's favourite: without the rule it would fill every position
+    model.lm_head.register_forward_hook(lambda module, args, out: out.index_add(
+        -1, torch.tensor([MASK]), torch.full((*out.shape[:-1], 1), 100.0)))
+    for knobs in ({"diffusion_threshold": 0.5}, {"diffusion_steps": 1}, {"diffusion_threshold": 0.5, "do_sample": True,
+                                                                           "top_k": 0}):
+        out = _decode(model, PROMPT, **knobs)
+        assert out.shape[1] == PROMPT.shape[1] + 10 and not (out[:, PROMPT.shape[1]:] == MASK).any(), knobs
+
+
+def test_refusals_are_one_line():
+    with pytest.raises(ValueError, match="not both") as error:
+        DiffusionDecoding(threshold=0.9, steps=4)
+    assert "\n" not in str(error.value)
+    model = _model()
+    with pytest.raises(ValueError, match="not both"):
+        _decode(model, PROMPT, diffusion_threshold=0.9, diffusion_steps=2)
+    for objective, params in (("dar", {"t": 2}), ("mlm", {"mask_ratio": 0.15}), ("ar", {})):
+        with pytest.raises(UntrainedDecodingError, match=f"pretrained with the '{objective}' objective") as error:
+            _decode(_model(objective, params), PROMPT, diffusion_threshold=0.9)
+        assert "\n" not in str(error.value)
+    with pytest.raises(UntrainedDecodingError, match="block=2 was not trained"):
+        _decode(model, PROMPT, decoding=DiffusionDecoding(block=2))
+
+
+def test_the_cli_reports_tokens_per_forward(tok, tmp_path, capsys):
+    from hf_lookaround import LookAroundForPreTraining
+
+    torch.manual_seed(0)
+    config = LookAroundConfig.from_preset(
+        "tiny", vocab_size=len(tok), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, mask_token_id=tok.mask_token_id, objective="bd3lm",
+        plan_params={"diffusion_block": 4}, prediction_stream="query")
+    LookAroundForPreTraining(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    argv = ["generate", str(tmp_path), "--prompt", "river stone", "--max_new_tokens", "8", "--device", "cpu", "--json"]
+    assert cli.main(argv + ["--diffusion_steps", "2"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["mode"] == "diffusion" and printed["diffusion_block"] == 4
+    new = printed["new_tokens"][0]
+    assert printed["forwards"] <= 4 and printed["tokens_per_forward"] == pytest.approx(new / printed["forwards"])
+    assert cli.main(argv) == 0  # no knob: one commit per step
+    assert json.loads(capsys.readouterr().out)["mode"] == "diffusion"
+    line = one_line_error(capsys, argv + ["--diffusion_steps", "2", "--diffusion_threshold", "0.9"])
+    assert "not both" in line
+
+
+def test_a_static_cache_gives_the_same_tokens_and_each_step_compiles_once():
+    """cache_implementation="static": a slot per column, the steps after the prompt's compile whole (fullgraph) in
+    two shapes (a block's first step, the others), once: a second run of the same shapes compiles nothing."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    torch._dynamo.reset()
+    graphs = []
+
+    def record(graph_module, example_inputs):  # a backend that keeps each graph dynamo captured, then runs it
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    model = _model()
+    rows = [[BOS, 7, 9, 11, 13, 15], [BOS, 21, 5]]
+    batch = torch.tensor([[PAD] * (6 - len(r)) + r for r in rows])
+    kwargs = dict(attention_mask=(batch != PAD).long(), diffusion_threshold=0.2)
+    expected = _decode(model, batch, **kwargs)
+    assert torch.equal(_decode(model, batch, cache_implementation="static", **kwargs), expected)  # eager on CPU
+    static = dict(cache_implementation="static", compile_config=CompileConfig(backend=record, fullgraph=True))
+    start = counters["stats"]["unique_graphs"]
+    assert torch.equal(_decode(model, batch, **static, **kwargs), expected)
+    assert counters["stats"]["unique_graphs"] - start == len(graphs) == 2
+    host_reads = [node for graph in graphs for node in graph.graph.nodes
+                  if node.target in ("item", "tolist", torch.ops.aten._local_scalar_dense.default)]
+    assert not host_reads
+    assert torch.equal(_decode(model, batch, **static, **kwargs), expected)
+    assert counters["stats"]["unique_graphs"] - start == 2

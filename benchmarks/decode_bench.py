@@ -9,6 +9,12 @@ checkpoint given with ``--checkpoint``. For each batch size (1 and 8) it decodes
 - ``speculative k=2`` / ``k=4``: self-speculative decoding (``draft_group_size=k``), the tokens of t = 1;
 - the same group and speculative decoders through ``generate(..., cache_implementation="static")``: a StaticCache
   and fixed shapes, the decoding step compiled (on CUDA; eager on CPU), 0 graphs compiled after warm-up expected;
+- since issue 41 a compiled group row (``group t=1/2/4``, ``one-stream t=2``) runs each step after the prompt's as
+  one graph (forward, pick, EOS and the budget inside; one status read per step), as the speculative step does;
+  ``--targets`` runs only the rows issue 41 compares in one call (compiled group t = 1, "speculative k=2, always
+  falls back", compiled group t = 2 and one-stream t = 2) and prints their ratios (``targets`` in the JSON):
+  compiled t = 1 against the speculative path's plain step (asked: >= 1), t = 2 of both forms against compiled
+  t = 1 (asked: >= 1.9);
 - ``speculative k=2, no fallback``: the same with ``speculation_break_even=0`` (never a plain step), beside the
   default, which runs plain t = 1 steps while the drafts do not pay; both report their speculative / plain steps;
 - ``generate() eager`` and ``generate() static+compile``: ``LookAroundForCausalLM.generate()`` without
@@ -177,7 +183,7 @@ def decoders(model, causal, args):
             return out.sequences, info
         return decode
 
-    compiled = "static+compile" if torch.cuda.is_available() and not args.smoke else "static, eager on CPU"
+    compiled = compiled_label(args)
     table = {"t=1": ("eager", group(1))}
     for t in (2, 4):
         table[f"group t={t}"] = ("eager", group(t))
@@ -221,6 +227,38 @@ def decoders(model, causal, args):
             raise SystemExit(f"--decoders: unknown {unknown}; choose from {list(table)}")
         table = {name: table[name] for name in ["t=1", *args.decoders]}  # t=1 stays: the reference tokens
     return table
+
+
+# issue 41's decoding rows, timed in one call: (name of the ratio, row, row it is divided by, the ratio asked for);
+# {c} is how the compiled rows are labelled ("static+compile" on CUDA)
+TARGETS = (
+    ("compiled group t=1 / speculative k=2 always falls back", "group t=1 ({c})", "speculative k=2, always falls back ({c})",
+     1.0),
+    ("compiled group t=2 / compiled group t=1", "group t=2 ({c})", "group t=1 ({c})", 1.9),
+    ("compiled one-stream t=2 / compiled group t=1", "one-stream t=2 ({c})", "group t=1 ({c})", 1.9),
+)
+
+
+def compiled_label(args) -> str:
+    """How the static-cache rows are labelled: compiled on CUDA, eager on CPU (as transformers decides)."""
+    return "static+compile" if torch.cuda.is_available() and not args.smoke else "static, eager on CPU"
+
+
+def target_rows(compiled: str) -> list[str]:
+    return list(dict.fromkeys(name.format(c=compiled) for _, *rows, _ in TARGETS for name in rows))
+
+
+def target_ratios(rows, compiled: str) -> list[dict]:
+    """Each of :data:`TARGETS` per batch size, from rows of one call (None where a row is missing or failed)."""
+    out = []
+    for batch in sorted({r["batch"] for r in rows}):
+        speed = {r["decoder"]: r["new_tokens_per_s"] for r in rows if r["batch"] == batch and "error" not in r}
+        for name, row, base, asked in TARGETS:
+            row, base = row.format(c=compiled), base.format(c=compiled)
+            ratio = speed[row] / speed[base] if row in speed and base in speed else None
+            out.append({"ratio": name, "batch": batch, "value": ratio, "asked": asked,
+                        "met": None if ratio is None else ratio >= asked})
+    return out
 
 
 def speculation_info(out) -> dict:
@@ -271,7 +309,14 @@ def parse_args(argv=None):
     p.add_argument("--no_compile", action="store_true", help="skip the static-cache (compiled) rows")
     p.add_argument("--decoders", nargs="+", default=None, help="only these rows (and t=1), by name as in the table")
     p.add_argument("--smoke", action="store_true", help="tiny config on CPU, a few tokens: checks the script runs")
+    p.add_argument("--targets", action="store_true",
+                   help="only issue 41's decoding rows (compiled group t=1 and t=2, one-stream t=2, speculative k=2 "
+                        "always falls back), in one call, and their ratios")
     args = p.parse_args(argv)
+    if args.targets:
+        if args.decoders or args.no_compile:
+            raise SystemExit("--targets chooses the rows (compiled): drop --decoders / --no_compile")
+        args.decoders = target_rows(compiled_label(args))
     if args.smoke:
         args.batch_sizes, args.prompt_tokens, args.new_tokens, args.repeats = [1, 2], 6, 8, 1
     return args
@@ -325,6 +370,7 @@ def main(argv=None) -> int:
             result["rows"].append(row)
             print(f"  {name} batch {batch}: {row['new_tokens_per_s']:.0f} new tokens/s", flush=True)
             Path(args.output).write_text(json.dumps(result, indent=2))
+    result["targets"] = target_ratios(result["rows"], compiled_label(args))
     print(markdown_table(result))
     Path(args.output).write_text(json.dumps(result, indent=2))
     return 0
@@ -352,6 +398,11 @@ def markdown_table(result) -> str:
             f"{steps} | "
             f"{'yes' if r['equals_t1'] else 'no'} | {r['graphs_compiled_after_warmup']} | {fmt(r['ar_perplexity'], '.1f')} |"
         )
+    targets = [t for t in result.get("targets", []) if t["value"] is not None]
+    if targets:
+        lines += ["", "| ratio (same call) | batch | value | asked | met |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {t['ratio']} | {t['batch']} | {t['value']:.2f} | >= {t['asked']} | {'yes' if t['met'] else 'no'} |"
+                  for t in targets]
     return "\n".join(lines)
 
 

@@ -39,6 +39,7 @@ from .decoding_lookaround import (
     StopTracker,
     _checked_prompt,
     _compile_config,
+    _compiled,
     _decoding_step,
     _device,
     _static_cache,
@@ -372,16 +373,20 @@ class GroupDecoding(DecodingStrategy):
 def _group_decode(model, input_ids, attention_mask, group_size: int, options: DecodingOptions):
     """Group decoding: each forward predicts the next group of ``t`` tokens (the last one may be cut by
     ``max_new_tokens``), which are picked together and written; their content joins the cache at the next forward.
-    The forward is the two-stream form's or the one-stream form's (:func:`_group_forward`)."""
+    The forward is the two-stream form's or the one-stream form's (:func:`_group_forward`). With a static cache and
+    no host work (:func:`_needs_host_work`) each step is one graph instead (:class:`_OneGraphGroups`)."""
     batch, prompt_len = input_ids.shape
     total = prompt_len + options.max_new_tokens
-    forward = _group_forward(model, input_ids, attention_mask, group_size, options)
+    tracker = StopTracker(options.stopping_criteria, total, batch, input_ids.device, options.streamer)
+    one_graph = options.static_cache and not _needs_host_work(options, tracker)
+    forward = _group_forward(model, input_ids, attention_mask, group_size, options, one_graph)
+    if one_graph:
+        return _OneGraphGroups(model, forward, input_ids, attention_mask, options, tracker).run()
     # one buffer for the whole output: a step writes its columns, views give the sequence so far (no copies)
     buffer = input_ids.new_full((batch, total), options.pad_token_id)
     buffer[:, :prompt_len] = input_ids
     mask = attention_mask.new_zeros((batch, total))  # generated columns become valid as they are written
     mask[:, :prompt_len] = attention_mask
-    tracker = StopTracker(options.stopping_criteria, total, batch, input_ids.device, options.streamer)
     all_scores, all_logits = [], []
     length = prompt_len  # columns decided
     while length < total and not tracker.done:
@@ -428,15 +433,114 @@ def _write_group(buffer, mask, length: int, logits, options: DecodingOptions, tr
     return per_slot if options.output_scores else []
 
 
-def _group_forward(model, input_ids, attention_mask, group_size: int, options: DecodingOptions):
+class _GroupState:
+    """Every tensor a one-graph group-decoding run changes, allocated once per shape and kept on the model: the
+    compiled step holds their addresses (CUDA graphs replay on the same memory), and each run refills them in place.
+    ``buffer`` / ``mask`` have ``t`` spare columns past the end, which take the slots of a last, cut group."""
+
+    def __init__(self, batch: int, total: int, group_size: int, device):
+        def new(*shape, dtype=torch.long):
+            tensor = torch.zeros(shape, dtype=dtype, device=device)
+            torch._dynamo.mark_static_address(tensor)
+            return tensor
+
+        self.buffer, self.mask = new(batch, total + group_size), new(batch, total + group_size)
+        self.unfinished, self.length = new(batch, dtype=torch.bool), new()  # length: columns decided
+
+    def reset(self, input_ids, attention_mask, pad: int) -> None:
+        prompt_len = input_ids.shape[1]
+        self.buffer.fill_(pad)
+        self.buffer[:, :prompt_len] = input_ids
+        self.mask.zero_()
+        self.mask[:, :prompt_len] = attention_mask
+        self.unfinished.fill_(True)
+        self.length.fill_(prompt_len)
+
+
+class _OneGraphGroups:
+    """Group decoding with a static cache and no host work: after the prompt's forward (eager, as in transformers'
+    loop), each step (:meth:`_step`: the form's forward of the next group, pick, EOS and the token budget, write) is
+    one compiled graph without a host read, and the loop reads one status tensor per step, as the speculative
+    step does (``speculation_lookaround``). Greedy only (:func:`_needs_host_work`); the tokens are those of the loop
+    in :func:`_group_decode`."""
+
+    def __init__(self, model, form, input_ids, attention_mask, options: DecodingOptions, tracker: StopTracker):
+        batch, self.prompt_len = input_ids.shape
+        self.form, self.options, self.tracker, self.group_size = form, options, tracker, form.group_size
+        self.total = self.prompt_len + options.max_new_tokens
+        key = (batch, self.total, self.group_size, input_ids.device)
+        held = getattr(model, "_lookaround_group_state", None)
+        if held is None or held[0] != key:
+            held = model._lookaround_group_state = (key, _GroupState(*key))
+        self.state = held[1]
+        self.state.reset(input_ids, attention_mask, options.pad_token_id)
+        tracker.unfinished = self.state.unfinished  # EOS stops rows in the state, inside the graph
+        compile_config = options.compile_config
+        self.step = _group_step(model, compile_config) if compile_config is not None else _OneGraphGroups._step
+
+    def run(self):
+        s, t = self.state, self.group_size
+        logits = self.form(s.buffer, s.mask[:, : self.total], self.prompt_len, t)  # the prompt's forward
+        done = bool(self._commit(logits))
+        while not done:
+            done = bool(self.step(self))  # the one read per step
+        length = int(s.length)
+        return build_output(self.options, s.buffer[:, :length].clone(), self.form.cache)
+
+    def _step(self):
+        s = self.state
+        return self._commit(self.form.next_logits(s.buffer, s.mask, s.length))
+
+    def _commit(self, logits):
+        """Pick the group's tokens from ``logits`` (B, t, V) and write them at ``length``: a row keeps its first
+        ``min(t, tokens left)`` up to its first EOS, pad after; a row that stopped writes pad. Returns whether every
+        row is done (0-d)."""
+        s, t, options = self.state, self.group_size, self.options
+        batch = logits.shape[0]
+        _, tokens = process_and_pick(options.logits_processor, logits.flatten(0, 1), None, False)
+        tokens = tokens.view(batch, t)
+        width = (self.total - s.length).clamp(max=t)
+        count, ended = self.tracker.until_eos(tokens, torch.where(s.unfinished, width, 0))
+        slots = torch.arange(t, device=tokens.device)
+        columns = s.length + slots
+        s.buffer.index_copy_(1, columns, torch.where(slots < count[:, None], tokens, options.pad_token_id))
+        s.mask.index_fill_(1, columns, 1)
+        self.tracker.stop(ended)
+        s.length.add_(width)
+        return ~s.unfinished.any() | (s.length >= self.total)
+
+
+def _group_step(model, compile_config):
+    """:meth:`_OneGraphGroups._step` compiled whole with ``compile_config``, kept on the model so that every run of
+    one shape reuses it."""
+    key = repr(sorted(compile_config.to_dict().items()))
+    held = getattr(model, "_lookaround_group_step", None)
+    if held is None or held[0] != key:
+        held = model._lookaround_group_step = (key, _compiled(_OneGraphGroups._step, compile_config))
+    return held[1]
+
+
+def _needs_host_work(options: DecodingOptions, tracker: StopTracker) -> bool:
+    """Whether a step reads tokens on the host: a streamer, scores or logits returned per token, a processor that
+    reads the sequence, a stopping criterion other than EOS and the budget (``tracker.others``), or sampling
+    (``options.generator`` draws through ``torch.multinomial``, which cannot enter a graph; drawing otherwise would
+    change the seeded tokens). Then the static-cache step is the loop of :func:`_group_decode` around a compiled
+    forward; otherwise the whole step is one graph (:class:`_OneGraphGroups`)."""
+    return bool(options.streamer is not None or options.output_scores or options.output_logits or options.do_sample
+                or not reads_only_scores(options.logits_processor) or tracker.others)
+
+
+def _group_forward(model, input_ids, attention_mask, group_size: int, options: DecodingOptions,
+                   one_graph: bool = False):
     """The forward of a group-decoding step for this checkpoint's form, called as ``forward(buffer, mask, length,
     width)`` -> float logits ``(B, width, V)`` of the group at columns ``length .. length + width``; ``forward.cache``
-    is the cache it keeps (None without one)."""
+    is the cache it keeps (None without one). ``one_graph``: its forward stays uncompiled, to be traced inside the
+    compiled whole step (``forward.next_logits``)."""
     bos = model.config.bos_token_id
     first_real = input_ids.gather(1, (attention_mask == 0).sum(-1, keepdim=True)).squeeze(1)
     has_condition = first_real == bos if bos is not None else torch.zeros_like(first_real, dtype=torch.bool)
     form = _OneStreamGroups if is_one_stream_group_model(model.config) else _TwoStreamGroups
-    return form(model, input_ids, attention_mask, has_condition, group_size, options)
+    return form(model, input_ids, attention_mask, has_condition, group_size, options, one_graph)
 
 
 class _TwoStreamGroups:
@@ -447,15 +551,16 @@ class _TwoStreamGroups:
     query rows. With a static cache every key of the plan is passed (the cache has a slot for each column) and the
     query rows of a last, cut group are padded to ``t``: fixed shapes, so that a compiled step is reused."""
 
-    def __init__(self, model, input_ids, attention_mask, has_condition, group_size: int, options: DecodingOptions):
+    def __init__(self, model, input_ids, attention_mask, has_condition, group_size: int, options: DecodingOptions,
+                 one_graph: bool = False):
         self.backbone, self.lm_head, self.group_size = model.base_model, model.lm_head, group_size
-        total = input_ids.shape[1] + options.max_new_tokens
+        self.total = total = input_ids.shape[1] + options.max_new_tokens
         self.ranks, self.positions = semi_ar_ranks(attention_mask, total, group_size, has_condition)
         self.static, self.past = options.static_cache, 0  # past: columns whose content is in the cache
         self.cache = DynamicCache(config=model.config) if options.use_cache else None
         if self.static:
             self.cache = _static_cache(model, input_ids.shape[0], total, input_ids.dtype)
-            self.prefill, self.step = _decoding_step(model, options.compile_config)
+            self.prefill, self.step = _decoding_step(model, None if one_graph else options.compile_config)
             self.query_positions = F.pad(self.positions, (0, group_size), value=0)
             self.query_ranks = F.pad(self.ranks, (0, group_size), value=NO_TARGET_RANK)
 
@@ -482,6 +587,16 @@ class _TwoStreamGroups:
             )
         return self.lm_head(out.query_hidden_state[:, :width]).float()
 
+    def next_logits(self, buffer, mask, length: torch.Tensor) -> torch.Tensor:
+        """A static-cache step after the prompt's, inside one graph: ``length`` (0-d) columns are decided, so the
+        content rows are the ``t`` columns before it (the group written last, always whole) and the query rows the
+        ``t`` after it. Gathered at a device index, never sliced at a host int: one graph serves every step."""
+        t, batch = self.group_size, buffer.shape[0]
+        content = (length - t + torch.arange(t, device=buffer.device)).expand(batch, t)
+        queries = content + t
+        return self.step(buffer.gather(1, content), mask[:, : self.total], self.ranks, self.positions.gather(1, content),
+                         self.cache, self.query_positions.gather(1, queries), self.query_ranks.gather(1, queries))
+
 
 class _OneStreamGroups:
     """Group decoding in dar's one-stream form (block-causal content rows; the row ``t`` places before a token
@@ -489,17 +604,19 @@ class _OneStreamGroups:
     group written last, join the cache, and the last ``t`` rows predict the next group. Without a cache the laid-out
     prompt and every token written since run again."""
 
-    def __init__(self, model, input_ids, attention_mask, has_condition, group_size: int, options: DecodingOptions):
+    def __init__(self, model, input_ids, attention_mask, has_condition, group_size: int, options: DecodingOptions,
+                 one_graph: bool = False):
         bos = model.config.bos_token_id
         if bos is None or not bool(has_condition.all()):
             raise ValueError("a one-stream (block-causal) checkpoint decodes prompts that start with the BOS token "
                              "(its start rows are copies of it): put tokenizer.bos_token in front of each prompt")
-        self.prompt_len = input_ids.shape[1]
+        self.prompt_len, self.group_size = input_ids.shape[1], group_size
+        self.total = self.prompt_len + options.max_new_tokens
         self.ids, self.mask, self.positions = one_stream_prompt(input_ids, attention_mask, group_size, bos,
                                                                 options.pad_token_id)
         self.static, self.past = options.static_cache, 0
-        self.prefill, self.step = _decoding_step(model, options.compile_config if self.static else None,
-                                                 one_stream=True)
+        compile_config = options.compile_config if self.static and not one_graph else None
+        self.prefill, self.step = _decoding_step(model, compile_config, one_stream=True)
         # the positions of the generated columns continue each row's prompt
         self.generated_positions = self.positions[:, -1:] + 1 + torch.arange(options.max_new_tokens,
                                                                              device=input_ids.device)
@@ -521,3 +638,13 @@ class _OneStreamGroups:
         forward = self.step if (past and self.static) else self.prefill
         self.past = length
         return forward(ids, key_mask, position_ids, self.cache)[:, :width]
+
+    def next_logits(self, buffer, mask, length: torch.Tensor) -> torch.Tensor:
+        """A static-cache step after the prompt's, inside one graph: the content rows are the ``t`` columns before
+        ``length`` (0-d; the group written last), at the positions that continue each row's prompt; every key of the
+        cache is passed, its mask the laid-out prompt's then the generated columns'."""
+        t, batch, prompt_len = self.group_size, buffer.shape[0], self.prompt_len
+        content = (length - t + torch.arange(t, device=buffer.device)).expand(batch, t)
+        key_mask = torch.cat([self.mask, mask[:, prompt_len : self.total]], 1)
+        return self.step(buffer.gather(1, content), key_mask, self.generated_positions.gather(1, content - prompt_len),
+                         self.cache)

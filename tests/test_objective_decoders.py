@@ -46,6 +46,7 @@ TOY_MODULE = textwrap.dedent(f'''
     @dataclass
     class Collator(PlanCollator):
         objective = "{TOY}"
+        plan_function = staticmethod(plan)
 
 
     OBJECTIVE = Objective(name="{TOY}", family=LOOK_AHEAD, title="groups of three", card_text="groups of three",

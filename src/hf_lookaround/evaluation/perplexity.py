@@ -224,6 +224,19 @@ def _pad_id(model, tokenizer) -> int:
     return 0
 
 
+def window_limit(config) -> int:
+    """The longest window a checkpoint scores: its positions (dar's one-stream form: less its start rows, which
+    its config's ``n_positions`` leaves out)."""
+    max_positions = getattr(config, "max_position_embeddings", None) or 512
+    return config.n_positions if is_one_stream_group_model(config) else max_positions
+
+
+def default_max_length(config) -> int:
+    """The default window: the length the checkpoint was trained on (``config.trained_block_size``), else up to
+    512 tokens, within :func:`window_limit`."""
+    return min(getattr(config, "trained_block_size", None) or 512, window_limit(config))
+
+
 def _windows_of(docs, max_length, stride, has_bos):
     return [w for doc in docs for w in sliding_windows(doc, max_length, stride, has_bos)]
 

@@ -42,6 +42,7 @@ from . import perplexity as ppl
 logger = logging.getLogger(__name__)
 
 PATHS = ("ar", "elbo", "masked")
+ELBO_DOCUMENT_BATCH = 1 << 30  # elbo_perplexity's batch_size for one document: all its windows at once
 CONTINUATION_TOO_LONG = ("a continuation of {n} tokens does not fit the window of {w} tokens (BOS and at least "
                          "the continuation): raise max_length in model_args (the checkpoint's positions allow {limit})")
 
@@ -60,7 +61,8 @@ def likelihood_path(config) -> str:
 
 def request_seed(seed: int, tokens: list[int]) -> int:
     """A request's own seed: ``seed`` and its tokens, so its draws do not depend on what else is in the batch."""
-    return (int(seed) << 32) + zlib.crc32(np.asarray(tokens, dtype=np.int64).tobytes())
+    # 32 bits: torch's CPU generator (mt19937) keeps only the low 32 bits of a seed
+    return zlib.crc32(np.asarray([seed, *tokens], dtype=np.int64).tobytes())
 
 
 def cut_at_stops(text: str, until: list[str]) -> str:
@@ -239,7 +241,7 @@ class LookAroundLM(TemplateLM):
         if len(head) + min(keep, len(context)) < 1 or keep < 0:  # every scored token needs one visible before it
             raise ValueError(CONTINUATION_TOO_LONG.format(n=len(continuation), w=self.max_length, limit=self.limit))
         cut = len(context) > keep
-        context = head + (context[len(context) - keep:] if keep else [])
+        context = head + (context[max(0, len(context) - keep):] if keep else [])
         return context + continuation, len(context), cut
 
     @torch.inference_mode()
@@ -279,16 +281,18 @@ class LookAroundLM(TemplateLM):
 
     def document_nll(self, text: str) -> float:
         """The total NLL of a document as ``hf-lookaround perplexity --max_length L --stride S`` scores it
-        (``elbo``: ``--num_samples mc_num --seed seed``)."""
+        (``elbo``: ``--num_samples mc_num --seed seed``, with all the document's windows in one batch: a draw
+        covers the whole batch, so the estimate would otherwise change with ``batch_size``)."""
         if not text:
             return 0.0
-        args = (self.model, self.tokenizer, [text], self.max_length, self.stride, self.batch_size)
+        args = (self.model, self.tokenizer, [text], self.max_length, self.stride)
         if self.path == "ar":
-            result = ppl.ar_perplexity(*args)
+            result = ppl.ar_perplexity(*args, self.batch_size)
         elif self.path == "elbo":
-            result = ppl.elbo_perplexity(*args, num_samples=self.mc_num, seed=self.seed)
+            # every window of the document in one forward per draw: the draws then do not depend on batch_size
+            result = ppl.elbo_perplexity(*args, ELBO_DOCUMENT_BATCH, num_samples=self.mc_num, seed=self.seed)
         else:
-            result = ppl.masked_perplexity(*args, progress=False)
+            result = ppl.masked_perplexity(*args, self.batch_size, progress=False)
         return float(result.nlls.sum())
 
     # ------------------------------------------------------------------ the decoders
@@ -341,7 +345,7 @@ class LookAroundLM(TemplateLM):
         out = []
         for prompt in prompts:
             generator = torch.Generator(device=self._device).manual_seed(request_seed(self.seed, prompt))
-            filled = infill(self.model, self.tokenizer, torch.tensor(prompt), num_tokens=max_new, add_bos=False,
+            filled = infill(self.model, None, torch.tensor(prompt), num_tokens=max_new, add_bos=False,
                             steps=self.diffusion_steps, block_length=block, do_sample=do_sample,
                             temperature=temperature, generator=generator)
             out.append(self._until_eos(filled.sequences[0, len(prompt):].tolist()))

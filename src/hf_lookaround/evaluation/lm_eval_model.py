@@ -91,7 +91,6 @@ class LookAroundLM(TemplateLM):
         super().__init__()
         import transformers
 
-        import hf_lookaround  # noqa: F401  (registers the LookAround Auto classes)
         from ..data.tokenization import auto_tokenizer
         from ..hub.load import load_checkpoint
         from ..hub.weights import check_local_checkpoint

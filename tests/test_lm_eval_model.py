@@ -38,13 +38,16 @@ SHORT = "The baker always asked whether the gulls had come back."  # one window:
 KINDS = {
     "ar": (LookAroundForCausalLM, dict(objective="ar", prediction_stream="content", default_attention="causal")),
     "dar": (LookAroundForPreTraining, dict(objective="dar")),
+    # SAT's one-stream dar (t = 2): the causal LM lays plain ids out once per first-group size
+    "dar-one-stream": (LookAroundForCausalLM, dict(objective="dar", prediction_stream="content",
+                                                   default_attention="block_causal", attention_group_size=2)),
     "mdlm": (LookAroundForPreTraining, dict(objective="mdlm")),
     "bd3lm": (LookAroundForPreTraining, dict(objective="bd3lm", plan_params={"diffusion_block": 4})),
     "mdlm-mask": (LookAroundForMaskedLM, dict(objective="mdlm", prediction_stream="content",
                                               architectures=["LookAroundForMaskedLM"])),
     "vmlm": (LookAroundForPreTraining, dict(objective="vmlm")),
 }
-PATH_OF = {"ar": "ar", "dar": "ar", "mdlm": "elbo", "bd3lm": "elbo", "mdlm-mask": "elbo", "vmlm": "masked"}
+PATH_OF = {"ar": "ar", "dar": "ar", "dar-one-stream": "ar", "mdlm": "elbo", "bd3lm": "elbo", "mdlm-mask": "elbo", "vmlm": "masked"}
 
 
 @pytest.fixture(autouse=True)
@@ -123,7 +126,7 @@ def test_seeded_runs_repeat_and_another_seed_draws_other_masks(checkpoints, harn
     assert _rolling(harness("mdlm", 4, seed=3)) == _rolling(harness("mdlm", 1, seed=3))
 
 
-@pytest.mark.parametrize("kind", ["ar", "dar"])
+@pytest.mark.parametrize("kind", ["ar", "dar", "dar-one-stream"])
 def test_the_ar_path_is_the_causal_views_summed_log_probs(kind, checkpoints, harness):
     """log p(continuation | BOS, context) computed directly: the causal LM's logits at k - 1, or the two-stream
     query stream at k under the AR plan (group rank = position); is_greedy: every token is the argmax."""
@@ -134,7 +137,7 @@ def test_the_ar_path_is_the_causal_views_summed_log_probs(kind, checkpoints, har
     def direct(ids, first):
         ids = torch.tensor([ids])
         with torch.no_grad():
-            if kind == "ar":
+            if kind != "dar":  # a causal LM: logits[:, i] predict token i + 1
                 logp = model(input_ids=ids).logits.log_softmax(-1)[0, first - 1 : -1]
             else:
                 targets = torch.arange(first, ids.shape[1])[None]

@@ -175,7 +175,8 @@ class LookAroundLM(TemplateLM):
         rows, firsts, truncated = [], [], 0
         for _, context, continuation in requests:
             row, first, cut = self._row(list(context), list(continuation))
-            rows.append(row), firsts.append(first)
+            rows.append(row)
+            firsts.append(first)
             truncated += cut
         if truncated:
             logger.warning("lookaround: the context of %d of %d requests was cut on the left to the window of %d "
@@ -214,6 +215,9 @@ class LookAroundLM(TemplateLM):
             temperature = options.pop("temperature", None)
             if temperature == 0:
                 do_sample, temperature = False, None
+            if options:
+                logger.warning("lookaround: generation options %s are not used (the decoders take do_sample, "
+                               "temperature, until, max_gen_toks)", sorted(options))
             if self.tokenizer.eos_token:
                 until.append(self.tokenizer.eos_token)
             prompts = [self._prompt(requests[i].args[0], max_new) for i in indices]

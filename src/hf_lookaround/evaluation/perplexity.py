@@ -432,18 +432,20 @@ def _one_stream_ar(model, windows, batch_size, pad, bos, greedy=None) -> list[to
     """``p(x_k | x_<k)`` from dar's one-stream form, through the causal LM's next-token view (its forward on plain
     token ids lays each row out once per first-group size ``s1`` and reads each token from the row that has seen
     every earlier token: ``t`` forwards' worth, batched). A window that does not start with BOS (a later window of
-    a long document) gets one in front, as every training row had."""
+    a long document) gets one in front, as every training row had; the last token is only a target and is not fed,
+    so that such a window of ``config.n_positions`` tokens still fits the causal view."""
     if bos is None:
         raise ValueError("dar's one-stream form lays out every row after BOS copies: the tokenizer has no BOS token")
     device, out = _device(model), []
     for i in range(0, len(windows), batch_size):
         batch = windows[i : i + batch_size]
         rows = [w.input_ids if w.offset else [bos, *w.input_ids] for w in batch]
-        ids, mask = _pad(rows, pad)
+        ids, mask = _pad([r[:-1] for r in rows], pad)
         logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # logits[:, k - 1]: x_k
         for b, w in enumerate(batch):
             first = w.first_scored + (0 if w.offset else 1)
-            out.append(_scored(logits[b, first - 1 : len(rows[b]) - 1], ids[b, first : len(rows[b])].to(device), greedy))
+            targets = torch.tensor(rows[b][first:], device=device)
+            out.append(_scored(logits[b, first - 1 : len(rows[b]) - 1], targets, greedy))
     return out
 
 

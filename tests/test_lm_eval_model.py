@@ -47,7 +47,7 @@ KINDS = {
                                               architectures=["LookAroundForMaskedLM"])),
     "vmlm": (LookAroundForPreTraining, dict(objective="vmlm")),
 }
-PATH_OF = {"ar": "ar", "dar": "ar", "dar-one-stream": "ar", "mdlm": "elbo", "bd3lm": "elbo", "mdlm-mask": "elbo", "vmlm": "masked"}
+PATH_OF = {"gpt2": "ar", "ar": "ar", "dar": "ar", "dar-one-stream": "ar", "mdlm": "elbo", "bd3lm": "elbo", "mdlm-mask": "elbo", "vmlm": "masked"}
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +69,15 @@ def checkpoints(tmp_path_factory, tokenizer_dir):
             mask_token_id=tokenizer.mask_token_id, **fields)
         cls(config).save_pretrained(root / kind)
         tokenizer.save_pretrained(root / kind)
-    return {kind: root / kind for kind in KINDS}
+    # a causal LM of another type: the ar path through its own forward and generate()
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=POSITIONS, n_embd=32, n_layer=1, n_head=2,
+                               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                               pad_token_id=tokenizer.pad_token_id)).save_pretrained(root / "gpt2")
+    tokenizer.save_pretrained(root / "gpt2")
+    return {kind: root / kind for kind in [*KINDS, "gpt2"]}
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +105,7 @@ def _rolling(lm, texts=DOCUMENTS):
                                     disable_tqdm=True)
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", [*KINDS, "gpt2"])
 def test_every_path_gives_the_same_scores_at_batch_1_and_8(kind, harness):
     one, eight = harness(kind, 1, mc_num=4), harness(kind, 8, mc_num=4)
     assert one.path == PATH_OF[kind]
@@ -126,7 +134,7 @@ def test_seeded_runs_repeat_and_another_seed_draws_other_masks(checkpoints, harn
     assert _rolling(harness("mdlm", 4, seed=3)) == _rolling(harness("mdlm", 1, seed=3))
 
 
-@pytest.mark.parametrize("kind", ["ar", "dar", "dar-one-stream"])
+@pytest.mark.parametrize("kind", ["ar", "dar", "dar-one-stream", "gpt2"])
 def test_the_ar_path_is_the_causal_views_summed_log_probs(kind, checkpoints, harness):
     """log p(continuation | BOS, context) computed directly: the causal LM's logits at k - 1, or the two-stream
     query stream at k under the AR plan (group rank = position); is_greedy: every token is the argmax."""
@@ -187,7 +195,7 @@ def test_the_elbo_path_agrees_with_perplexity_elbo_within_the_standard_errors(ki
 
 
 def test_generate_until_honours_until_and_max_gen_toks(harness, monkeypatch):
-    for kind in ("dar", "ar", "mdlm"):
+    for kind in ("dar", "ar", "gpt2", "mdlm"):
         lm = harness(kind, 2)
         decoded = []  # the new ids of each row, as the class hands them to the tokenizer
         decode = lm.tokenizer.decode
@@ -207,7 +215,7 @@ def test_generate_until_honours_until_and_max_gen_toks(harness, monkeypatch):
             again = lm.generate_until([Instance("generate_until", {}, ("The keeper", {"until": [stop],
                                                                                     "max_gen_toks": 5}), 0)],
                                       disable_tqdm=True)
-            assert again == [out[0][:1]]
+            assert again == [out[0][: out[0].index(stop)]] and len(again[0]) < len(out[0])
 
 
 def test_unsupported_checkpoints_and_arguments_are_refused_in_one_line(checkpoints, tiny_model, tmp_path):
@@ -220,6 +228,7 @@ def test_unsupported_checkpoints_and_arguments_are_refused_in_one_line(checkpoin
         (dict(pretrained=str(checkpoints["vmlm"]), path="sideways"), "choose one of"),
         (dict(pretrained=str(checkpoints["ar"]), temperature_of_sea=3), "do not take"),
         (dict(pretrained=str(checkpoints["mdlm"]), mc_num=1), "mc_num"),
+        (dict(pretrained=str(checkpoints["mdlm"]), batch_size="auto"), "no 'auto'"),
         (dict(pretrained=str(checkpoints["ar"]), max_length=POSITIONS + 1), "max_length"),
     ]
     for kwargs, message in refusals:

@@ -111,7 +111,7 @@ class LookAroundLM(TemplateLM):
         auto = {"ar": transformers.AutoModelForCausalLM}.get(self.path, transformers.AutoModelForMaskedLM)
         if two_stream:
             auto = transformers.AutoModelForPreTraining
-        self._device = torch.device(device or ('cuda' if torch.cuda.is_available() else 'cpu'))
+        self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         torch_dtype = dtype if dtype == "auto" else getattr(torch, str(dtype), None)
         if torch_dtype is None:
             raise ValueError(f"dtype={dtype!r} is not a torch dtype (float32, bfloat16, float16, auto)")
@@ -130,7 +130,9 @@ class LookAroundLM(TemplateLM):
         if self.path == "masked" and is_one_stream_group_model(config):
             raise ValueError("dar's one-stream form has no bidirectional prefix to mask: use path=ar")
 
-        self.batch_size = int(batch_size) if str(batch_size) != "auto" else 8
+        if not str(batch_size).isdigit():
+            raise ValueError(f"batch_size={batch_size!r}: lookaround takes a number of rows per forward (no 'auto')")
+        self.batch_size = int(batch_size)
         self.mc_num, self.seed = int(mc_num), int(seed)
         if self.batch_size < 1 or self.mc_num < 2:
             raise ValueError(f"batch_size must be >= 1 and mc_num >= 2 (the ELBO's standard error needs two draws), "

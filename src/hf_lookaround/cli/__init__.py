@@ -22,6 +22,7 @@ COMMANDS = {
     "train-tokenizer": ("train_tokenizer", "train a byte-level BPE tokenizer on local text"),
     "generate": ("generate", "group decoding (ar/dar), any-order infilling (masked/GVP)"),
     "perplexity": ("perplexity", "AR and masked-model perplexity"),
+    "lm-eval": ("lm_evaluation", "lm-evaluation-harness with the model class `lookaround` (every text checkpoint)"),
     "probe": ("probe", "linear probe on frozen features"),
     "glue": ("glue", "GLUE-style fine-tuning, full or LoRA"),
     "theory": ("theory", "co-occurrence matrices, spectra, Thm 3.1 / 4.2 checks"),

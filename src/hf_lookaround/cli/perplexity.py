@@ -107,10 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     max_positions = getattr(model.config, "max_position_embeddings", None) or 512
     # dar's one-stream form lays each window out after its start rows: its config's n_positions leaves room for them
     one_stream = is_one_stream_group_model(model.config)
-    limit = model.config.n_positions if one_stream else max_positions
+    limit = perplexity.window_limit(model.config)
     # default: the window the checkpoint was trained on (config.trained_block_size), else up to 512 tokens
-    trained = getattr(model.config, "trained_block_size", None)
-    max_length = args.max_length if args.max_length is not None else min(trained or 512, limit)
+    max_length = args.max_length if args.max_length is not None else perplexity.default_max_length(model.config)
     if max_length > limit:
         extra = f" less the {max_positions - limit} start rows of dar's one-stream layout" if one_stream else ""
         raise ValueError(f"--max_length {max_length} exceeds the model's max_position_embeddings ({max_positions})"

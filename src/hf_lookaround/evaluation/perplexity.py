@@ -205,6 +205,14 @@ def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
+def _scored(logits: torch.Tensor, targets: torch.Tensor, greedy: list | None = None) -> torch.Tensor:
+    """``_nll`` on the host; with ``greedy`` (a list), also appends whether each target is the argmax (lm-eval's
+    ``is_greedy``)."""
+    if greedy is not None:
+        greedy.append((logits.argmax(-1) == targets).cpu())
+    return _nll(logits, targets).cpu()
+
+
 def _device(model) -> torch.device:
     return next(model.parameters()).device
 
@@ -214,6 +222,19 @@ def _pad_id(model, tokenizer) -> int:
         if value is not None:
             return value
     return 0
+
+
+def window_limit(config) -> int:
+    """The longest window a checkpoint scores: its positions (dar's one-stream form: less its start rows, which
+    its config's ``n_positions`` leaves out)."""
+    max_positions = getattr(config, "max_position_embeddings", None) or 512
+    return config.n_positions if is_one_stream_group_model(config) else max_positions
+
+
+def default_max_length(config) -> int:
+    """The default window: the length the checkpoint was trained on (``config.trained_block_size``), else up to
+    512 tokens, within :func:`window_limit`."""
+    return min(getattr(config, "trained_block_size", None) or 512, window_limit(config))
 
 
 def _windows_of(docs, max_length, stride, has_bos):
@@ -245,18 +266,27 @@ def ar_perplexity(model, tokenizer, texts, max_length=512, stride=256, batch_siz
     """
     docs, num_bytes, has_bos = encode_documents(tokenizer, texts, add_bos)
     windows = _windows_of(docs, max_length, stride, has_bos)
-    device, pad = _device(model), _pad_id(model, tokenizer)
+    nlls, mode = ar_window_nlls(model, windows, batch_size, _pad_id(model, tokenizer), _bos_id(tokenizer))
+    result = _result("ar", nlls, [w.prefix_lengths() for w in windows], num_bytes, max_length, stride)
+    if mode != "causal_lm":
+        result.extra["ar_mode"] = mode
+    return result
+
+
+def ar_window_nlls(model, windows: list[Window], batch_size: int, pad: int, bos: int | None,
+                   greedy: list | None = None) -> tuple[list[torch.Tensor], str]:
+    """The NLLs of each window's scored tokens by the checkpoint's exact AR path, and that path's name (``ar_mode``):
+    dar's one-stream form (``one_stream_groups``), a two-stream head under the AR plan (``two_stream``), else a
+    causal LM (``causal_lm``). ``greedy`` (a list): also gets, per window, whether each token is the argmax."""
     if is_one_stream_group_model(model.config):
-        nlls = _one_stream_ar(model, windows, batch_size, pad, _bos_id(tokenizer))
-        result = _result("ar", nlls, [w.prefix_lengths() for w in windows], num_bytes, max_length, stride)
-        result.extra["ar_mode"] = "one_stream_groups"
-        return result
+        return _one_stream_ar(model, windows, batch_size, pad, bos, greedy), "one_stream_groups"
     if is_two_stream(model):
-        nlls = _two_stream_ar_plan(model, windows, batch_size, pad)
-        result = _result("ar", nlls, [w.prefix_lengths() for w in windows], num_bytes, max_length, stride)
-        result.extra["ar_mode"] = "two_stream"
-        return result
-    nlls, prefixes = [], []
+        return _two_stream_ar_plan(model, windows, batch_size, pad, greedy), "two_stream"
+    return _causal_lm(model, windows, batch_size, pad, greedy), "causal_lm"
+
+
+def _causal_lm(model, windows, batch_size, pad, greedy=None) -> list[torch.Tensor]:
+    device, nlls = _device(model), []
     for i in range(0, len(windows), batch_size):
         batch = windows[i : i + batch_size]
         ids, mask = _pad([w.input_ids for w in batch], pad)
@@ -264,9 +294,8 @@ def ar_perplexity(model, tokenizer, texts, max_length=512, stride=256, batch_siz
         for b, w in enumerate(batch):
             n = len(w.input_ids)
             # logits at k - 1 predict token k
-            nlls.append(_nll(logits[b, w.first_scored - 1 : n - 1], ids[b, w.first_scored : n].to(device)).cpu())
-            prefixes.append(w.prefix_lengths())
-    return _result("ar", nlls, prefixes, num_bytes, max_length, stride)
+            nlls.append(_scored(logits[b, w.first_scored - 1 : n - 1], ids[b, w.first_scored : n].to(device), greedy))
+    return nlls
 
 
 def _reads_a_trained_masked_half(model) -> bool:
@@ -379,7 +408,7 @@ def default_masked_mode(model) -> str:
     return "two_stream" if look_ahead else "two_stream_prefix"
 
 
-def _two_stream_ar_plan(model, windows, batch_size, pad) -> list[torch.Tensor]:
+def _two_stream_ar_plan(model, windows, batch_size, pad, greedy=None) -> list[torch.Tensor]:
     """One forward per window: AR plan ranks, query stream at every scored position."""
     from hf_lookaround.objectives.ar import plan as autoregressive_plan
 
@@ -395,26 +424,28 @@ def _two_stream_ar_plan(model, windows, batch_size, pad) -> list[torch.Tensor]:
         logits = _two_stream_logits(model, ids, mask, group_ids, targets, device)
         for b, w in enumerate(batch):
             m = len(w.input_ids) - w.first_scored
-            out.append(_nll(logits[b, :m], ids[b, w.first_scored :][:m].to(device)).cpu())
+            out.append(_scored(logits[b, :m], ids[b, w.first_scored :][:m].to(device), greedy))
     return out
 
 
-def _one_stream_ar(model, windows, batch_size, pad, bos) -> list[torch.Tensor]:
+def _one_stream_ar(model, windows, batch_size, pad, bos, greedy=None) -> list[torch.Tensor]:
     """``p(x_k | x_<k)`` from dar's one-stream form, through the causal LM's next-token view (its forward on plain
     token ids lays each row out once per first-group size ``s1`` and reads each token from the row that has seen
     every earlier token: ``t`` forwards' worth, batched). A window that does not start with BOS (a later window of
-    a long document) gets one in front, as every training row had."""
+    a long document) gets one in front, as every training row had; the last token is only a target and is not fed,
+    so that such a window of ``config.n_positions`` tokens still fits the causal view."""
     if bos is None:
         raise ValueError("dar's one-stream form lays out every row after BOS copies: the tokenizer has no BOS token")
     device, out = _device(model), []
     for i in range(0, len(windows), batch_size):
         batch = windows[i : i + batch_size]
         rows = [w.input_ids if w.offset else [bos, *w.input_ids] for w in batch]
-        ids, mask = _pad(rows, pad)
+        ids, mask = _pad([r[:-1] for r in rows], pad)
         logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # logits[:, k - 1]: x_k
         for b, w in enumerate(batch):
             first = w.first_scored + (0 if w.offset else 1)
-            out.append(_nll(logits[b, first - 1 : len(rows[b]) - 1], ids[b, first : len(rows[b])].to(device)).cpu())
+            targets = torch.tensor(rows[b][first:], device=device)
+            out.append(_scored(logits[b, first - 1 : len(rows[b]) - 1], targets, greedy))
     return out
 
 
@@ -428,7 +459,7 @@ def _two_stream_logits(model, ids, mask, group_ids, targets, device):
 
 
 def _per_prefix(model, windows, batch_size, pad, mask_id, two_stream: bool, chosen=None,
-                progress: bool = False) -> list[torch.Tensor]:
+                progress: bool = False, greedy: list | None = None) -> list[torch.Tensor]:
     """One row per scored position ``k`` (``chosen[i]``: those of window ``i``; default all): ``x_<k`` then the
     target slot, truncated after ``k``. Rows of one window have close lengths: batching them wastes little."""
     from tqdm.auto import tqdm
@@ -440,7 +471,7 @@ def _per_prefix(model, windows, batch_size, pad, mask_id, two_stream: bool, chos
     for index, w in enumerate(windows):
         ks = list(chosen[index]) if chosen is not None else list(range(w.first_scored, len(w.input_ids)))
         bar.update(1)
-        nll = []
+        nll, flags = [], ([] if greedy is not None else None)
         for i in range(0, len(ks), batch_size):
             chunk = ks[i : i + batch_size]
             if two_stream:
@@ -460,8 +491,10 @@ def _per_prefix(model, windows, batch_size, pad, mask_id, two_stream: bool, chos
                 logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
                 logits = logits[torch.arange(len(chunk), device=device), torch.tensor(chunk, device=device)]
             gold = torch.tensor([w.input_ids[k] for k in chunk], device=device)
-            nll.append(_nll(logits, gold).cpu())
+            nll.append(_scored(logits, gold, flags))
         out.append(torch.cat(nll))
+        if greedy is not None:
+            greedy.append(torch.cat(flags))
     bar.close()
     return out
 
@@ -583,29 +616,40 @@ def elbo_window_nlls(model, rows: list[list[int]], num_condition_tokens: int, nu
     first ``num_condition_tokens`` (a visible condition), with the plan the checkpoint's objective trained
     (``elbo_plan`` of its module). Two-stream checkpoints predict with the query stream; single-stream ones
     (``LookAroundForMaskedLM``) read ``[MASK]`` inputs."""
-    entry = objectives.get(model.config.objective)
-    params = dict(model.config.plan_params or {})
-    device = _device(model)
     ids, attention = _pad(rows, pad_id)
-    lengths = attention.sum(1)
-    counted = (lengths - num_condition_tokens).clamp(min=0).double()
     totals = np.zeros((num_samples, len(rows)))
     for s in range(num_samples):
-        plan = entry.elbo_plan(lengths, ids.shape[1], num_condition_tokens=num_condition_tokens, generator=generator,
-                               **params)
-        weights = plan.loss_weights.double() * counted[:, None]  # each row's sum of weight * NLL: its total
-        if is_two_stream(model):
-            slots = plan.target_positions()
-            logits = model(input_ids=ids.to(device), attention_mask=attention.to(device),
-                           group_ids=plan.group_ids.to(device), target_positions=slots.to(device)).logits
-            nll = _nll(logits, ids.gather(1, slots.clamp(min=0)).to(device)).double().cpu()
-            nll = torch.where(slots >= 0, nll * weights.gather(1, slots.clamp(min=0)), 0.0)
-        else:
-            inputs = torch.where(plan.is_target, mask_id, ids)
-            logits = model(input_ids=inputs.to(device), attention_mask=attention.to(device)).logits
-            nll = torch.where(plan.is_target, _nll(logits, ids.to(device)).double().cpu() * weights, 0.0)
-        totals[s] = nll.sum(1).numpy()
+        plan = draw_elbo_plan(model, attention.sum(1), ids.shape[1], num_condition_tokens, generator)
+        totals[s] = elbo_plan_nlls(model, ids, attention, plan, num_condition_tokens, mask_id)
     return totals
+
+
+def draw_elbo_plan(model, lengths: torch.Tensor, width: int, num_condition_tokens: int, generator):
+    """One draw of times and masks per row: the ``elbo_plan`` of the checkpoint's objective, with its
+    ``plan_params`` (noise schedule, block size)."""
+    entry = objectives.get(model.config.objective)
+    return entry.elbo_plan(lengths, width, num_condition_tokens=num_condition_tokens, generator=generator,
+                           **dict(model.config.plan_params or {}))
+
+
+def elbo_plan_nlls(model, ids: torch.Tensor, attention: torch.Tensor, plan, num_condition_tokens: int,
+                   mask_id: int | None = None) -> np.ndarray:
+    """(B,): each row's negative ELBO under one drawn ``plan`` (:func:`draw_elbo_plan`), summed over its tokens
+    after the first ``num_condition_tokens``: one forward."""
+    device = _device(model)
+    counted = (attention.sum(1) - num_condition_tokens).clamp(min=0).double()
+    weights = plan.loss_weights.double() * counted[:, None]  # each row's sum of weight * NLL: its total
+    if is_two_stream(model):
+        slots = plan.target_positions()
+        logits = model(input_ids=ids.to(device), attention_mask=attention.to(device),
+                       group_ids=plan.group_ids.to(device), target_positions=slots.to(device)).logits
+        nll = _nll(logits, ids.gather(1, slots.clamp(min=0)).to(device)).double().cpu()
+        nll = torch.where(slots >= 0, nll * weights.gather(1, slots.clamp(min=0)), 0.0)
+    else:
+        inputs = torch.where(plan.is_target, mask_id, ids)
+        logits = model(input_ids=inputs.to(device), attention_mask=attention.to(device)).logits
+        nll = torch.where(plan.is_target, _nll(logits, ids.to(device)).double().cpu() * weights, 0.0)
+    return nll.sum(1).numpy()
 
 
 @torch.inference_mode()

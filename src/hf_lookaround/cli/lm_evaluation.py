@@ -1,0 +1,48 @@
+"""`hf-lookaround lm-eval ...`: lm-evaluation-harness with the package's model class ``lookaround`` registered.
+
+lm-eval 0.4 discovers no model plugins, so this command imports :mod:`hf_lookaround.evaluation.lm_eval_model`
+(which registers ``lookaround``) and hands its whole command line to lm-eval's own entry point
+(``lm_eval.__main__.cli_evaluate``), with ``--model lookaround`` unless another ``--model`` is given:
+
+    hf-lookaround lm-eval --model_args pretrained=CKPT,mc_num=128,seed=0 --tasks lambada_openai --batch_size 8
+"""
+
+from __future__ import annotations
+
+import sys
+
+LM_EVAL_COMMANDS = ("run", "ls", "validate")
+
+
+def harness_argv(argv: list[str]) -> list[str]:
+    """lm-eval's arguments: ``argv`` with ``--model lookaround`` added to a run that names no model."""
+    argv = list(argv)
+    names_model = any(a == "--model" or a.startswith("--model=") for a in argv)
+    if names_model or (argv and argv[0] in ("ls", "validate")) or argv in ([], ["-h"], ["--help"]):
+        return argv
+    at = 1 if argv[:1] == ["run"] else 0
+    return argv[:at] + ["--model", "lookaround"] + argv[at:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        from lm_eval.__main__ import cli_evaluate
+    except ImportError as err:
+        raise ValueError(f"lm-eval is not installed ({err}): pip install -e '.[lm-eval]'") from err
+    import hf_lookaround.evaluation.lm_eval_model  # noqa: F401  (registers the model class `lookaround`)
+
+    if argv in (["-h"], ["--help"]):
+        from lm_eval._cli import HarnessCLI
+
+        print("usage: hf-lookaround lm-eval [run] --model_args pretrained=CKPT[,mc_num=N,seed=S,...] --tasks TASKS "
+              "[lm-eval run options]\n\n" + __doc__.strip() + "\n\nlm-eval's own options (`lm-eval run`):\n")
+        HarnessCLI()._subparsers.choices["run"].print_help()
+        raise SystemExit(0)
+    saved = sys.argv
+    sys.argv = ["hf-lookaround lm-eval", *harness_argv(argv)]
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved
+    return 0

@@ -1,0 +1,316 @@
+"""lm-eval's model class ``lookaround`` (``evaluation/lm_eval_model.py``) on tiny random checkpoints, offline.
+
+Requests are lm-eval ``Instance``s built here; ``simple_evaluate`` and ``hf-lookaround lm-eval`` run on local task
+YAMLs over JSON Lines the test writes. Checked: equal results at batch 1 and 8, seeded runs repeat, the AR path is
+the causal LM's summed log-probs computed directly (and ``is_greedy`` its argmax), the ELBO path agrees with
+``perplexity --protocol elbo`` within the stated standard errors, refusals in one line.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+from transformers import AutoTokenizer
+
+from hf_lookaround import LookAroundConfig, LookAroundForCausalLM, LookAroundForMaskedLM, LookAroundForPreTraining
+from hf_lookaround.cli import main as cli_main
+from hf_lookaround.evaluation import lm_eval_model
+from hf_lookaround.evaluation.lm_eval_model import LookAroundLM
+from hf_lookaround.evaluation.perplexity import elbo_perplexity
+
+POSITIONS = 48
+CHOICES = [  # (context, continuation): a context shared by several continuations, and an empty one
+    ("The keeper climbed the ladder with a", " hammer"),
+    ("The keeper climbed the ladder with a", " bag of nails and bread"),
+    ("", "A storm tore two slates from the roof"),
+    ("In winter the keeper walked down", " to the village"),
+    ("When the fog came in from the sea, the keeper rang the", " bell"),
+]
+DOCUMENTS = [
+    "The lighthouse on the northern cape was built of grey stone in the years before the railway reached the "
+    "coast. Its keeper kept a log of every ship that passed, the direction of the wind and the height of the tide.",
+    "A storm tore two slates from the roof of the lamp room.",
+]
+SHORT = "The baker always asked whether the gulls had come back."  # one window: the ELBO of the whole text
+# kind -> (class, config fields)
+KINDS = {
+    "ar": (LookAroundForCausalLM, dict(objective="ar", prediction_stream="content", default_attention="causal")),
+    "dar": (LookAroundForPreTraining, dict(objective="dar")),
+    # SAT's one-stream dar (t = 2): the causal LM lays plain ids out once per first-group size
+    "dar-one-stream": (LookAroundForCausalLM, dict(objective="dar", prediction_stream="content",
+                                                   default_attention="block_causal", attention_group_size=2)),
+    "mdlm": (LookAroundForPreTraining, dict(objective="mdlm")),
+    "bd3lm": (LookAroundForPreTraining, dict(objective="bd3lm", plan_params={"diffusion_block": 4})),
+    "mdlm-mask": (LookAroundForMaskedLM, dict(objective="mdlm", prediction_stream="content",
+                                              architectures=["LookAroundForMaskedLM"])),
+    "vmlm": (LookAroundForPreTraining, dict(objective="vmlm")),
+}
+PATH_OF = {"gpt2": "ar", "ar": "ar", "dar": "ar", "dar-one-stream": "ar", "mdlm": "elbo", "bd3lm": "elbo", "mdlm-mask": "elbo", "vmlm": "masked"}
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, tokenizer_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    root = tmp_path_factory.mktemp("lookaround_lm")
+    for kind, (cls, fields) in KINDS.items():
+        torch.manual_seed(0)
+        config = LookAroundConfig.from_preset(
+            "tiny", vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=POSITIONS, pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            mask_token_id=tokenizer.mask_token_id, **fields)
+        cls(config).save_pretrained(root / kind)
+        tokenizer.save_pretrained(root / kind)
+    # a causal LM of another type: the ar path through its own forward and generate()
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=POSITIONS, n_embd=32, n_layer=1, n_head=2,
+                               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                               pad_token_id=tokenizer.pad_token_id)).save_pretrained(root / "gpt2")
+    tokenizer.save_pretrained(root / "gpt2")
+    return {kind: root / kind for kind in [*KINDS, "gpt2"]}
+
+
+@pytest.fixture(scope="module")
+def harness(checkpoints):
+    """``harness(kind, batch_size, **model_args)``: a LookAroundLM, built once per arguments."""
+    made = {}
+
+    def make(kind, batch_size=1, **kw):
+        key = (kind, batch_size, tuple(sorted(kw.items())))
+        if key not in made:
+            made[key] = LookAroundLM(pretrained=str(checkpoints[kind]), batch_size=batch_size, device="cpu",
+                                     **{"mc_num": 8, **kw})
+        return made[key]
+
+    return make
+
+
+def _loglikelihood(lm, pairs=CHOICES):
+    return lm.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)],
+                            disable_tqdm=True)
+
+
+def _rolling(lm, texts=DOCUMENTS):
+    return lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)],
+                                    disable_tqdm=True)
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "gpt2"])
+def test_every_path_gives_the_same_scores_at_batch_1_and_8(kind, harness):
+    one, eight = harness(kind, 1, mc_num=4), harness(kind, 8, mc_num=4)
+    assert one.path == PATH_OF[kind]
+    a, b = _loglikelihood(one), _loglikelihood(eight)
+    # ELBO terms carry weights up to 1/eps: float32 noise of a batched forward is scaled by them
+    tolerance = dict(rtol=1e-5, atol=1e-3 if one.path == "elbo" else 1e-4)
+    torch.testing.assert_close(torch.tensor([x for x, _ in a]), torch.tensor([x for x, _ in b]), **tolerance)
+    assert [g for _, g in a] == [g for _, g in b]
+    assert all(math.isfinite(x) and x < 0 for x, _ in a)
+    rolling = [_rolling(lm) for lm in (one, eight)]
+    assert len(rolling[0]) == len(DOCUMENTS) and all(x < 0 for x in rolling[0])
+    torch.testing.assert_close(torch.tensor(rolling[0]), torch.tensor(rolling[1]), **tolerance)
+
+
+def test_seeded_runs_repeat_and_another_seed_draws_other_masks(checkpoints, harness):
+    first = _loglikelihood(harness("mdlm", 4, seed=3))
+    again = _loglikelihood(LookAroundLM(pretrained=str(checkpoints["mdlm"]), batch_size=4, device="cpu", mc_num=8,
+                                        seed=3))
+    assert first == again
+    other = _loglikelihood(harness("mdlm", 4, seed=4))
+    assert all(x != y for (x, _), (y, _) in zip(first, other))
+    # the draws of a request are its own: alone or among others, in any order, the same score
+    alone = _loglikelihood(harness("mdlm", 4, seed=3), CHOICES[3:4])
+    assert alone[0] == first[3]
+    assert _loglikelihood(harness("mdlm", 4, seed=3), CHOICES[::-1]) == first[::-1]
+    assert _rolling(harness("mdlm", 4, seed=3)) == _rolling(harness("mdlm", 1, seed=3))
+
+
+@pytest.mark.parametrize("kind", ["ar", "dar", "dar-one-stream", "gpt2"])
+def test_the_ar_path_is_the_causal_views_summed_log_probs(kind, checkpoints, harness):
+    """log p(continuation | BOS, context) computed directly: the causal LM's logits at k - 1, or the two-stream
+    query stream at k under the AR plan (group rank = position); is_greedy: every token is the argmax."""
+    lm = harness(kind, 8)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoints[kind])
+    model = type(lm.model).from_pretrained(checkpoints[kind]).eval()
+
+    def direct(ids, first):
+        ids = torch.tensor([ids])
+        with torch.no_grad():
+            if kind != "dar":  # a causal LM: logits[:, i] predict token i + 1
+                logp = model(input_ids=ids).logits.log_softmax(-1)[0, first - 1 : -1]
+            else:
+                targets = torch.arange(first, ids.shape[1])[None]
+                logp = model(input_ids=ids, group_ids=torch.arange(ids.shape[1])[None],
+                             target_positions=targets).logits.log_softmax(-1)[0]
+        gold = ids[0, first:]
+        return float(logp.gather(-1, gold[:, None]).sum()), bool((logp.argmax(-1) == gold).all()), logp
+
+    bos = tokenizer.bos_token_id
+    for (context, continuation), (score, greedy) in zip(CHOICES, _loglikelihood(lm)):
+        ctx = tokenizer(context, add_special_tokens=False)["input_ids"]
+        whole = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
+        assert whole[: len(ctx)] == ctx
+        expected, expected_greedy, _ = direct([bos] + whole, 1 + len(ctx))
+        assert score == pytest.approx(expected, rel=1e-5, abs=1e-4)
+        assert greedy == expected_greedy
+    # a continuation of argmax tokens is greedy
+    ids = [bos] + tokenizer("The keeper", add_special_tokens=False)["input_ids"]
+    for _ in range(3):
+        ids.append(int(direct(ids + [0], len(ids))[2][-1].argmax()))
+    context = tokenizer.decode(ids[1:-3])
+    continuation = tokenizer.decode(ids[-3:])
+    if tokenizer(context + continuation, add_special_tokens=False)["input_ids"] == ids[1:]:  # decodes round-trip
+        assert _loglikelihood(lm, [(context, continuation)])[0][1] is True
+
+
+@pytest.mark.parametrize("kind", ["mdlm", "bd3lm", "mdlm-mask"])
+def test_the_elbo_path_agrees_with_perplexity_elbo_within_the_standard_errors(kind, checkpoints, harness):
+    """The continuation's negative ELBO given BOS (the whole of a short text, one window) by the class and by
+    `perplexity --protocol elbo` on the same text: two independent Monte-Carlo estimates of one number."""
+    lm = harness(kind, 16, mc_num=64, seed=1)
+    tokenizer = lm.tokenizer
+    ids = [tokenizer.bos_token_id] + tokenizer(SHORT, add_special_tokens=False)["input_ids"]
+    assert len(ids) <= lm.max_length
+    ours, ours_se = lm.elbo_loglikelihood(ids, 1)
+    assert -_loglikelihood(lm, [("", SHORT)])[0][0] == pytest.approx(ours, rel=1e-12)  # "" context: BOS only
+    reference = elbo_perplexity(lm.model, tokenizer, [SHORT], max_length=lm.max_length, stride=lm.max_length // 2,
+                                num_samples=64, seed=2)
+    assert reference.num_tokens == len(ids) - 1
+    theirs, theirs_se = reference.nlls.sum(), reference.standard_error * reference.num_tokens
+    assert 0 < ours_se < ours and 0 < theirs_se
+    assert abs(ours - theirs) < 3 * math.hypot(ours_se, theirs_se), (ours, ours_se, theirs, theirs_se)
+    # rolling is the command's estimate itself, with the same seed and number of samples
+    same = elbo_perplexity(lm.model, tokenizer, [SHORT], max_length=lm.max_length, stride=lm.max_length // 2,
+                           num_samples=64, seed=1)
+    assert -_rolling(lm, [SHORT])[0] == pytest.approx(same.nlls.sum(), rel=1e-9)
+
+
+def test_generate_until_honours_until_and_max_gen_toks(harness, monkeypatch):
+    for kind in ("dar", "ar", "gpt2", "mdlm"):
+        lm = harness(kind, 2)
+        decoded = []  # the new ids of each row, as the class hands them to the tokenizer
+        decode = lm.tokenizer.decode
+        monkeypatch.setattr(lm.tokenizer, "decode", lambda ids, **kw: decoded.append(list(ids)) or decode(ids, **kw))
+        budgets = [5, 3, 5]
+        requests = [Instance("generate_until", {}, (c, {"until": ["\n"], "max_gen_toks": n}), i)
+                    for i, (c, n) in enumerate(zip(["The keeper", "A storm tore", "In winter"], budgets))]
+        out = lm.generate_until(requests, disable_tqdm=True)
+        assert len(out) == 3 and all(isinstance(t, str) and "\n" not in t for t in out)
+        assert sorted(len(ids) for ids in decoded) <= sorted(budgets) and any(decoded)
+        assert all(lm.tokenizer.eos_token_id not in ids for ids in decoded)
+        # batch 1 decodes the same
+        assert harness(kind, 1).generate_until(requests, disable_tqdm=True) == out
+        # a stop string cuts the text before it
+        if len(out[0]) > 1:
+            stop = out[0][1:]
+            again = lm.generate_until([Instance("generate_until", {}, ("The keeper", {"until": [stop],
+                                                                                    "max_gen_toks": 5}), 0)],
+                                      disable_tqdm=True)
+            assert again == [out[0][: out[0].index(stop)]] and len(again[0]) < len(out[0])
+
+
+def test_unsupported_checkpoints_and_arguments_are_refused_in_one_line(checkpoints, tiny_model, tmp_path):
+    from hf_lookaround import LookAroundViTForPreTraining
+
+    tiny_model(LookAroundViTForPreTraining).save_pretrained(tmp_path / "vit")
+    refusals = [
+        (dict(pretrained=str(tmp_path / "vit")), "is a vision checkpoint"),
+        (dict(pretrained=str(checkpoints["ar"]), path="elbo"), "path=elbo needs a checkpoint trained with a diffusion"),
+        (dict(pretrained=str(checkpoints["vmlm"]), path="sideways"), "choose one of"),
+        (dict(pretrained=str(checkpoints["ar"]), temperature_of_sea=3), "do not take"),
+        (dict(pretrained=str(checkpoints["mdlm"]), mc_num=1), "mc_num"),
+        (dict(pretrained=str(checkpoints["mdlm"]), batch_size="auto"), "no 'auto'"),
+        (dict(pretrained=str(checkpoints["ar"]), max_length=POSITIONS + 1), "max_length"),
+    ]
+    for kwargs, message in refusals:
+        with pytest.raises(ValueError, match=message) as err:
+            LookAroundLM(device="cpu", **kwargs)
+        assert "\n" not in str(err.value)
+    lm = LookAroundLM(pretrained=str(checkpoints["ar"]), device="cpu", max_length=8)
+    with pytest.raises(ValueError, match="does not fit the window of 8 tokens"):
+        _loglikelihood(lm, [("The", " keeper climbed the ladder with a hammer and nails")])
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory):
+    """A rolling task, a multiple-choice task and a generation task over local JSON Lines (no Hub)."""
+    out = tmp_path_factory.mktemp("lookaround_tasks")
+    rows = {
+        "la_rolling": [{"text": t} for t in DOCUMENTS],
+        "la_choice": [{"context": c, "choices": [x, " gulls"], "label": 0} for c, x in CHOICES if c],
+        "la_generate": [{"context": c, "answer": x} for c, x in CHOICES if c],
+    }
+    specs = {
+        "la_rolling": dict(output_type="loglikelihood_rolling", doc_to_text="", doc_to_target="{{text}}",
+                           metric_list=[{"metric": "word_perplexity"}, {"metric": "bits_per_byte"}]),
+        "la_choice": dict(output_type="multiple_choice", doc_to_text="{{context}}", doc_to_choice="{{choices}}",
+                          doc_to_target="label", metric_list=[{"metric": "acc"}]),
+        "la_generate": dict(output_type="generate_until", doc_to_text="{{context}}", doc_to_target="{{answer}}",
+                            generation_kwargs={"until": ["\n"], "max_gen_toks": 4, "do_sample": False},
+                            metric_list=[{"metric": "exact_match"}]),
+    }
+    for name, spec in specs.items():
+        data = out / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows[name]), encoding="utf-8")
+        task = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
+                "test_split": "test", "metadata": {"version": 1.0}, **spec}
+        (out / f"{name}.yaml").write_text(json.dumps(task, indent=1), encoding="utf-8")
+    return out
+
+
+@pytest.mark.parametrize("kind", ["dar", "mdlm"])
+def test_simple_evaluate_and_the_command_line_run_the_registered_class(kind, checkpoints, task_dir, tmp_path,
+                                                                       harness):
+    from lm_eval import simple_evaluate
+    from lm_eval.api.registry import get_model
+    from lm_eval.tasks import TaskManager
+
+    assert get_model("lookaround") is LookAroundLM  # registered by importing the module
+    tasks = ["la_rolling", "la_choice", "la_generate"]
+    out = simple_evaluate(model="lookaround", model_args=f"pretrained={checkpoints[kind]},mc_num=8,seed=0",
+                          tasks=tasks, task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
+                          device="cpu", batch_size=2, log_samples=True, bootstrap_iters=0)
+    assert set(tasks) <= set(out["results"])
+    rolling = [s["resps"][0][0] for s in sorted(out["samples"]["la_rolling"], key=lambda s: s["doc_id"])]
+    # the harness puts nothing before a rolling document here: the class's own windows (BOS first) score it
+    assert rolling == pytest.approx(_rolling(harness(kind, 2, seed=0)), rel=1e-6)
+    assert math.isfinite(out["results"]["la_rolling"]["word_perplexity,none"])
+
+    result_dir = tmp_path / "cli"
+    code = cli_main(["lm-eval", "--model_args", f"pretrained={checkpoints[kind]},mc_num=8", "--include_path",
+                     str(task_dir), "--tasks", "la_rolling,la_choice", "--device", "cpu", "--batch_size", "2",
+                     "--output_path", str(result_dir)])
+    assert code == 0
+    written = json.loads(next(result_dir.rglob("results_*.json")).read_text())
+    assert written["results"]["la_rolling"]["word_perplexity,none"] == pytest.approx(
+        out["results"]["la_rolling"]["word_perplexity,none"], rel=1e-6)
+
+
+def test_the_command_line_refuses_a_vision_checkpoint_in_one_line(tiny_model, tmp_path, task_dir, capsys):
+    from hf_lookaround import LookAroundViTForPreTraining
+
+    tiny_model(LookAroundViTForPreTraining).save_pretrained(tmp_path / "vit")
+    code = cli_main(["lm-eval", "--model_args", f"pretrained={tmp_path / 'vit'}", "--include_path", str(task_dir),
+                     "--tasks", "la_choice", "--device", "cpu"])
+    assert code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("hf-lookaround lm-eval: error: ") and "is a vision checkpoint" in line
+
+
+def test_harness_arguments_default_to_the_lookaround_model():
+    assert lm_eval_model.cut_at_stops("a. b\nc", [".", "\n"]) == "a"
+    from hf_lookaround.cli.lm_evaluation import harness_argv
+
+    assert harness_argv(["--tasks", "x"]) == ["--model", "lookaround", "--tasks", "x"]
+    assert harness_argv(["run", "--tasks", "x"]) == ["run", "--model", "lookaround", "--tasks", "x"]
+    assert harness_argv(["--model", "hf", "--tasks", "x"]) == ["--model", "hf", "--tasks", "x"]
+    assert harness_argv(["ls", "tasks"]) == ["ls", "tasks"]

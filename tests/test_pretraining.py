@@ -112,7 +112,7 @@ def test_single_stream_ar_trains_gpt_and_decodes_with_its_content_stream(tokeniz
     assert 1 < metrics["eval_ar_perplexity"] < 400 and "eval_masked_perplexity" not in metrics
     card = (out / "README.md").read_text()  # the model card shows the causal head, not a two-stream plan
     assert 'head="causal-lm"' in card and "group_ids=plan.group_ids" not in card
-    assert "trained single-stream" in card
+    assert "trained one-stream" in card and "one-stream causal text model" in card  # issue 43: the form, named
 
     tokenizer = AutoTokenizer.from_pretrained(out)
     collator = make_collator("ar", tokenizer, form="single_stream")

@@ -60,7 +60,10 @@ def test_the_command_builds_its_trainer_with_the_assembly(assembled, tmp_path, b
     (trainer,) = assembled
     assert isinstance(trainer, pretraining.LookAroundTrainer)
     assert isinstance(trainer.data_collator, DropUnreadContent)  # mlm's default policy
-    assert trainer.run_settings == {"block_size": BLOCK} and trainer.args.prediction_loss_only
+    # what a resume must match (issue 43: a new learning rate or schedule is refused, not silently kept)
+    assert trainer.run_settings == {"block_size": BLOCK, "learning_rate": trainer.args.learning_rate,
+                                    "lr_scheduler_type": "linear"}
+    assert trainer.args.prediction_loss_only
 
 
 def test_the_demo_builds_its_trainer_with_the_assembly(assembled, tmp_path, tokenizer, blocks_dir):

@@ -210,8 +210,6 @@ def cell_job(spec: dict) -> int:
                  "--batch_size", str(s["eval_batch_size"]), "--seed", str(spec["seed"]), "--output_dir", str(ppl_dir)]
     if ppl_args[1] == "elbo":
         cmd += ["--num_samples", str(s["elbo_samples"])]
-    if ppl_args[1] == "masked":
-        cmd += ["--positions_per_window", "0"]  # every position: the same tokens as the other protocols
     if (rc := _run(cmd, log_path)) != 0:
         return rc
     report = json.loads((ppl_dir / "perplexity.json").read_text())
@@ -278,7 +276,8 @@ def decode_job(spec: dict) -> int:
         table[f"bd3lm b=4 threshold={p:g}"] = ("diffusion", decoder(bd, diffusion_threshold=p))
     for k in s["steps_per_block"]:
         table[f"bd3lm b=4 steps={k}"] = ("diffusion", decoder(bd, diffusion_steps=k))
-    rows, record = [], {"started_utc": utc_now(), "models": spec["models"], "rows": rows,
+    rows = []
+    record = {"started_utc": utc_now(), "models": spec["models"], "rows": rows,
                         "device": torch.cuda.get_device_name() if s["cuda"] else platform.processor() or "cpu",
                         "dtype": str(dtype), "torch": torch.__version__}
     out_path = Path(spec["folder"]) / "result.json"
@@ -562,7 +561,6 @@ def write_report(state: dict, settings: dict, out: Path) -> dict:
           "per window). Code commit " + state.get("code_commit", "?") + ".", "", table, "", report["ordering"], "",
           decoding_table(state.get("decoding")), ""]
     (out / "diffusion_bench.md").write_text("\n".join(md))
-    print("\n".join(md), flush=True)
     return report
 
 
@@ -661,7 +659,7 @@ def main(argv=None) -> int:
     run_pool(args, jobs, settings, prep, work, out, state)
     state["calls"][-1]["finished_utc"] = utc_now()
     state["calls"][-1]["minutes"] = round((time.time() - args.t0) / 60, 2)
-    write_report(state, settings, out)
+    print((out / "diffusion_bench.md").read_text() if write_report(state, settings, out) else "", flush=True)
     missing = [cell_name(c, s) for s in args.seeds for c in args.cells if cell_name(c, s) not in state["cells"]]
     print(f"[diffbench] missing after this call: {missing or 'none'}; decoding "
           f"{'done' if state.get('decoding') else 'not done'}", flush=True)

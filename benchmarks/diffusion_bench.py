@@ -200,6 +200,7 @@ def cell_job(spec: dict) -> int:
                      "--logging_steps", str(max(1, s["steps"] // 20)), "--seed", str(spec["seed"]),
                      "--bf16", str(s["cuda"]).lower(), "--torch_compile", str(s["cuda"]).lower(),
                      "--dataloader_num_workers", "2" if s["cuda"] else "0",
+                     *(["--preprocessing_num_workers", str(s["num_proc"])] if s["num_proc"] > 1 else []),
                      "--output_dir", str(model_dir), *resume]
         if (rc := _run(cmd, log_path)) != 0:
             return rc
@@ -608,7 +609,7 @@ def parse_args(argv=None):
     p.add_argument("--jobs_per_gpu", type=int, default=2, help="training cells side by side on one GPU")
     p.add_argument("--minutes", type=float, default=8.8, help="the deadline: jobs still running are killed")
     p.add_argument("--cell_min_s", type=float, default=90, help="no cell starts with less time left")
-    p.add_argument("--decode_min_s", type=float, default=200, help="the decoding job needs this much time left")
+    p.add_argument("--decode_min_s", type=float, default=300, help="the decoding job needs this much time left")
     p.add_argument("--poll_s", type=float, default=2.0)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny preset, a few steps, synthetic text")
     args = p.parse_args(argv)
@@ -637,13 +638,15 @@ def main(argv=None) -> int:
         "preset", "vocab_size", "batch_size", "block_size", "save_every", "eval_batch_size", "elbo_samples",
         "corpus_dir", "thresholds", "steps_per_block", "decode_batches", "decode_modes", "new_tokens",
         "prompt_tokens", "repeats", "heldout_passages", "passage_chars", "tokenizer_chars")}
-    settings.update(steps=steps, cuda=cuda)
+    args.gpus = visible_gpus(cuda)
+    # the cells that start together tokenize the slice together (once per machine: the datasets cache is shared)
+    num_proc = (os.cpu_count() or 1) // (len(args.gpus) * args.jobs_per_gpu) if cuda else 1
+    settings.update(steps=steps, cuda=cuda, num_proc=max(1, min(8, num_proc)))
     if args.report:
         cells, decoding = load_records([Path(f) for f in args.report])
         write_report({"cells": cells, "decoding": decoding, "calls": [], "settings": settings}, settings, out)
         return 0
     cells, decoding = load_records([Path(f) for f in args.records_from] + [out])
-    args.gpus = visible_gpus(cuda)
     state = {"what": "issue 40: the likelihood table (BD3-LM Table 3 form) and diffusion decoding against compiled "
                      "AR t = 1", "settings": settings, "code_commit": git_commit(), "cells": cells,
              "decoding": decoding, "calls": [{"started_utc": utc_now(), "gpus": args.gpus, "jobs": {}}]}

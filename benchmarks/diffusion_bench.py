@@ -29,6 +29,14 @@ cache, and transformers' own ``generate()`` with it; the faster is the baseline)
 forward, and the generative perplexity of each continuation under the ar checkpoint (fp32). The target: >= 2.5x the
 baseline's tokens/s at a generative perplexity within 10 % of the baseline's, stated either way.
 
+**Budget.** 6 cells x 3 seeds = 18 pretraining runs of 40 M tokens each (``--tokens``; batch 64 x 256 = 2442
+steps): the C1 protocol's length, about 1.6 passes over the slice's ~25 M tokens (8k BPE). ``small`` trained at
+about 370 k tokens/s alone on an H100 (docs/results/c1_finetune_timing.json), so a cell is ~2-3 min of training at
+two per GPU, plus ~1 min of start-up, compilation and scoring (the first wave of a fresh machine also tokenizes
+the slice, ~1-2 min): ~4-5 min a cell, eight at a time on 4 GPUs, so ~12 min for the 18; decoding alone on one GPU
+~4-5 min (mostly compiling its graphs). That is 2 calls of <= 9.5 min when the machine stays warm between them, 3
+when it does not (a fresh machine retrains the decoding job's two cells, ~5 min, before decoding).
+
 **The plan is resumable.** Jobs run one process each, ``--jobs_per_gpu`` training cells per GPU (the decoding job
 alone on its GPU), and are killed at ``--minutes``. A cell saves a checkpoint every ``--save_every`` steps and
 continues from its last complete one (on a machine that kept ``--work_dir``); a finished cell's record

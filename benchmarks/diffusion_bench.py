@@ -53,7 +53,7 @@ import json
 import math
 import os
 import platform
-import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -438,13 +438,15 @@ def run_pool(args, jobs, settings, prep, work: Path, out: Path, state: dict) -> 
             job_env = env if gpu == "cpu" else dict(env, CUDA_VISIBLE_DEVICES=gpu)
             log = open(folder / "job_log.txt", "a")
             proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "job", str(folder / "spec.json")],
-                                    stdout=log, stderr=subprocess.STDOUT, env=job_env)
+                                    stdout=log, stderr=subprocess.STDOUT, env=job_env, start_new_session=True)
             running[job["name"]] = (proc, gpu, time.time(), job, folder)
             print(f"[diffbench] {utc_now()} start {job['name']} on {gpu}", flush=True)
         time.sleep(args.poll_s)
         for name, (proc, gpu, started, job, folder) in list(running.items()):
             if proc.poll() is None and time.time() > deadline:
-                proc.kill()  # our own child, by its id (a warm machine continues it from its last checkpoint)
+                # the job's own process group (it, the hf-lookaround command it runs and its data workers); a warm
+                # machine continues the cell from its last checkpoint
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             if proc.poll() is None:
                 continue
@@ -621,9 +623,10 @@ def parse_args(argv=None):
     p.add_argument("--poll_s", type=float, default=2.0)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny preset, a few steps, synthetic text")
     args = p.parse_args(argv)
-    if args.smoke:
+    if args.smoke:  # the smoke sizes, except where the command line gives another value
         for key, value in SMOKE.items():
-            setattr(args, key, value)
+            if getattr(args, key) == p.get_default(key):
+                setattr(args, key, value)
     return args
 
 
@@ -652,6 +655,9 @@ def main(argv=None) -> int:
     settings.update(steps=steps, cuda=cuda, num_proc=max(1, min(8, num_proc)))
     if args.report:
         cells, decoding = load_records([Path(f) for f in args.report])
+        earlier = Path(args.report[0]) / "diffusion_bench.json"  # the settings the records ran with, if there
+        if earlier.is_file():
+            settings = json.loads(earlier.read_text())["settings"]
         write_report({"cells": cells, "decoding": decoding, "calls": [], "settings": settings}, settings, out)
         return 0
     cells, decoding = load_records([Path(f) for f in args.records_from] + [out])

@@ -655,10 +655,10 @@ def main(argv=None) -> int:
     settings.update(steps=steps, cuda=cuda, num_proc=max(1, min(8, num_proc)))
     if args.report:
         cells, decoding = load_records([Path(f) for f in args.report])
-        earlier = Path(args.report[0]) / "diffusion_bench.json"  # the settings the records ran with, if there
-        if earlier.is_file():
-            settings = json.loads(earlier.read_text())["settings"]
-        write_report({"cells": cells, "decoding": decoding, "calls": [], "settings": settings}, settings, out)
+        earlier = Path(args.report[0]) / "diffusion_bench.json"  # the settings and calls the records ran with
+        state = json.loads(earlier.read_text()) if earlier.is_file() else {"calls": [], "settings": settings}
+        state.update(cells=cells, decoding=decoding)
+        write_report(state, state["settings"], out)
         return 0
     cells, decoding = load_records([Path(f) for f in args.records_from] + [out])
     state = {"what": "issue 40: the likelihood table (BD3-LM Table 3 form) and diffusion decoding against compiled "

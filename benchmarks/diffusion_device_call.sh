@@ -9,8 +9,12 @@
 # After each call copy its records back, then call again until it prints "missing after this call: none; decoding
 # done" (back to back: a warm machine keeps runs/diffbench, so a cut cell continues from its last checkpoint and
 # the decoding job finds its two models; a fresh machine retrains those two before decoding):
-#   mkdir -p .devdata/diffbench && cp -r FILES_AT/diffbench/cells FILES_AT/diffbench/decoding.json .devdata/diffbench/
-# (decoding.json only once it exists). Writes $OUT/diffbench/{diffusion_bench.md,diffusion_bench.json,cells/,
+#   mkdir -p .devdata/diffbench && cp -rf FILES_AT/diffbench/. .devdata/diffbench/ && chmod -R u+w .devdata/diffbench
+# and at the end the report from the records alone (the numbers belong in docs/results/):
+#   python benchmarks/diffusion_bench.py --report .devdata/diffbench --out docs/results/diffusion_bench
+# First call, from the checkout:
+#   mkdir -p .devdata/c1 && cp -r /work/main/.devdata/c1/gutenberg .devdata/c1/ && cp -r /work/main/.devdata/whl .devdata/
+# Writes $OUT/diffbench/{diffusion_bench.md,diffusion_bench.json,cells/,
 # decoding.json} (rewritten after every job) and $OUT/diffbench/logs.txt (the tails of every job's log).
 # Extra arguments go to diffusion_bench.py (e.g. --seeds 0 1 2 3, --tokens 20000000, --minutes 8.5).
 set -uo pipefail

@@ -342,11 +342,14 @@ def block_causal_masks(group_size: int, length: int, implementation: str, dtype:
     milliseconds to build; a compiled step then reads the same mask every time (``model.prepare_attention``)."""
     kernel = resolve_attention_implementation(implementation, length, device, built_once=True)
     key = (group_size, length, kernel, dtype, str(device))
+    # a cached mask outlives the call: built from normal tensors even under inference_mode (an evaluation), or a
+    # later training forward of the same shape could not save it for backward
     if key not in _BLOCK_CAUSAL_MASKS:
-        rank = torch.div(torch.arange(length, device=device), group_size, rounding_mode="floor")[None]
-        plan = AttentionPlan(query_rank=rank, query_is_strict=torch.zeros_like(rank, dtype=torch.bool),
-                             key_rank=rank, key_valid=torch.ones_like(rank, dtype=torch.bool))
-        _BLOCK_CAUSAL_MASKS[key] = build_prepared_attention(plan, kernel, dtype, length, with_query_rows=False)
+        with torch.inference_mode(False):
+            rank = torch.div(torch.arange(length, device=device), group_size, rounding_mode="floor")[None]
+            plan = AttentionPlan(query_rank=rank, query_is_strict=torch.zeros_like(rank, dtype=torch.bool),
+                                 key_rank=rank, key_valid=torch.ones_like(rank, dtype=torch.bool))
+            _BLOCK_CAUSAL_MASKS[key] = build_prepared_attention(plan, kernel, dtype, length, with_query_rows=False)
     return _BLOCK_CAUSAL_MASKS[key]
 
 

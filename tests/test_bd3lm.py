@@ -123,4 +123,5 @@ def test_pretrain_bd3lm_through_the_cli(bbc_text_dir, tokenizer_dir, tmp_path):
     assert len(losses) == 2 and np.isfinite(losses).all()
     config = json.loads((out / "config.json").read_text())
     assert config["objective"] == "bd3lm" and config["plan_params"]["diffusion_block"] == 8
+    assert config["diffusion_block_size"] == 8  # what diffusion decoding reads, recorded from the objective's Params
     assert "block diffusion" in (out / "README.md").read_text()

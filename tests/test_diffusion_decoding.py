@@ -14,13 +14,23 @@ from conftest import one_line_error
 BLOCK, PAD, BOS, EOS, MASK = 4, 0, 1, 2, 3
 
 
+def _trained_fields(objective, plan_params) -> dict:
+    """The config fields pretraining records from the objective's parameters (what the decoders read)."""
+    from hf_lookaround import objectives
+
+    if objective not in ("mdlm", "bd3lm"):  # a checkpoint of another objective records no diffusion block
+        return {}
+    return objectives.get(objective).Params(**plan_params).config_fields()
+
+
 def _model(objective="bd3lm", plan_params=None, seed=0):
     torch.manual_seed(seed)
+    plan_params = {"diffusion_block": BLOCK} if plan_params is None else plan_params
     config = LookAroundConfig.from_preset(
         "tiny", vocab_size=40, hidden_size=32, num_attention_heads=2, intermediate_size=64, max_position_embeddings=48,
         pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, mask_token_id=MASK, objective=objective,
-        plan_params={"diffusion_block": BLOCK} if plan_params is None else plan_params, prediction_stream="query",
-        initializer_range=0.2)
+        plan_params=plan_params, prediction_stream="query", initializer_range=0.2,
+        **_trained_fields(objective, plan_params))
     return LookAroundForCausalLM(config).eval()
 
 
@@ -172,7 +182,7 @@ def test_the_cli_reports_tokens_per_forward(tok, tmp_path, capsys):
         "tiny", vocab_size=len(tok), hidden_size=32, num_attention_heads=2, intermediate_size=64,
         max_position_embeddings=64, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id, mask_token_id=tok.mask_token_id, objective="bd3lm",
-        plan_params={"diffusion_block": 4}, prediction_stream="query")
+        plan_params={"diffusion_block": 4}, prediction_stream="query", **_trained_fields("bd3lm", {"diffusion_block": 4}))
     LookAroundForPreTraining(config).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     argv = ["generate", str(tmp_path), "--prompt", "river stone", "--max_new_tokens", "8", "--device", "cpu", "--json"]

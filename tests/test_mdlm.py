@@ -191,6 +191,7 @@ def test_pretrain_mdlm_through_the_cli_and_adapt_it(form, bbc_text_dir, tokenize
                             ["--objective", "mdlm", "--noise_schedule", "log_linear", "--masked_form", form])
     assert config["objective"] == "mdlm"
     assert config["plan_params"] == {"noise_schedule": "log_linear", "eps": 1e-3, "low_discrepancy": True}
+    assert config["diffusion_block_size"] == 0  # diffusion decoding: one block of every new token
     assert "masked diffusion" in (out / "README.md").read_text()
     # adaptation: continue pretraining from the checkpoint
     _pretrain(tmp_path, bbc_text_dir, tokenizer_dir, "again", ["--objective", "mdlm", "--masked_form", form],

@@ -14,7 +14,7 @@ from ..data.tokenization import auto_tokenizer
 from ..decoding.infill import ORDERS, SCHEDULES, infill
 from ..decoding import DiffusionDecoding, default_group_size, diffusion_block_of, is_one_stream_group_model, \
     make_logits_processor
-from ..models.lookaround.diffusion_lookaround import DIFFUSION_OBJECTIVES
+from ..models.lookaround.diffusion_lookaround import is_diffusion_model
 from ..hub.load import load_checkpoint
 from ..hub.weights import check_local_checkpoint
 from .common import resolve_device
@@ -137,8 +137,7 @@ def _continue_prompt(args, config, tokenizer, sampling, generator):
     gpt_form = config.prediction_stream == "content" and config.default_attention == "causal"
     group_size = args.group_size
     diffusion = args.diffusion_threshold is not None or args.diffusion_steps is not None
-    if not diffusion and group_size is None and args.draft_group_size is None and config.objective in \
-            DIFFUSION_OBJECTIVES:
+    if not diffusion and group_size is None and args.draft_group_size is None and is_diffusion_model(config):
         diffusion = True  # an mdlm / bd3lm checkpoint decodes by diffusion unless asked otherwise
         logger.info("no --diffusion_threshold / --diffusion_steps: diffusion decoding with one commit per step")
     if diffusion and (group_size is not None or args.draft_group_size is not None):

@@ -155,6 +155,10 @@ class DiffusionParams(ObjectiveParams):
     def collator_params(self) -> dict:
         return {**self.plan_params(), "form": self.masked_form}
 
+    def config_fields(self) -> dict:
+        # what diffusion decoding reads: the block the plan denoises (0: one block of every new token)
+        return {**super().config_fields(), "diffusion_block_size": int(self.plan_params().get("diffusion_block", 0))}
+
     @property
     def form(self) -> str:
         return self.masked_form

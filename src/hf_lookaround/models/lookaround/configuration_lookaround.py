@@ -101,6 +101,9 @@ class LookAroundConfig(PreTrainedConfig):
             `generate(group_size=t)` decodes with (`[]`: none; a masked or any-order checkpoint infills instead).
             Recorded from the objective's parameters at pretraining; unset in configs written before it existed,
             whose decoders read it from `objective` and `plan_params`.
+        diffusion_block_size (`int`, optional): the block a masked-diffusion checkpoint denoises, recorded from its
+            objective's parameters (`bd3lm`: its block size b; `mdlm`: 0, one block of every new token); None for a
+            checkpoint that diffusion decoding does not serve.
         prediction_stream (`"query"` or `"content"`, optional): the stream the checkpoint was trained to predict
             with, and so the one `LookAroundForCausalLM` (`generate()`) and `LookAroundForMaskedLM` (`fill-mask`)
             predict with. `"query"`: two-stream pretraining (every plan of `hf-lookaround pretrain` except the
@@ -150,6 +153,7 @@ class LookAroundConfig(PreTrainedConfig):
     objective: str | None = None
     plan_params: dict | None = None
     decoding_group_sizes: list[int] | None = None
+    diffusion_block_size: int | None = None
     prediction_stream: str | None = None
     trained_block_size: int | None = None
     source_model_type: str | None = None
@@ -240,6 +244,9 @@ class LookAroundConfig(PreTrainedConfig):
         if sizes is not None and (not isinstance(sizes, (list, tuple))
                                   or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in sizes)):
             raise ValueError(f"decoding_group_sizes must be a list of positive ints (or None), got {sizes!r}")
+        block = self.diffusion_block_size
+        if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 0):
+            raise ValueError(f"diffusion_block_size must be an int >= 0 (0: one block) or None, got {block!r}")
         if self.prediction_stream not in PREDICTION_STREAMS + (None,):
             raise ValueError(f"prediction_stream must be one of {PREDICTION_STREAMS}, got {self.prediction_stream!r}")
         for name in ("hidden_dropout_prob", "attention_dropout"):

@@ -43,20 +43,19 @@ from .masking_lookaround import NO_TARGET_RANK
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DIFFUSION_OBJECTIVES", "DiffusionDecoding", "GenerateDiffusionOutput", "diffusion_block_of",
-           "diffusion_decoding", "diffusion_ranks"]
+__all__ = ["DiffusionDecoding", "GenerateDiffusionOutput", "diffusion_block_of",
+           "diffusion_decoding", "diffusion_ranks", "is_diffusion_model"]
 
-# the objectives whose plan is a masked diffusion (objectives/mdlm.py, objectives/bd3lm.py); a bd3lm config records
-# its block size as plan_params["diffusion_block"]
-DIFFUSION_OBJECTIVES = ("mdlm", "bd3lm")
+def is_diffusion_model(config) -> bool:
+    """Whether ``config`` records a masked-diffusion plan (``diffusion_block_size``, written from its objective's
+    parameters at pretraining: ``objectives/mdlm.py``, ``objectives/bd3lm.py``)."""
+    return getattr(config, "diffusion_block_size", None) is not None
 
 
 def diffusion_block_of(config) -> int | None:
-    """The block size a checkpoint was trained with: ``plan_params["diffusion_block"]`` for ``bd3lm``; None for
-    ``mdlm`` (one block: every new token)."""
-    if getattr(config, "objective", None) != "bd3lm":
-        return None
-    return int((getattr(config, "plan_params", None) or {}).get("diffusion_block", 4))
+    """The block size a checkpoint was trained with: ``bd3lm``'s b; None for ``mdlm`` (one block: every new
+    token) and for checkpoints without a diffusion plan."""
+    return getattr(config, "diffusion_block_size", None) or None
 
 
 def diffusion_ranks(attention_mask: torch.Tensor, max_new_tokens: int, block: int | None, has_condition):
@@ -126,7 +125,7 @@ class DiffusionDecoding(DecodingStrategy):
 
     def check(self, config, allow_untrained: bool = False) -> None:
         objective = getattr(config, "objective", None)
-        if objective not in DIFFUSION_OBJECTIVES:
+        if not is_diffusion_model(config):
             _refuse_or_warn(f"diffusion decoding denoises blocks as mdlm / bd3lm pretraining does; this checkpoint was "
                             f"pretrained with the {objective!r} objective: use group decoding (group_size) or "
                             f"decoding=Infilling(...)", allow_untrained)

@@ -29,7 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from lm_eval.__main__ import cli_evaluate
     except ImportError as err:
-        raise ValueError(f"lm-eval is not installed ({err}): pip install -e '.[lm-eval]'") from err
+        if argv in (["-h"], ["--help"]):  # the help needs no harness; say how to get it
+            print(__doc__.strip() + "\n\nlm-eval is not installed: pip install 'hf-lookaround[lm-eval]'")
+            raise SystemExit(0) from None
+        raise ValueError(f"lm-eval is not installed ({err}): pip install 'hf-lookaround[lm-eval]'") from err
     import hf_lookaround.evaluation.lm_eval_model  # noqa: F401  (registers the model class `lookaround`)
 
     if argv in (["-h"], ["--help"]):

@@ -30,8 +30,12 @@ from collections import defaultdict
 
 import numpy as np
 import torch
-from lm_eval.api.model import TemplateLM
-from lm_eval.api.registry import register_model
+try:
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+except ImportError as err:  # an optional extra: say which
+    raise ImportError(f"the lookaround lm-eval model needs lm-evaluation-harness ({err}): "
+                      "pip install 'hf-lookaround[lm-eval]'") from err
 from tqdm.auto import tqdm
 
 from .. import objectives

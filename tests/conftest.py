@@ -164,6 +164,18 @@ class ToyTokenizer:
         return self.vocab_size
 
 
+def write_lm_eval_tasks(out: Path, specs: dict, rows: dict) -> Path:
+    """lm-eval task YAMLs (JSON is YAML) in ``out``, one per ``specs`` entry, over local JSON Lines of ``rows``:
+    lm-eval reads them with ``--include_path``, no Hub."""
+    for name, spec in specs.items():
+        data = out / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows[name]), encoding="utf-8")
+        task = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
+                "test_split": "test", "metadata": {"version": 1.0}, **spec}
+        (out / f"{name}.yaml").write_text(json.dumps(task, indent=1), encoding="utf-8")
+    return out
+
+
 def one_line_error(capsys, argv) -> str:
     """Run the CLI on ``argv``: it must end with exit status 2 and one ``hf-lookaround ...`` error line (an
     exception would not end in status 2), which is returned."""

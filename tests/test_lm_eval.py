@@ -5,7 +5,6 @@ here the same `HFLM` runs through `lm_eval.simple_evaluate` on checkpoints saved
 log-likelihood task (wikitext's form) and a multiple-choice task over JSON Lines the test writes.
 """
 
-import json
 import math
 
 import pytest
@@ -14,6 +13,7 @@ from lm_eval import simple_evaluate
 from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 from transformers import AutoTokenizer
+from conftest import write_lm_eval_tasks
 
 from hf_lookaround import LookAroundConfig, LookAroundForCausalLM, LookAroundForMaskedLM
 from hf_lookaround.evaluation.perplexity import ar_perplexity
@@ -51,13 +51,7 @@ def task_dir(tmp_path_factory):
     """Local task YAMLs (lm-eval reads YAML; JSON is YAML) over JSON Lines files: no Hub."""
     out = tmp_path_factory.mktemp("lm_eval_tasks")
     rows = {"lookaround_rolling": [{"text": t} for t in DOCUMENTS], "lookaround_choice": CHOICES}
-    for name, spec in TASKS.items():
-        data = out / f"{name}.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in rows[name]), encoding="utf-8")
-        task = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
-                "test_split": "test", "metadata": {"version": 1.0}, **spec}
-        (out / f"{name}.yaml").write_text(json.dumps(task, indent=1), encoding="utf-8")
-    return out
+    return write_lm_eval_tasks(out, TASKS, rows)
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ import json
 import math
 
 import pytest
+from conftest import write_lm_eval_tasks
 import torch
 from lm_eval.api.instance import Instance
 from transformers import AutoTokenizer
@@ -258,13 +259,7 @@ def task_dir(tmp_path_factory):
                             generation_kwargs={"until": ["\n"], "max_gen_toks": 4, "do_sample": False},
                             metric_list=[{"metric": "exact_match"}]),
     }
-    for name, spec in specs.items():
-        data = out / f"{name}.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in rows[name]), encoding="utf-8")
-        task = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
-                "test_split": "test", "metadata": {"version": 1.0}, **spec}
-        (out / f"{name}.yaml").write_text(json.dumps(task, indent=1), encoding="utf-8")
-    return out
+    return write_lm_eval_tasks(out, specs, rows)
 
 
 @pytest.mark.parametrize("kind", ["dar", "mdlm"])

@@ -264,6 +264,7 @@ def _spec(protocol, stamp, args, objective, seed, gpu, prep, settings, deadline_
             "command_label": args.command_label, "part": str(args.part), "gpu": gpu, "device": args.device,
             "threads": threads, "cell_dir": str(cell_dir), "records_dir": str(args.records_dir),
             "deadline_unix": deadline_unix, "eval_minutes_guess": args.eval_minutes_guess,
+            "rate_processes": args.rate_processes,
             "steps_this_command": args.steps_this_command, "second_scorer": args.second_scorer,
             "perplexity": protocol.get("evaluation", {}).get("perplexity", True),
             "features": protocol_features(protocol)}
@@ -419,6 +420,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--tiny_tokens", type=int, nargs="+", default=None)
     run.add_argument("--cells_per_gpu", type=int, default=None)
     run.add_argument("--finetune", action=argparse.BooleanOptionalAction, default=True)
+    run.add_argument("--rate_processes", type=int, default=1,
+                     help="fine-tune this many rates of a task's grid at once, each in its own process (results are "
+                          "unchanged: every rate is an independent seeded run); the device commands use 3")
     run.add_argument("--eval_minutes_guess", type=float, default=3.0, help="an evaluation's minutes before one ran")
     run.add_argument("--steps_this_command", type=int, default=None,
                      help="at most this many pretraining steps per cell in this command, then save and leave as at "
@@ -449,10 +453,12 @@ TINY = dict(preset="tiny", vocab_size=1024, val_blocks=8, eval_batch_size=64, pp
             probe_train=64, probe_eval=64)
 
 
-def _apply_run_defaults(args, protocol: dict) -> None:
+def _apply_run_defaults(args, protocol: dict, given: set[str] = frozenset()) -> None:
+    """The dry run's sizes (``TINY``), except those given on the command line (``given``)."""
     if args.tiny:
         for key, value in TINY.items():
-            setattr(args, key, value)
+            if key not in given:
+                setattr(args, key, value)
     args.preset = args.preset or protocol["preset"]
     args.cells_per_gpu = args.cells_per_gpu or protocol["cells_per_gpu"]
     args.ft_modes = ["full"]
@@ -481,7 +487,8 @@ def main(argv=None) -> int:
         for (o, s), gpu in placement.items():
             print(f"{cell_key(o, s)}\tGPU {gpu}")
         return 0
-    _apply_run_defaults(args, protocol)
+    argv = sys.argv[1:] if argv is None else argv
+    _apply_run_defaults(args, protocol, {a[2:].split("=")[0] for a in argv if a.startswith("--")})
     if args.second_scorer == "lm_eval" and importlib.util.find_spec("lm_eval") is None:
         raise SystemExit("study curves: --second_scorer lm_eval needs lm-eval 0.4.13 (pip install -e '.[lm_eval]'; "
                          "on a device machine carry its wheels, study/study_curves_device_call.sh lists them)")

@@ -290,6 +290,23 @@ def test_a_tiny_c1_grid_resumes_on_a_new_machine_without_rerunning_finished_cell
     assert c1["n"] == 2 and "missing_seeds" not in c1 and "fine-tuning at the last checkpoint" in out.read_text()
 
 
+def test_the_rates_of_a_task_in_worker_processes_score_as_one_after_another(tmp_path, protocol):
+    """--rate_processes only changes where a rate's seeded run happens, never its scores."""
+    stamp = tmp_path / "stamp.json"
+    stamp.write_text(json.dumps({"commit": "abc123", "dirty": False, "protocol_sha256": protocol["sha256"],
+                                 "tree": {"study/study_curves.py": sc.blob_sha1(sc.REPO / "study/study_curves.py")}}))
+    two_rates = ["--only_objectives", "ar", "--ft_lrs", "1e-4", "3e-3"]
+    one = sc.read_bundle(_c1_command(tmp_path, "m1", "seq", [0], stamp, two_rates))
+    two = sc.read_bundle(_c1_command(tmp_path, "m2", "par", [0], stamp, [*two_rates, "--rate_processes", "2"]))
+    name = "tiny__ar__seed0__finetune.json"
+    assert (one["records"][name]["rate_processes"], two["records"][name]["rate_processes"]) == (1, 2)
+    for task, entry in one["records"][name]["finetune"]["full"].items():
+        other = two["records"][name]["finetune"]["full"][task]
+        assert sorted(entry["validation_by_lr"]) == ["0.0001", "0.003"]
+        assert other["validation_by_lr"] == entry["validation_by_lr"] and other["learning_rate"] == entry["learning_rate"]
+        assert other["test_predictions"] == entry["test_predictions"] and other["test"] == entry["test"]
+
+
 def test_a_draft_protocol_runs_no_cell_whose_settings_are_pending(tmp_path):
     draft = json.loads(C1_PROTOCOL.read_text())
     draft["objectives"]["dar-t2-1s"]["learning_rate"] = "pending timing run"

@@ -303,11 +303,13 @@ def group_generate(
     output_scores: bool = False,
     output_logits: bool = False,
     speculation_break_even: float = SPECULATION_BREAK_EVEN,
+    decoding: DecodingStrategy | None = None,
 ):
     """Group decoding on any LookAround LM head (``LookAroundForPreTraining`` included), without ``generate()``.
 
     ``group_size`` defaults to :func:`default_group_size`; ``draft_group_size=k`` runs self-speculative decoding
-    instead. ``input_ids`` ``(B, P)`` left-padded (or a list of ids for one row); ``eos_token_id`` /
+    instead; ``decoding=`` any other strategy, as ``generate(decoding=...)`` (``DiffusionDecoding`` for an mdlm /
+    bd3lm checkpoint: lm-eval's ``generate_until`` decodes the loaded pretraining head so). ``input_ids`` ``(B, P)`` left-padded (or a list of ids for one row); ``eos_token_id`` /
     ``pad_token_id`` default to the config's (``eos_token_id=[]``: no EOS, always ``max_new_tokens``);
     ``logits_processor`` runs after the sampling warpers built from ``temperature``/``top_k``/``top_p``. Returns
     the sequences ``(B, P + n)``, or a ``GenerateDecoderOnlyOutput``. ``speculation_break_even``: with
@@ -315,9 +317,14 @@ def group_generate(
     (:data:`SPECULATION_BREAK_EVEN`; 0: always speculate).
     """
     config = model.config
-    if group_size is None and draft_group_size is None:
-        group_size = default_group_size(config)
-    decoding = decoding_strategy(group_size, draft_group_size)
+    if decoding is not None:
+        if group_size is not None or draft_group_size is not None:
+            raise ValueError("decoding= is the decoder; group_size / draft_group_size choose one of the bundle's "
+                             "own: pass one or the other")
+    else:
+        if group_size is None and draft_group_size is None:
+            group_size = default_group_size(config)
+        decoding = decoding_strategy(group_size, draft_group_size)
     decoding.check(config, allow_untrained)
     device = _device(model)
     input_ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)

@@ -113,6 +113,26 @@ def test_left_padded_rows_equal_their_unbatched_decode_and_keep_their_own_pace()
             assert torch.equal(out[b, width - len(row):], alone[0]), (knobs, b)
 
 
+def test_group_generate_runs_the_same_decoder_on_the_pretraining_head():
+    """``group_generate(decoding=...)`` (what lm-eval's ``generate_until`` calls on the loaded two-stream head) gives
+    ``generate()``'s tokens; ``decoding=`` with a group size is refused in one line."""
+    from hf_lookaround import LookAroundForPreTraining
+    from hf_lookaround.decoding import group_generate
+
+    model = _model()
+    head = LookAroundForPreTraining(model.config).eval()
+    head.load_state_dict(model.state_dict())
+    batch = torch.tensor([[PAD, PAD, BOS, 21, 5, 9], [BOS, 7, 9, 11, 13, 15]])
+    mask = (batch != PAD).long()
+    for strategy in (DiffusionDecoding(threshold=0.1), DiffusionDecoding(steps=2)):
+        expected = _decode(model, batch, attention_mask=mask, decoding=strategy)
+        got = group_generate(head, batch, mask, decoding=strategy, max_new_tokens=10, eos_token_id=[])
+        assert torch.equal(got, expected)
+    with pytest.raises(ValueError, match="pass one or the other") as err:
+        group_generate(head, batch, mask, decoding=DiffusionDecoding(), group_size=2)
+    assert "\n" not in str(err.value)
+
+
 def test_seeded_sampling_repeats():
     model = _model()
 

@@ -15,8 +15,10 @@ import torch
 from lm_eval.api.instance import Instance
 from transformers import AutoTokenizer
 
+from hf_lookaround import objectives
 from hf_lookaround import LookAroundConfig, LookAroundForCausalLM, LookAroundForMaskedLM, LookAroundForPreTraining
 from hf_lookaround.cli import main as cli_main
+from hf_lookaround.decoding import DiffusionDecoding
 from hf_lookaround.evaluation import lm_eval_model
 from hf_lookaround.evaluation.lm_eval_model import LookAroundLM
 from hf_lookaround.evaluation.perplexity import elbo_perplexity
@@ -35,6 +37,12 @@ DOCUMENTS = [
     "A storm tore two slates from the roof of the lamp room.",
 ]
 SHORT = "The baker always asked whether the gulls had come back."  # one window: the ELBO of the whole text
+def _trained(objective, **plan_params) -> dict:
+    """The config fields pretraining records from the objective's parameters (what the decoders read)."""
+    fields = objectives.get(objective).Params(**plan_params).config_fields()
+    return dict(objective=objective, **({"plan_params": plan_params} if plan_params else {}), **fields)
+
+
 # kind -> (class, config fields)
 KINDS = {
     "ar": (LookAroundForCausalLM, dict(objective="ar", prediction_stream="content", default_attention="causal")),
@@ -42,9 +50,9 @@ KINDS = {
     # SAT's one-stream dar (t = 2): the causal LM lays plain ids out once per first-group size
     "dar-one-stream": (LookAroundForCausalLM, dict(objective="dar", prediction_stream="content",
                                                    default_attention="block_causal", attention_group_size=2)),
-    "mdlm": (LookAroundForPreTraining, dict(objective="mdlm")),
-    "bd3lm": (LookAroundForPreTraining, dict(objective="bd3lm", plan_params={"diffusion_block": 4})),
-    "mdlm-mask": (LookAroundForMaskedLM, dict(objective="mdlm", prediction_stream="content",
+    "mdlm": (LookAroundForPreTraining, _trained("mdlm")),
+    "bd3lm": (LookAroundForPreTraining, _trained("bd3lm", diffusion_block=4)),
+    "mdlm-mask": (LookAroundForMaskedLM, dict(_trained("mdlm"), prediction_stream="content",
                                               architectures=["LookAroundForMaskedLM"])),
     "vmlm": (LookAroundForPreTraining, dict(objective="vmlm")),
 }
@@ -217,6 +225,64 @@ def test_generate_until_honours_until_and_max_gen_toks(harness, monkeypatch):
                                                                                     "max_gen_toks": 5}), 0)],
                                       disable_tqdm=True)
             assert again == [out[0][: out[0].index(stop)]] and len(again[0]) < len(out[0])
+
+
+GENERATE = [("The keeper", 6), ("A storm tore two slates from the", 6), ("In winter", 6), ("When the fog came", 6)]
+
+
+def _generate_until(lm, prompts=GENERATE, until=("\n",)):
+    return lm.generate_until([Instance("generate_until", {}, (c, {"until": list(until), "max_gen_toks": n}), i)
+                              for i, (c, n) in enumerate(prompts)], disable_tqdm=True)
+
+
+# (kind, knobs, forwards of one batch of GENERATE): a threshold below any random model's confidence commits a whole
+# block per forward (bd3lm: 2 blocks of 4 for 6 tokens; mdlm: one block), 2 steps per block take 2 forwards per
+# block, and neither knob commits one token per forward
+DIFFUSION_KNOBS = [("bd3lm", {"diffusion_threshold": 1e-4}, 2), ("bd3lm", {}, 6), ("mdlm", {"diffusion_steps": 2}, 2),
+                   ("mdlm", {"diffusion_threshold": 1e-4}, 1)]
+
+
+@pytest.mark.parametrize("kind, knobs, forwards", DIFFUSION_KNOBS)
+def test_generate_until_on_a_diffusion_checkpoint_is_its_generate_with_the_same_knobs(kind, knobs, forwards,
+                                                                                       checkpoints, harness):
+    """A diffusion checkpoint decodes by diffusion (``DiffusionDecoding``): the texts are those of the checkpoint's
+    own ``generate(diffusion_threshold=... | diffusion_steps=...)``, row by row, cut at ``until`` and EOS; a batch of
+    4 (left-padded, rows at their own pace) gives what batch 1 gives."""
+    lm = harness(kind, 4, **knobs)
+    assert lm.decoder == "diffusion"
+    calls = []
+    hook = lm.model.model.register_forward_hook(lambda *_: calls.append(1))
+    out = _generate_until(lm)
+    hook.remove()
+    assert len(calls) == forwards  # the knobs reach the decoder
+    assert _generate_until(harness(kind, 1, **knobs)) == out
+    tokenizer = AutoTokenizer.from_pretrained(checkpoints[kind])
+    model = LookAroundForCausalLM.from_pretrained(checkpoints[kind]).eval()  # the causal view's generate()
+    for (context, n), text in zip(GENERATE, out):
+        prompt = [tokenizer.bos_token_id, *tokenizer(context, add_special_tokens=False)["input_ids"]]
+        new = model.generate(torch.tensor([prompt]), max_new_tokens=n, pad_token_id=tokenizer.pad_token_id,
+                             **(knobs or {"decoding": DiffusionDecoding()}))[0, len(prompt):]
+        new = new.tolist()
+        new = new[: new.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in new else new
+        expected = tokenizer.decode(new, skip_special_tokens=False).split("\n")[0]
+        assert text == expected and len(new) <= n
+    assert any(out)
+
+
+def test_the_diffusion_knobs_are_checked_when_the_model_is_built(checkpoints):
+    refusals = [
+        (dict(pretrained=str(checkpoints["bd3lm"]), diffusion_threshold=0.9, diffusion_steps=2), "not both"),
+        (dict(pretrained=str(checkpoints["bd3lm"]), diffusion_block=8), "block=8 was not trained"),
+        (dict(pretrained=str(checkpoints["dar"]), diffusion_threshold=0.9), "drop diffusion_threshold"),
+        (dict(pretrained=str(checkpoints["mdlm"]), decoder="sideways"), "choose one of"),
+    ]
+    for kwargs, message in refusals:
+        with pytest.raises(ValueError, match=message) as err:
+            LookAroundLM(device="cpu", **kwargs)
+        assert "\n" not in str(err.value)
+    # the [MASK] form of a diffusion checkpoint, and masked checkpoints without a diffusion plan, infill
+    assert LookAroundLM(pretrained=str(checkpoints["mdlm-mask"]), device="cpu").decoder == "infill"
+    assert LookAroundLM(pretrained=str(checkpoints["vmlm"]), device="cpu").decoder == "infill"
 
 
 def test_unsupported_checkpoints_and_arguments_are_refused_in_one_line(checkpoints, tiny_model, tmp_path):

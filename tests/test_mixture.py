@@ -155,3 +155,57 @@ def test_pretrain_a_mixture_through_the_cli_then_decode(bbc_text_dir, tokenizer_
     pretraining = H.LookAroundForPreTraining.from_pretrained(out).eval()
     filled = infill(pretraining, tokenizer, prompt[0], hidden=[2, 3], steps=2)
     assert filled.sequences.shape == (1, prompt.shape[1])
+
+
+def test_a_mixture_records_what_its_components_record_and_refuses_a_conflict():
+    """One rule (``merge_config_fields``): the components' config fields, lists as their union, any other value
+    the same in every component that records it."""
+    def fields(*mix, **flags):
+        return ObjectiveArguments(objective="mixture", mixture=list(mix), **flags).params.config_fields()
+
+    dar_mdlm = fields("dar=0.5", "mdlm=0.5", group_size=[1, 2])
+    assert dar_mdlm == {"decoding_group_sizes": [1, 2], "diffusion_block_size": 0}  # mdlm's one block
+    assert fields("bd3lm=1", "vmlm=1", diffusion_block=8) == {"decoding_group_sizes": [], "diffusion_block_size": 8}
+    assert "diffusion_block_size" not in fields("dar=1", "vmlm=1")  # no diffusion component: none recorded
+    assert "diffusion_block_size" not in fields("dar=1", "mdlm=0")  # a component of weight 0 trains nothing
+    # dar's one-stream pattern, as the one-stream mixture recorded it before the merge
+    one_stream = fields("dar=0.5", "vmlm=0.5", group_size=[2], dar_form="single_stream", masked_form="single_stream")
+    assert one_stream == {"decoding_group_sizes": [2], "default_attention": "block_causal", "attention_group_size": 2}
+    with pytest.raises(ValueError, match=r"different diffusion_block_size \(0 for 'mdlm', 4 for 'bd3lm'\)") as err:
+        fields("mdlm=0.5", "bd3lm=0.5", diffusion_block=4)
+    assert "\n" not in str(err.value)
+    assert mixture.merge_config_fields({"a": {"sizes": [2, 1], "b": 3}, "c": {"sizes": [4, 2], "b": 3}}) == {
+        "sizes": [1, 2, 4], "b": 3}
+
+
+def test_pretrain_a_mixture_with_a_diffusion_component_then_decode_by_diffusion(bbc_text_dir, tokenizer_dir,
+                                                                                 tmp_path):
+    from transformers import AutoTokenizer
+
+    from hf_lookaround.decoding import GenerateDiffusionOutput
+
+    out = tmp_path / "dar-bd3lm"
+    code = cli_main([
+        "pretrain", "--objective", "mixture", "--mixture", "dar=0.5", "bd3lm=0.5", "--group_size", "2",
+        "--diffusion_block", "4", "--train_files", str(bbc_text_dir / "train.jsonl.gz"), "--tokenizer_name",
+        str(tokenizer_dir), "--preset", "tiny", "--config_overrides", TINY, "--block_size", "32",
+        "--validation_split_percentage", "0", "--output_dir", str(out), "--per_device_train_batch_size", "4",
+        "--max_steps", "2", "--max_train_samples", "8", "--do_train", "--report_to", "none", "--disable_tqdm",
+        "true", "--use_cpu", "true", "--save_strategy", "no",
+    ])
+    assert code == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["diffusion_block_size"] == 4 and config["decoding_group_sizes"] == [2]
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    prompt = torch.tensor([[tokenizer.bos_token_id] + tokenizer("The government said", add_special_tokens=False)
+                           ["input_ids"]])
+    causal = H.LookAroundForCausalLM.from_pretrained(out).eval()
+    result = causal.generate(prompt, diffusion_threshold=0.9, max_new_tokens=6, eos_token_id=None,
+                             return_dict_in_generate=True)
+    assert isinstance(result, GenerateDiffusionOutput)  # decoded by diffusion, not refused as untrained
+    assert result.sequences.shape == (1, prompt.shape[1] + 6) and 1 <= result.num_forwards <= 6
+    assert causal.generate(prompt, group_size=2, max_new_tokens=4).shape[1] == prompt.shape[1] + 4  # dar's half
+    pytest.importorskip("lm_eval")
+    from hf_lookaround.evaluation.lm_eval_model import LookAroundLM
+
+    assert LookAroundLM(pretrained=str(out), device="cpu").decoder == "diffusion"  # lm-eval's generate_until

@@ -17,9 +17,10 @@ line to lm-eval's own. Each request goes through the checkpoint's own likelihood
 
 ``loglikelihood_rolling`` scores a document in the windows of ``hf-lookaround perplexity`` (``max_length``,
 default ``config.trained_block_size``; ``stride``, default half of it) through the same functions, so its total
-NLL is the command's. ``generate_until`` decodes with group decoding (``ar``), or with :attr:`LookAroundLM.
-diffusion_decoder` for the others (default: the package's infilling of ``max_gen_toks`` hidden tokens after the
-prompt, LLaDA's semi-autoregressive blocks; the diffusion sampler replaces it there).
+NLL is the command's. ``generate_until`` decodes with the checkpoint's own decoder (``decoder``, default
+:func:`default_decoder`): diffusion decoding for a checkpoint that records a diffusion plan (mdlm, bd3lm, a mixture
+with one; ``DiffusionDecoding``, what ``generate(diffusion_threshold=... | diffusion_steps=...)`` runs), group
+decoding on the ``ar`` path, else the package's infilling of ``max_gen_toks`` hidden tokens after the prompt.
 """
 
 from __future__ import annotations
@@ -39,13 +40,15 @@ except ImportError as err:  # an optional extra: say which
 from tqdm.auto import tqdm
 
 from .. import objectives
-from ..decoding import is_one_stream_group_model
+from ..decoding import DiffusionDecoding, is_one_stream_group_model
+from ..models.lookaround.diffusion_lookaround import is_diffusion_model
 from ..plans import Plan
 from . import perplexity as ppl
 
 logger = logging.getLogger(__name__)
 
 PATHS = ("ar", "elbo", "masked")
+DECODERS = ("diffusion", "group", "infill")
 ELBO_DOCUMENT_BATCH = 1 << 30  # elbo_perplexity's batch_size for one document: all its windows at once
 CONTINUATION_TOO_LONG = ("a continuation of {n} tokens does not fit the window of {w} tokens (BOS and at least "
                          "the continuation): raise max_length in model_args (the checkpoint's positions allow {limit})")
@@ -61,6 +64,15 @@ def likelihood_path(config) -> str:
             objective, getattr(config, "plan_params", None)):
         return "ar"
     return "masked"
+
+
+def default_decoder(config, path: str) -> str:
+    """How ``generate_until`` decodes a checkpoint: ``diffusion`` where it records a diffusion plan
+    (``config.diffusion_block_size``) and predicts with the query stream, ``group`` on the ``ar`` path, else
+    ``infill`` (other masked checkpoints, and the ``[MASK]`` form of a diffusion one)."""
+    if is_diffusion_model(config) and getattr(config, "prediction_stream", None) != "content":
+        return "diffusion"
+    return "group" if path == "ar" else "infill"
 
 
 def request_seed(seed: int, tokens: list[int]) -> int:
@@ -81,15 +93,17 @@ def cut_at_stops(text: str, until: list[str]) -> str:
 class LookAroundLM(TemplateLM):
     """lm-eval's model ``lookaround``: ``model_args`` ``pretrained`` (a checkpoint folder or Hub name), ``path``
     (``ar``/``elbo``/``masked``; default from the objective, :func:`likelihood_path`), ``mc_num`` (ELBO draws per
-    request, default 128), ``seed``, ``max_length`` / ``stride`` (windows), ``max_gen_toks``, ``group_size``
-    (group decoding), ``diffusion_steps`` / ``diffusion_block`` (the infilling decoder), ``batch_size`` (rows per
-    forward: requests on the ``ar`` path, ELBO draws on ``elbo``, prefix rows on ``masked``), ``device``,
-    ``dtype``."""
+    request, default 128), ``seed``, ``max_length`` / ``stride`` (windows), ``max_gen_toks``, ``decoder``
+    (``diffusion``/``group``/``infill``; default :func:`default_decoder`), ``group_size`` (group decoding),
+    ``diffusion_threshold`` / ``diffusion_steps`` (diffusion decoding: commit every position at least this confident,
+    or a fixed number of steps per block; neither: one commit per step; ``diffusion_steps`` and ``diffusion_block``
+    also set the infilling decoder's steps and blocks), ``batch_size`` (rows per forward: requests on the ``ar``
+    path and in generation, ELBO draws on ``elbo``, prefix rows on ``masked``), ``device``, ``dtype``."""
 
     def __init__(self, pretrained: str, path: str | None = None, mc_num: int = 128, seed: int = 0,
                  max_length: int | None = None, stride: int | None = None, max_gen_toks: int = 256,
-                 group_size: int | None = None, diffusion_steps: int | None = None,
-                 diffusion_block: int | None = None, batch_size: int | str = 1, max_batch_size: int | None = None,
+                 group_size: int | None = None, decoder: str | None = None, diffusion_threshold: float | None = None,
+                 diffusion_steps: int | None = None, diffusion_block: int | None = None, batch_size: int | str = 1, max_batch_size: int | None = None,
                  device: str | None = None, dtype: str = "float32", tokenizer: str | None = None,
                  trust_remote_code: bool = True, **unused):
         super().__init__()
@@ -150,6 +164,18 @@ class LookAroundLM(TemplateLM):
         self.max_gen_toks, self.group_size = int(max_gen_toks), group_size and int(group_size)
         self.diffusion_steps = diffusion_steps and int(diffusion_steps)
         self.diffusion_block = diffusion_block and int(diffusion_block)
+        self.decoder = decoder or default_decoder(config, self.path)
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder={self.decoder!r}: choose one of {DECODERS}")
+        self.diffusion = None
+        if self.decoder == "diffusion":  # checked now (knobs, the trained block), not at the first generation task
+            self.diffusion = DiffusionDecoding(
+                threshold=None if diffusion_threshold is None else float(diffusion_threshold),
+                steps=self.diffusion_steps, block=self.diffusion_block)
+            self.diffusion.check(config)
+        elif diffusion_threshold is not None:
+            raise ValueError(f"diffusion_threshold applies to diffusion decoding; this checkpoint decodes with "
+                             f"decoder={self.decoder}: drop diffusion_threshold")
         logger.info("lookaround: %s scored by the %s path (max_length %d, stride %d%s)", pretrained, self.path,
                     self.max_length, self.stride, f", mc_num {self.mc_num}, seed {self.seed}"
                     if self.path == "elbo" else "")
@@ -205,13 +231,16 @@ class LookAroundLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy (or sampled, ``do_sample``) continuations of at most ``max_gen_toks`` tokens, cut at the first
-        ``until`` string: group decoding on the ``ar`` path, :meth:`diffusion_decoder` on the others."""
+        ``until`` string (and at EOS): :meth:`diffusion_decoder`, :meth:`group_decoder` or :meth:`infill_decoder`
+        (``decoder``), ``batch_size`` requests per batch."""
         out = [None] * len(requests)
         groups = defaultdict(list)  # requests with the same generation options decode in one batch
         for i, request in enumerate(requests):
             context, options = request.args
             groups[repr(sorted(options.items()))].append(i)
         bar = tqdm(total=len(requests), desc="lookaround generate", disable=disable_tqdm)
+        decode = {"diffusion": self.diffusion_decoder, "group": self.group_decoder,
+                  "infill": self.infill_decoder}[self.decoder]
         for indices in groups.values():
             options = dict(requests[indices[0]].args[1])
             until = options.pop("until", None) or []
@@ -229,7 +258,6 @@ class LookAroundLM(TemplateLM):
             prompts = [self._prompt(requests[i].args[0], max_new) for i in indices]
             for start in range(0, len(indices), self.batch_size):
                 chunk = indices[start : start + self.batch_size]
-                decode = self.group_decoder if self.path == "ar" else self.diffusion_decoder
                 new = decode(prompts[start : start + len(chunk)], max_new, do_sample, temperature)
                 for i, ids in zip(chunk, new):
                     text = self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -317,6 +345,31 @@ class LookAroundLM(TemplateLM):
             ids = ids[-room:]
         return head + ids
 
+    def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompts as one left-padded batch on the device, and its attention mask."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, p in enumerate(prompts):
+            ids[b, width - len(p):], mask[b, width - len(p):] = torch.tensor(p), 1
+        return ids.to(self._device), mask.to(self._device)
+
+    @torch.inference_mode()
+    def diffusion_decoder(self, prompts: list[list[int]], max_new: int, do_sample: bool, temperature
+                          ) -> list[list[int]]:
+        """Diffusion decoding (``DiffusionDecoding``: blocks left to right with a KV cache, parallel unmasking by
+        ``diffusion_threshold`` or ``diffusion_steps``) of left-padded prompts, each row at its own pace; the new
+        tokens of each row. The checkpoint's own ``generate(decoding=...)``; on the loaded pretraining head, the same
+        decoder through ``group_generate(decoding=...)``. Sampling is seeded by ``seed``."""
+        from ..decoding import group_generate
+
+        ids, mask = self._left_padded(prompts)
+        generator = torch.Generator(device=self._device).manual_seed(self.seed)
+        out = group_generate(self.model, ids, mask, decoding=self.diffusion, max_new_tokens=max_new,
+                             do_sample=do_sample, temperature=temperature,
+                             pad_token_id=self.pad, generator=generator)
+        return [self._until_eos(row[ids.shape[1]:].tolist()) for row in out]
+
     @torch.inference_mode()
     def group_decoder(self, prompts: list[list[int]], max_new: int, do_sample: bool, temperature) -> list[list[int]]:
         """Group decoding (``group_size``, default the checkpoint's) of left-padded prompts, the new tokens of each
@@ -324,30 +377,26 @@ class LookAroundLM(TemplateLM):
         by ``seed``."""
         from ..decoding import group_generate
 
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for b, p in enumerate(prompts):
-            ids[b, width - len(p):], mask[b, width - len(p):] = torch.tensor(p), 1
+        ids, mask = self._left_padded(prompts)
+        width = ids.shape[1]
         kwargs = dict(max_new_tokens=max_new, do_sample=do_sample, temperature=temperature, pad_token_id=self.pad)
         if self.group_size is not None:
             kwargs["group_size"] = self.group_size
         if ppl.is_two_stream(self.model):  # the query stream decodes, as pretraining trained it
             generator = torch.Generator(device=self._device).manual_seed(self.seed)
-            out = group_generate(self.model, ids.to(self._device), mask.to(self._device), generator=generator, **kwargs)
+            out = group_generate(self.model, ids, mask, generator=generator, **kwargs)
         else:  # a causal LM: its own generate() (dar's one-stream form: group decoding by default)
             if do_sample:
                 torch.manual_seed(self.seed)  # generate() samples from the global generator
-            out = self.model.generate(ids.to(self._device), attention_mask=mask.to(self._device), **kwargs)
+            out = self.model.generate(ids, attention_mask=mask, **kwargs)
         return [self._until_eos(row[width:].tolist()) for row in out]
 
-    def diffusion_decoder(self, prompts: list[list[int]], max_new: int, do_sample: bool, temperature
-                          ) -> list[list[int]]:
-        """The decoder of masked and diffusion checkpoints: the hook the diffusion sampler (block diffusion with a
-        KV cache, confidence-threshold unmasking) replaces. Until then: the package's infilling of ``max_new``
-        hidden tokens after each prompt, in LLaDA's semi-autoregressive blocks of ``diffusion_block`` tokens
-        (default: bd3lm's block, else all at once), ``diffusion_steps`` steps per block (default: one token per
-        step), seeded per request."""
+    def infill_decoder(self, prompts: list[list[int]], max_new: int, do_sample: bool, temperature
+                       ) -> list[list[int]]:
+        """The decoder of masked checkpoints without a diffusion plan (and of a diffusion one's ``[MASK]`` form): the
+        package's infilling of ``max_new`` hidden tokens after each prompt, in LLaDA's semi-autoregressive blocks of
+        ``diffusion_block`` tokens (default: bd3lm's block, else all at once), ``diffusion_steps`` steps per block
+        (default: one token per step), seeded per request."""
         from ..decoding import infill
 
         block = self.diffusion_block or dict(self.model.config.plan_params or {}).get("diffusion_block")

@@ -174,6 +174,24 @@ def mixture_row_components(lengths, seq_len: int, mixture=None, components=None,
     return [names[i] for i in draw_mixture_components(len(torch.as_tensor(lengths).flatten()), weights, generator)]
 
 
+def merge_config_fields(fields: dict[str, dict]) -> dict:
+    """The config fields of a mixture: those of its components (``{name: fields}``), merged. A list (the group
+    sizes each trains) is the sorted union; any other value must be the same in every component that records it
+    (a checkpoint records one diffusion block, one one-stream pattern), else a one-line ValueError."""
+    merged, source = {}, {}
+    for name, component in fields.items():
+        for key, value in component.items():
+            if isinstance(value, (list, tuple)):
+                merged[key] = sorted(set(merged.get(key, [])) | set(value))
+            elif key in merged and merged[key] != value:
+                raise ValueError(f"mixture: its components record different {key} ({merged[key]!r} for "
+                                 f"{source[key]!r}, {value!r} for {name!r}) and a checkpoint records one: drop one "
+                                 f"of them from --mixture or give them the same value")
+            else:
+                merged[key], source[key] = value, name
+    return merged
+
+
 def parse_weights(items) -> dict[str, float]:
     """``--mixture dar=0.5 vmlm=0.5`` as ``{name: weight}`` (as given, not yet normalised)."""
     weights: dict[str, float] = {}
@@ -204,6 +222,8 @@ class Params(ObjectiveParams):
     components: dict | None = flag(None, cli=False)
     # {name: collator params}, with each component's form (--dar_form, --masked_form): filled likewise
     component_collators: dict | None = flag(None, cli=False)
+    # {name: the component's config_fields()} (what it records: group sizes, diffusion block, ...): filled likewise
+    component_fields: dict | None = flag(None, cli=False)
 
     def __post_init__(self):
         if not self.mixture:
@@ -216,6 +236,7 @@ class Params(ObjectiveParams):
                              "--dar_form single_stream --masked_form single_stream (the one-stream mixture) or neither")
         if self.form == SINGLE_STREAM:
             check_one_stream_mixture(params["mixture"], params["components"])
+        self.config_fields()  # components that record different values are refused now, not at the model's config
 
     @property
     def form(self) -> str:
@@ -249,10 +270,12 @@ class Params(ObjectiveParams):
         return tuple(sorted(sizes))
 
     def config_fields(self) -> dict:
-        if self.form != SINGLE_STREAM:
-            return super().config_fields()
-        return {**super().config_fields(), "default_attention": "block_causal",
-                "attention_group_size": self._group_size()}
+        """What its components record, merged (:func:`merge_config_fields`): the union of their group sizes, a
+        diffusion component's block (so the checkpoint decodes by diffusion), dar's one-stream pattern. The group
+        sizes come from the plan parameters too, for a mixture given no ``component_fields``."""
+        weights = self.plan_params()["mixture"]
+        given = {name: f for name, f in (self.component_fields or {}).items() if weights.get(name, 0) > 0}
+        return merge_config_fields({"mixture": super().config_fields(), **given})
 
     def input_width(self, block_size: int) -> int:
         return block_size + start_rows(self._group_size(), 1) if self.form == SINGLE_STREAM else block_size

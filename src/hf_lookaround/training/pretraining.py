@@ -187,6 +187,7 @@ class ObjectiveArgumentsBase:
         if o.family == objectives.MIXTURE:
             given["components"] = {c: self._component(c).plan_params() for c in self._component_names()}
             given["component_collators"] = {c: self._component(c).collator_params() for c in self._component_names()}
+            given["component_fields"] = {c: self._component(c).config_fields() for c in self._component_names()}
         return o.Params(**given)
 
     def _component_names(self) -> list[str]:

@@ -303,11 +303,13 @@ def group_generate(
     output_scores: bool = False,
     output_logits: bool = False,
     speculation_break_even: float = SPECULATION_BREAK_EVEN,
+    decoding: DecodingStrategy | None = None,
 ):
     """Group decoding on any LookAround LM head (``LookAroundForPreTraining`` included), without ``generate()``.
 
     ``group_size`` defaults to :func:`default_group_size`; ``draft_group_size=k`` runs self-speculative decoding
-    instead. ``input_ids`` ``(B, P)`` left-padded (or a list of ids for one row); ``eos_token_id`` /
+    instead; ``decoding=`` any other strategy, as ``generate(decoding=...)`` (``DiffusionDecoding`` for an mdlm /
+    bd3lm checkpoint: lm-eval's ``generate_until`` decodes the loaded pretraining head so). ``input_ids`` ``(B, P)`` left-padded (or a list of ids for one row); ``eos_token_id`` /
     ``pad_token_id`` default to the config's (``eos_token_id=[]``: no EOS, always ``max_new_tokens``);
     ``logits_processor`` runs after the sampling warpers built from ``temperature``/``top_k``/``top_p``. Returns
     the sequences ``(B, P + n)``, or a ``GenerateDecoderOnlyOutput``. ``speculation_break_even``: with
@@ -315,9 +317,14 @@ def group_generate(
     (:data:`SPECULATION_BREAK_EVEN`; 0: always speculate).
     """
     config = model.config
-    if group_size is None and draft_group_size is None:
-        group_size = default_group_size(config)
-    decoding = decoding_strategy(group_size, draft_group_size)
+    if decoding is not None:
+        if group_size is not None or draft_group_size is not None:
+            raise ValueError("decoding= is the decoder; group_size / draft_group_size choose one of the bundle's "
+                             "own: pass one or the other")
+    else:
+        if group_size is None and draft_group_size is None:
+            group_size = default_group_size(config)
+        decoding = decoding_strategy(group_size, draft_group_size)
     decoding.check(config, allow_untrained)
     device = _device(model)
     input_ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
@@ -413,11 +420,8 @@ def _write_group(buffer, mask, length: int, logits, options: DecodingOptions, tr
         if not tracker.others:
             # EOS and the token budget only: the group is written in one set of operations, not one per token (at
             # batch 8 a small model's compiled step is short, and per-token bookkeeping was most of a group)
-            count, ended = tracker.until_eos(tokens, torch.where(tracker.unfinished, width, 0))
-            keep = torch.arange(width, device=tokens.device) < count[:, None]
-            buffer[:, length : length + width] = torch.where(keep, tokens, pad)
+            buffer[:, length : length + width] = _keep_until_eos(tokens, width, tracker, pad)
             mask[:, length : length + width] = 1
-            tracker.stop(ended)
             return list(scores.unbind(1)) if options.output_scores else []
     per_slot = []
     for j in range(width):
@@ -431,6 +435,17 @@ def _write_group(buffer, mask, length: int, logits, options: DecodingOptions, tr
         per_slot.append(slot_scores)
         tracker.after_token(buffer[:, : length + j + 1], slot_scores)
     return per_slot if options.output_scores else []
+
+
+def _keep_until_eos(tokens, width, tracker: StopTracker, pad: int) -> torch.Tensor:
+    """A group's picked ``tokens`` (B, n) as they are written, by the rule of EOS and the token budget: a row still
+    decoding keeps its first ``width`` (the group's slots within ``max_new_tokens``: an int, or a 0-d tensor inside a
+    graph) up to and including its first EOS, pad after; a row that has stopped writes pad. The rows that wrote an
+    EOS stop (``tracker``)."""
+    count, ended = tracker.until_eos(tokens, torch.where(tracker.unfinished, width, 0))
+    keep = torch.arange(tokens.shape[1], device=tokens.device) < count[:, None]
+    tracker.stop(ended)
+    return torch.where(keep, tokens, pad)
 
 
 class _GroupState:
@@ -492,20 +507,16 @@ class _OneGraphGroups:
         return self._commit(self.form.next_logits(s.buffer, s.mask, s.length))
 
     def _commit(self, logits):
-        """Pick the group's tokens from ``logits`` (B, t, V) and write them at ``length``: a row keeps its first
-        ``min(t, tokens left)`` up to its first EOS, pad after; a row that stopped writes pad. Returns whether every
-        row is done (0-d)."""
+        """Pick the group's tokens from ``logits`` (B, t, V) and write them at ``length`` as :func:`_keep_until_eos`
+        keeps them (``min(t, tokens left)`` slots count). Returns whether every row is done (0-d)."""
         s, t, options = self.state, self.group_size, self.options
         batch = logits.shape[0]
         _, tokens = process_and_pick(options.logits_processor, logits.flatten(0, 1), None, False)
         tokens = tokens.view(batch, t)
         width = (self.total - s.length).clamp(max=t)
-        count, ended = self.tracker.until_eos(tokens, torch.where(s.unfinished, width, 0))
-        slots = torch.arange(t, device=tokens.device)
-        columns = s.length + slots
-        s.buffer.index_copy_(1, columns, torch.where(slots < count[:, None], tokens, options.pad_token_id))
+        columns = s.length + torch.arange(t, device=tokens.device)
+        s.buffer.index_copy_(1, columns, _keep_until_eos(tokens, width, self.tracker, options.pad_token_id))
         s.mask.index_fill_(1, columns, 1)
-        self.tracker.stop(ended)
         s.length.add_(width)
         return ~s.unfinished.any() | (s.length >= self.total)
 

@@ -142,3 +142,38 @@ def test_other_forms_start_from_a_gpt2_and_an_adapted_ar_checkpoint_exports_back
     ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(exported(input_ids=ids).logits, adapted(input_ids=ids).logits, rtol=0, atol=1e-4)
+
+
+def test_attention_annealing_reaches_the_model_for_its_steps_and_is_refused_where_it_means_nothing(
+        sources, tmp_path, capsys, monkeypatch):
+    """--attention_annealing_steps 2: steps 0 and 1 carry the keys revealed at progress 0 and 1/2 (the two-stream
+    vmlm run drops unread content, so its keys are the kept rows at their positions; dar's one-stream run takes a
+    mask of its own batch instead of the one built once), step 2 the plain objective."""
+    from hf_lookaround.training.pretraining import LookAroundTrainer
+
+    seen = []
+    original = LookAroundTrainer.with_attention_annealing
+
+    def spy(self, model, inputs):
+        out = original(self, model, inputs)
+        seen.append((self.state.global_step, out.get("revealed_keys")))
+        return out
+
+    monkeypatch.setattr(LookAroundTrainer, "with_attention_annealing", spy)
+    for objective in ("vmlm", "dar_one_stream"):
+        seen.clear()
+        out = tmp_path / objective
+        assert pretrain(sources, out, "llama", objective, "--attention_annealing_steps", "2", "--max_steps", "3") == 0
+        assert changed(out)
+        assert [step for step, _ in seen] == [0, 1, 2]
+        (_, at_zero), (_, at_half), (_, after) = seen
+        assert at_zero is not None and not at_zero.any()
+        assert at_half is not None and 0 < at_half.float().mean() < 1
+        assert after is None
+    for objective in ("ar_one_stream", "dar_two_stream"):
+        line = one_line_error(capsys, ["pretrain", "--init_from", str(sources / "llama"), "--train_files",
+                                       str(sources / "train.jsonl.gz"), "--block_size", "16", *OBJECTIVES[objective],
+                                       "--max_steps", "1", "--use_cpu", "true", "--report_to", "none",
+                                       "--output_dir", str(tmp_path / f"refused_{objective}"),
+                                       "--attention_annealing_steps", "2"])
+        assert "nothing to anneal" in line, line

@@ -533,6 +533,30 @@ class LookAroundTrainer(Trainer):
         with checkpointing.unsafe_pickle_is_one_line(checkpoint, "optimizer.pt or scheduler.pt"):
             return super()._load_optimizer_and_scheduler(checkpoint)
 
+    # private (and the next): Trainer writes a model's weights here, and no public hook chooses the state dict it
+    # writes. A LoRA run's save: the merged weights as model.safetensors (a plain checkpoint of that step) and the
+    # adapted modules apart (adaptation.LORA_STATE_NAME), from which a resume goes on exactly
+    def _save(self, output_dir=None, state_dict=None):
+        from ..adaptation import LORA_STATE_NAME, lora_checkpoint_state
+
+        parts = lora_checkpoint_state(self.accelerator.unwrap_model(self.model), state_dict)
+        if parts is None:
+            return super()._save(output_dir, state_dict)
+        merged, lora = parts
+        super()._save(output_dir, merged)
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().contiguous().cpu() for k, v in lora.items()},
+                  os.path.join(output_dir or self.args.output_dir, LORA_STATE_NAME), metadata={"format": "pt"})
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        from ..adaptation import load_lora_checkpoint
+
+        result = load_lora_checkpoint(model if model is not None else self.model, resume_from_checkpoint)
+        if result is None:
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        self._issue_warnings_after_load(result)
+
     def save_model(self, output_dir=None, _internal_call=False):
         with checkpointing.save_failure_is_one_line(output_dir or self.args.output_dir):
             return super().save_model(output_dir, _internal_call)
@@ -1277,4 +1301,7 @@ def _save_final_model_again(trainer, checkpoint, objective_args: ObjectiveArgume
     logger.info("%s is the end of this training: saving %s as the final model, training nothing", checkpoint,
                 "it" if source == checkpoint else f"the best checkpoint {source}")
     trainer._load_from_checkpoint(source)
+    from ..adaptation import merge_lora
+
+    merge_lora(trainer.model)  # a LoRA run's final model is merged, as at the end of its training
     save_final_model(trainer, objective_args, data_args)

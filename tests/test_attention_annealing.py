@@ -170,3 +170,20 @@ def test_revealed_keys_fraction_follows_progress():
     assert not annealing_revealed_keys(0.0, 4, 256, generator=g).any()
     assert annealing_revealed_keys(1.0, 4, 256, generator=g).all()
     assert abs(annealing_revealed_keys(0.25, 64, 256, generator=g).float().mean().item() - 0.25) < 0.02
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "flex_attention"])
+def test_masks_prepared_outside_the_step_equal_the_forwards_own(tiny_model, impl):
+    """--torch_compile builds the masks before the step (`prepare_attention`): with revealed keys they must be the
+    forward's own; FlexAttention's BlockMask gives the logits of SDPA's dense mask."""
+    batch, _ = two_stream_batch("mdlm")
+    revealed = revealed_at_half((2, T))
+    reference = tiny_model(LookAroundForPreTraining, "sdpa")
+    model = tiny_model(LookAroundForPreTraining, impl)
+    with torch.no_grad():
+        expected = reference(**batch, revealed_keys=revealed).logits
+        prepared = model.prepare_attention(**batch, revealed_keys=revealed)
+        got = model(**batch, revealed_keys=revealed, prepared_attention=prepared).logits
+        plain = model(**batch).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(plain, expected, atol=1e-4)  # the annealing changed the prediction

@@ -5,6 +5,9 @@
 #   2. convert: hf-lookaround convert (the LookAround checkpoint with the source's logits)
 #   3. adapt:   one-stream dar (t = 2) and the one-stream dar+vmlm mixture, --init_from the conversion, one run per
 #               budget in ADAPT_TOKENS (cosine schedule each, as a run of that length would be)
+#   3b. anneal: the ANNEAL_TOKENS budget of 3. again with DiffuLLaMA's attention-mask annealing
+#               (--attention_annealing_steps: the first 1/ANNEAL_SHARE of its steps move the mask from causal to the
+#               objective's); its row against the plain run of the same budget says whether annealing helps
 #   4. scratch: the same objectives from random weights for SCRATCH_TOKENS, a checkpoint every SCRATCH_EVERY (the curve)
 #   5. eval:    AR ppl, semi-AR (t = 2) ppl, generative ppl of 128-token continuations decoded 2 tokens a forward
 #               and scored by the source, new tokens/s -> $OUT/adapt_bench.json and .md (copy to docs/results/)
@@ -21,6 +24,8 @@ VALID=${VALID:-.devdata/gutenberg/validation.jsonl.gz}
 TOK=${TOK:-.devdata/bench/tok8k_gut}
 SOURCE_TOKENS=${SOURCE_TOKENS:-200000000}
 ADAPT_TOKENS=${ADAPT_TOKENS:-"10000000 20000000 40000000"}
+ANNEAL_TOKENS=${ANNEAL_TOKENS:-20000000}  # one of ADAPT_TOKENS (equal tokens, equal schedule); empty: no arm
+ANNEAL_SHARE=${ANNEAL_SHARE:-4}
 SCRATCH_TOKENS=${SCRATCH_TOKENS:-240000000}
 SCRATCH_EVERY=${SCRATCH_EVERY:-40000000}
 BLOCK=512 BATCH=${BATCH:-32}
@@ -63,6 +68,16 @@ for objective in dar mixture; do
         done_run "$run" || { echo "$run not finished: call again"; tail -3 "$OUT/$(basename "$run").log"; exit 5; }
         checkpoints+=("${objective}_adapt_$((tokens / 1000000))M=$run")
     done
+    if [ -n "$ANNEAL_TOKENS" ]; then  # 3b. the same budget and schedule, annealed (row name: ..._annealed)
+        steps=$((ANNEAL_TOKENS / STEP_TOKENS))
+        run="$R/${objective}_adapt_$((ANNEAL_TOKENS / 1000000))M_annealed"
+        done_run "$run" || launch -m hf_lookaround.cli pretrain --init_from "$R/converted" ${FORM[$objective]} \
+            "${common[@]}" --learning_rate 3e-4 --warmup_steps 50 --max_steps "$steps" \
+            --attention_annealing_steps $((steps / ANNEAL_SHARE)) --save_steps 200 --save_total_limit 1 \
+            --output_dir "$run" $(resume_flag "$run") > "$OUT/$(basename "$run").log" 2>&1
+        done_run "$run" || { echo "$run not finished: call again"; tail -3 "$OUT/$(basename "$run").log"; exit 7; }
+        checkpoints+=("$(basename "$run")=$run")
+    fi
     run="$R/${objective}_scratch"
     every=$((SCRATCH_EVERY / STEP_TOKENS))
     done_run "$run" || launch -m hf_lookaround.cli pretrain --preset base --tokenizer_name "$TOK" ${FORM[$objective]} \

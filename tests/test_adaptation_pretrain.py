@@ -116,9 +116,6 @@ def test_init_from_continues_a_lookaround_checkpoint_and_refuses_what_it_cannot_
     line = one_line_error(capsys, [*args[:-1], str(tmp_path / "fourth"), "--lora_r", "2", "--lora_target_modules",
                                    "q_proj,c_attn"])
     assert "c_attn" in line and "no such module" in line
-    line = one_line_error(capsys, [*args[:-1], str(tmp_path / "fifth"), "--lora_r", "2",
-                                   "--resume_from_checkpoint", "last"])
-    assert "--lora_r runs do not resume" in line
 
 
 def test_other_forms_start_from_a_gpt2_and_an_adapted_ar_checkpoint_exports_back(sources, tmp_path):
@@ -142,3 +139,85 @@ def test_other_forms_start_from_a_gpt2_and_an_adapted_ar_checkpoint_exports_back
     ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(exported(input_ids=ids).logits, adapted(input_ids=ids).logits, rtol=0, atol=1e-4)
+
+
+def test_attention_annealing_reaches_the_model_for_its_steps_and_is_refused_where_it_means_nothing(
+        sources, tmp_path, capsys, monkeypatch):
+    """--attention_annealing_steps 2: steps 0 and 1 carry the keys revealed at progress 0 and 1/2 (the two-stream
+    vmlm run drops unread content, so its keys are the kept rows at their positions; dar's one-stream run takes a
+    mask of its own batch instead of the one built once), step 2 the plain objective."""
+    from hf_lookaround.training.pretraining import LookAroundTrainer
+
+    seen = []
+    original = LookAroundTrainer.with_attention_annealing
+
+    def spy(self, model, inputs):
+        out = original(self, model, inputs)
+        seen.append((self.state.global_step, out.get("revealed_keys")))
+        return out
+
+    monkeypatch.setattr(LookAroundTrainer, "with_attention_annealing", spy)
+    for objective in ("vmlm", "dar_one_stream"):
+        seen.clear()
+        out = tmp_path / objective
+        assert pretrain(sources, out, "llama", objective, "--attention_annealing_steps", "2", "--max_steps", "3") == 0
+        assert changed(out)
+        assert [step for step, _ in seen] == [0, 1, 2]
+        (_, at_zero), (_, at_half), (_, after) = seen
+        assert at_zero is not None and not at_zero.any()
+        assert at_half is not None and 0 < at_half.float().mean() < 1
+        assert after is None
+    for objective in ("ar_one_stream", "dar_two_stream"):
+        line = one_line_error(capsys, ["pretrain", "--init_from", str(sources / "llama"), "--train_files",
+                                       str(sources / "train.jsonl.gz"), "--block_size", "16", *OBJECTIVES[objective],
+                                       "--max_steps", "1", "--use_cpu", "true", "--report_to", "none",
+                                       "--output_dir", str(tmp_path / f"refused_{objective}"),
+                                       "--attention_annealing_steps", "2"])
+        assert "nothing to anneal" in line, line
+
+
+def test_a_lora_run_resumes_to_the_weights_and_losses_of_the_uninterrupted_run(sources, tmp_path, capsys):
+    """--lora_r with --resume_from_checkpoint: a checkpoint holds the merged weights (a plain LookAround checkpoint
+    of that step) and, apart, the adapters with the frozen weights they sit on; the Trainer restores them with the
+    optimizer, schedule and RNG, and the run ends where an uninterrupted one does."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForPreTraining
+
+    from hf_lookaround.adaptation import LORA_STATE_NAME
+
+    common = ("--lora_r", "4", "--learning_rate", "5e-2", "--max_steps", "4", "--save_strategy", "steps",
+              "--save_steps", "2", "--logging_steps", "1", "--seed", "3", "--lora_dropout", "0.1")
+    straight = tmp_path / "straight"
+    assert pretrain(sources, straight, "qwen2", "vmlm", *common) == 0
+    adapters = load_file(straight / "checkpoint-2" / LORA_STATE_NAME)
+    assert any("lora_A" in k for k in adapters) and any("lora_B" in k for k in adapters)
+    assert any(".base_layer." in k for k in adapters)
+    AutoModelForPreTraining.from_pretrained(straight / "checkpoint-2")  # plain names: loads as any checkpoint
+    resumed = tmp_path / "resumed"
+    assert pretrain(sources, resumed, "qwen2", "vmlm", *common,
+                    "--resume_from_checkpoint", str(straight / "checkpoint-2")) == 0
+
+    def losses(out):
+        history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+        return {h["step"]: h["loss"] for h in history if "loss" in h}
+
+    reference, curve = losses(straight), losses(resumed)
+    assert sorted(reference) == [1, 2, 3, 4] and len(set(reference.values())) > 2
+    assert [curve[s] for s in (3, 4)] == pytest.approx([reference[s] for s in (3, 4)], abs=1e-5)
+    final, again = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert final.keys() == again.keys() and not any("lora_" in k for k in final)  # merged, as without resume
+    for name in final:
+        torch.testing.assert_close(again[name], final[name], rtol=0, atol=1e-6)
+    before = load_file(straight / "init_from" / "model.safetensors")
+    assert any(not torch.equal(before[k], final[k]) for k in before)  # the adapters trained something
+    # a LoRA checkpoint resumed without the adapters: one line
+    line = one_line_error(capsys, ["pretrain", "--init_from", str(sources / "qwen2"), "--train_files",
+                                   str(sources / "train.jsonl.gz"), "--block_size", "16", *OBJECTIVES["vmlm"],
+                                   "--max_steps", "4", "--use_cpu", "true", "--report_to", "none", "--learning_rate",
+                                   "5e-2", "--output_dir", str(tmp_path / "no_lora"), "--resume_from_checkpoint",
+                                   str(straight / "checkpoint-2")])
+    assert "LoRA run" in line and "--lora_r" in line, line
+    # the last checkpoint's merged weights are the final model's (computed merge = peft's merge at the end)
+    last = load_file(straight / "checkpoint-4" / "model.safetensors")
+    for name in final:
+        torch.testing.assert_close(last[name], final[name], rtol=0, atol=1e-6)

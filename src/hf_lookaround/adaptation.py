@@ -419,9 +419,6 @@ def prepare_init(model_args, training_args, callbacks: list) -> list:
     resolve_init_from(model_args, training_args)
     if (getattr(model_args, "lora_r", 0) or 0) <= 0:
         return callbacks
-    if training_args.resume_from_checkpoint not in (None, "", False):
-        raise ValueError("--lora_r runs do not resume: their checkpoints hold the adapters apart from the weights; "
-                         "start again, or continue from the merged final model with --init_from")
     return [*callbacks, merge_lora_at_train_end()]
 
 
@@ -498,6 +495,67 @@ def with_lora(model, model_args):
     return model
 
 
+# a LoRA run's checkpoint: model.safetensors holds the merged weights (a plain LookAround checkpoint of that step,
+# which every command reads), this file the adapted modules' own state (their frozen base weights and the adapters),
+# from which a resumed run goes on exactly
+LORA_STATE_NAME = "lora_state.safetensors"
+
+
+def lora_modules(model) -> dict:
+    from peft.tuners.lora import LoraLayer
+
+    return {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+
+
+def lora_checkpoint_state(model, state_dict: dict | None = None) -> tuple[dict, dict] | None:
+    """A LoRA model's state for a checkpoint, in two parts: (the merged weights under plain LookAround names, the
+    adapted modules' own tensors: ``base_layer`` weights and ``lora_`` adapters). None for a model without
+    adapters. The model is left as it is (the merge is computed, not applied)."""
+    modules = lora_modules(model)
+    if not modules:
+        return None
+    state = model.state_dict() if state_dict is None else state_dict
+    merged, lora = {}, {}
+    for key, value in state.items():
+        owner = next((name for name in modules if key.startswith(name + ".")), None)
+        if owner is None:
+            merged[key] = value
+            continue
+        lora[key] = value
+        rest = key[len(owner) + 1:]
+        if rest.startswith("base_layer."):
+            plain = f"{owner}.{rest[len('base_layer.'):]}"
+            merged[plain] = value
+            if rest == "base_layer.weight":  # W + (B A) * scale of each active adapter, as LoraLayer.merge adds
+                module = modules[owner]
+                merged[plain] = value.detach().clone()
+                for adapter in module.active_adapters:
+                    if adapter in module.lora_A:
+                        merged[plain] += module.get_delta_weight(adapter).detach().to(value.dtype).to(value.device)
+    return merged, lora
+
+
+def load_lora_checkpoint(model, folder) -> object | None:
+    """Load a LoRA run's checkpoint (:data:`LORA_STATE_NAME` beside the merged ``model.safetensors``) into ``model``,
+    which carries the same adapters: the adapted modules from the LoRA file, every other tensor from the merged
+    weights. Returns ``load_state_dict``'s result, or None where the folder holds no LoRA state."""
+    import os
+
+    from safetensors.torch import load_file
+
+    path = os.path.join(folder, LORA_STATE_NAME)
+    if not os.path.isfile(path):
+        return None
+    modules = lora_modules(model)
+    if not modules:
+        raise ValueError(f"{folder} is a checkpoint of a LoRA run (it holds {LORA_STATE_NAME}): resume it with the "
+                         "same --lora_r, --lora_target_modules and --lora_alpha")
+    lora = load_file(path)
+    plain = {k: v for k, v in load_file(os.path.join(folder, "model.safetensors")).items()
+             if not any(k.startswith(name + ".") for name in modules)}
+    return model.load_state_dict({**plain, **lora}, strict=False)
+
+
 def merge_lora(model) -> bool:
     """Fold every LoRA adapter into its base weight and put the base layer back in place (so the state dict has
     the plain LookAround names); returns whether there was any."""
@@ -519,4 +577,5 @@ def merge_lora(model) -> bool:
 
 __all__ = ["SUPPORTED_TYPES", "MASK_TOKEN", "ConversionError", "convert", "convert_folder", "lookaround_config",
            "export", "export_family", "family_config", "to_lookaround_weights", "from_lookaround_weights",
-           "prepare_init", "with_lora", "merge_lora"]
+           "prepare_init", "with_lora", "merge_lora", "LORA_STATE_NAME", "lora_checkpoint_state",
+           "load_lora_checkpoint"]

@@ -368,6 +368,13 @@ class LookAroundTrainingArguments(TrainingArguments):
                           "off for ar, dar and mixtures (they leave about one row per sequence unread)",
                   "nargs": "?", "const": True},  # a bare --drop_unread_content still means true
     )
+    attention_annealing_steps: int = field(
+        default=0,
+        metadata={"help": "attention-mask annealing (DiffuLLaMA), for adapting a causal LM (--init_from): over the "
+                          "first N training steps the mask moves from causal to the objective's; at step s every "
+                          "later key is visible with probability s / N (a threshold per key). 0: off. Refused for "
+                          "objectives whose mask never shows a later token (ar)"},
+    )
 
     def __post_init__(self):
         if not self.use_cpu and launched_on_cpu_only():
@@ -389,6 +396,9 @@ class LookAroundTrainingArguments(TrainingArguments):
 def check_trainer_values(args) -> None:
     """Trainer values that fail deep in a run (a ZeroDivisionError after the model is built) or quietly mean "off"
     (0 saves, a negative limit, a NaN clipping norm), refused in one line before any work."""
+    if getattr(args, "attention_annealing_steps", 0) < 0:
+        raise ValueError(f"--attention_annealing_steps {args.attention_annealing_steps}: must be >= 0 (training "
+                         "steps over which the mask moves from causal to the objective's; 0: off)")
     if args.gradient_accumulation_steps < 1:
         raise ValueError(f"--gradient_accumulation_steps {args.gradient_accumulation_steps}: must be >= 1 (batches "
                          "per optimizer step)")
@@ -524,6 +534,30 @@ class LookAroundTrainer(Trainer):
         with checkpointing.unsafe_pickle_is_one_line(checkpoint, "optimizer.pt or scheduler.pt"):
             return super()._load_optimizer_and_scheduler(checkpoint)
 
+    # private (and the next): Trainer writes a model's weights here, and no public hook chooses the state dict it
+    # writes. A LoRA run's save: the merged weights as model.safetensors (a plain checkpoint of that step) and the
+    # adapted modules apart (adaptation.LORA_STATE_NAME), from which a resume goes on exactly
+    def _save(self, output_dir=None, state_dict=None):
+        from ..adaptation import LORA_STATE_NAME, lora_checkpoint_state
+
+        parts = lora_checkpoint_state(self.accelerator.unwrap_model(self.model), state_dict)
+        if parts is None:
+            return super()._save(output_dir, state_dict)
+        merged, lora = parts
+        super()._save(output_dir, merged)
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().contiguous().cpu() for k, v in lora.items()},
+                  os.path.join(output_dir or self.args.output_dir, LORA_STATE_NAME), metadata={"format": "pt"})
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        from ..adaptation import load_lora_checkpoint
+
+        result = load_lora_checkpoint(model if model is not None else self.model, resume_from_checkpoint)
+        if result is None:
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        self._issue_warnings_after_load(result)
+
     def save_model(self, output_dir=None, _internal_call=False):
         with checkpointing.save_failure_is_one_line(output_dir or self.args.output_dir):
             return super().save_model(output_dir, _internal_call)
@@ -546,6 +580,7 @@ class LookAroundTrainer(Trainer):
         return super()._get_num_items_in_batch(samples, device)
 
     def compute_loss(self, model, inputs, *args, **kwargs):
+        inputs = self.with_attention_annealing(model, inputs)
         inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
         if is_one_stream_group_model(getattr(inner, "config", None)):
             # dar's one-stream batches are laid out by the collator; without the flag the causal LM would read them
@@ -558,6 +593,20 @@ class LookAroundTrainer(Trainer):
             if ("group_ids" in inputs or block_causal) and hasattr(inner, "prepare_attention"):
                 inputs = {**inputs, "prepared_attention": inner.prepare_attention(**inputs)}
         return super().compute_loss(model, inputs, *args, **kwargs)
+
+    def with_attention_annealing(self, model, inputs: dict) -> dict:
+        """--attention_annealing_steps N: during the first N training steps the batch carries the keys revealed at
+        progress ``p = global_step / N`` (``masking_lookaround.annealing_revealed_keys``), which the model's mask
+        rule applies on top of the plan's. The Trainer holds the step, so the progress enters here, per batch (a
+        collator in a worker process cannot see it); evaluation and steps from N on use the plain objective."""
+        steps = getattr(self.args, "attention_annealing_steps", 0) or 0
+        step = self.state.global_step
+        if steps <= 0 or step >= steps or not model.training or "revealed_keys" in inputs:
+            return inputs
+        from ..models.lookaround.masking_lookaround import annealing_revealed_keys
+
+        tokens = inputs["input_ids"]
+        return {**inputs, "revealed_keys": annealing_revealed_keys(step / steps, *tokens.shape, device=tokens.device)}
 
     def get_train_dataloader(self):
         # a stream that split_dataset_by_node already split per rank must not be split again by accelerate
@@ -770,6 +819,7 @@ def build_trainer(config, model_args: ModelArguments, objective_args: ObjectiveA
     the collator the epoch. ``run_settings``: recorded in each checkpoint's marker, checked on resume."""
     import torch
 
+    check_attention_annealing(objective_args, getattr(training_args, "attention_annealing_steps", 0), block_size)
     torch.manual_seed(training_args.seed)  # the initial weights of this seed
     model = build_model(config, model_args, objective_args)
     train_collator, eval_collator = build_collators(
@@ -795,6 +845,30 @@ def build_trainer(config, model_args: ModelArguments, objective_args: ObjectiveA
         callbacks=[CollatorEpochCallback(train_collator), FiniteTrainingGuard(), *callbacks],
         run_settings=run_settings,
     )
+
+
+def check_attention_annealing(objective_args: ObjectiveArguments, steps: int, block_size: int) -> None:
+    """Refuse --attention_annealing_steps where it means nothing: no prediction of the objective reads a later token
+    (ar; dar's two-stream form, whose query rows read earlier groups only), so there is nothing to anneal. Read
+    from the objective's own plan (a few drawn blocks), not from a list of names: a single-stream row predicts from
+    the keys its rank lets it see (``g[k] <= g[i]``), a two-stream target from lower ranks (``g[k] < g[i]``, which
+    also bounds what the content rows it reads saw)."""
+    if not steps:
+        return
+    import torch
+
+    lengths = torch.full((16,), block_size)
+    plan = objectives.make_plan(objective_args.objective, lengths, block_size,
+                                generator=torch.Generator().manual_seed(0), **objective_args.plan_params())
+    ranks, later = plan.group_ids, torch.ones(block_size, block_size, dtype=torch.bool).triu(1)  # [i, k]: k after i
+    if objective_args.single_stream:
+        reads_later = (ranks[:, None, :] <= ranks[:, :, None]) & later
+    else:
+        reads_later = (ranks[:, None, :] < ranks[:, :, None]) & later & plan.is_target[:, :, None]
+    if not reads_later.any():
+        raise ValueError(f"--attention_annealing_steps: no prediction of {objective_args.objective} "
+                         f"({'single' if objective_args.single_stream else 'two'}-stream) reads a later token, so "
+                         "there is nothing to anneal from causal; drop the flag")
 
 
 def check_launch(training_args: TrainingArguments) -> None:
@@ -1228,4 +1302,7 @@ def _save_final_model_again(trainer, checkpoint, objective_args: ObjectiveArgume
     logger.info("%s is the end of this training: saving %s as the final model, training nothing", checkpoint,
                 "it" if source == checkpoint else f"the best checkpoint {source}")
     trainer._load_from_checkpoint(source)
+    from ..adaptation import merge_lora
+
+    merge_lora(trainer.model)  # a LoRA run's final model is merged, as at the end of its training
     save_final_model(trainer, objective_args, data_args)

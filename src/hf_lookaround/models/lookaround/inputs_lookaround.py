@@ -10,6 +10,7 @@ passes. A batch may still carry them as keys (a collator's ``row_kind``, the Tra
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -30,16 +31,20 @@ class PreparedInputs:
         (`masking_lookaround.mixed_rows_plan`). A training layout: it implies `one_stream_layout`.
     one_stream_layout (`bool`, dar's one-stream form only): the input is in the training layout (start rows,
         groups filling blocks of `t`), not plain token ids.
+    revealed_keys (`(B, K)` bool, optional): attention-mask annealing (`pretrain --attention_annealing_steps`): a
+        row sees the keys up to its own position, and a later one only where it is revealed (and the plan allows
+        it: `masking_lookaround.annealing_allows`). None: the plan's mask alone. Training only (no cache).
     """
 
     attention: object = None
     content_output: bool = True
     row_kind: torch.LongTensor | None = None
     one_stream_layout: bool = False
+    revealed_keys: torch.BoolTensor | None = None
 
     # the batch keys that name these fields
     BATCH_KEYS = {"prepared_attention": "attention", "content_output": "content_output", "row_kind": "row_kind",
-                  "one_stream_layout": "one_stream_layout"}
+                  "one_stream_layout": "one_stream_layout", "revealed_keys": "revealed_keys"}
 
     @classmethod
     def take(cls, prepared: PreparedInputs | None, kwargs: dict) -> PreparedInputs:
@@ -53,4 +58,4 @@ class PreparedInputs:
         return prepared
 
     def with_content_output(self, content_output: bool) -> PreparedInputs:
-        return PreparedInputs(self.attention, content_output, self.row_kind, self.one_stream_layout)
+        return dataclasses.replace(self, content_output=content_output)

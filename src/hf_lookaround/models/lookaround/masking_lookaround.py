@@ -36,6 +36,25 @@ def may_attend(query_rank, key_rank, query_is_strict, key_valid):
     return key_valid & ((key_rank < query_rank) | ((key_rank == query_rank) & ~query_is_strict))
 
 
+def annealing_allows(row_position, key_position, key_revealed):
+    """Attention-mask annealing (DiffuLLaMA, Gong et al. 2024): while a causal LM adapts to an objective, a row sees
+    the keys up to its own position, and a later key only once that key is revealed. It is applied on top of
+    :func:`may_attend` (never instead of it), so it only removes visibility the objective grants.
+    Element-wise, as :func:`may_attend`."""
+    return (key_position <= row_position) | key_revealed
+
+
+def annealing_revealed_keys(progress: float, batch: int, num_keys: int, device=None,
+                            generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, K) bool: the keys revealed at annealing progress ``p`` (0: causal, 1: the objective's mask).
+
+    Each key of each sequence draws a threshold ``u ~ U[0, 1)`` and is revealed to every earlier row iff ``u < p``,
+    so a fraction ``p`` of the later keys is visible in expectation. DiffuLLaMA draws a Bernoulli(p) per (row, key)
+    pair instead; a threshold per key keeps the mask's state (B, K), which a FlexAttention ``mask_mod`` reads as it
+    reads the ranks, and has the same expected fraction."""
+    return torch.rand(batch, num_keys, device=device, generator=generator) < progress
+
+
 def infilling_ranks(hidden: torch.Tensor, is_condition: torch.Tensor) -> torch.Tensor:
     """Ranks ``(B, T)`` of one step of infilling or of the masked-prefix protocol: the plan masked and GVP
     pretraining trained, for a set of visible tokens and the hidden positions to predict from them.
@@ -91,22 +110,44 @@ class AttentionPlan:
     query_is_strict: torch.Tensor  # (B, L) bool: True on query-stream rows
     key_rank: torch.Tensor  # (B, K) long
     key_valid: torch.Tensor  # (B, K) bool
+    # attention-mask annealing (:func:`annealing_allows`), all three or none: positions of rows and keys, and the
+    # keys revealed to earlier rows
+    row_position: torch.Tensor | None = None  # (B, L) long
+    key_position: torch.Tensor | None = None  # (B, K) long
+    key_revealed: torch.Tensor | None = None  # (B, K) bool
+
+    @property
+    def annealed(self) -> bool:
+        return self.key_revealed is not None
 
     def rows(self, start: int) -> "AttentionPlan":
         """The same plan for rows ``start:`` only (e.g. the query stream, when the content stream's output is unread)."""
-        return AttentionPlan(self.query_rank[:, start:], self.query_is_strict[:, start:], self.key_rank, self.key_valid)
+        row_position = None if self.row_position is None else self.row_position[:, start:]
+        return AttentionPlan(self.query_rank[:, start:], self.query_is_strict[:, start:], self.key_rank, self.key_valid,
+                             row_position, self.key_position, self.key_revealed)
+
+    def annealed_as(self, other: "AttentionPlan") -> "AttentionPlan":
+        """This plan with ``other``'s annealing (positions and revealed keys)."""
+        return dataclasses.replace(self, row_position=other.row_position, key_position=other.key_position,
+                                   key_revealed=other.key_revealed)
 
     def dense(self) -> torch.Tensor:
         """Boolean mask (B, 1, L, K), built on the device from the ranks."""
-        return may_attend(
+        allowed = may_attend(
             self.query_rank[:, :, None],
             self.key_rank[:, None, :],
             self.query_is_strict[:, :, None],
             self.key_valid[:, None, :],
-        )[:, None]
+        )
+        if self.annealed:
+            allowed = allowed & annealing_allows(self.row_position[:, :, None], self.key_position[:, None, :],
+                                                 self.key_revealed[:, None, :])
+        return allowed[:, None]
 
     def row_sees_something(self) -> torch.Tensor:
         """(B, L) bool: a row sees at least one key iff it may attend to the lowest valid key rank."""
+        if self.annealed:  # annealing may hide that key: ask the mask itself (only while annealing)
+            return self.dense()[:, 0].any(-1)
         big = torch.iinfo(self.key_rank.dtype).max
         lowest = torch.where(self.key_valid, self.key_rank, big).amin(-1, keepdim=True)
         return may_attend(self.query_rank, lowest, self.query_is_strict, self.key_valid.any(-1, keepdim=True))
@@ -126,6 +167,10 @@ class AttentionPlan:
         q_rank, k_rank = self.query_rank.int(), self.key_rank.int()
         strict, k_valid = self.query_is_strict.int(), self.key_valid.int()
 
+        annealed = self.annealed
+        if annealed:
+            row_pos, key_pos, revealed = self.row_position.int(), self.key_position.int(), self.key_revealed.int()
+
         batch, rows = q_rank.shape
         # a plan of batch 1 serves every sequence of a batch (block_causal_masks): the BlockMask broadcasts (B=None),
         # and its mask_mod, which the kernel calls with each sequence's index, reads row 0
@@ -133,7 +178,10 @@ class AttentionPlan:
 
         def mask_mod(b, h, q_idx, kv_idx):
             b = 0 if broadcast else b
-            return may_attend(q_rank[b, q_idx], k_rank[b, kv_idx], strict[b, q_idx] != 0, k_valid[b, kv_idx] != 0)
+            allowed = may_attend(q_rank[b, q_idx], k_rank[b, kv_idx], strict[b, q_idx] != 0, k_valid[b, kv_idx] != 0)
+            if annealed:
+                allowed = allowed & annealing_allows(row_pos[b, q_idx], key_pos[b, kv_idx], revealed[b, kv_idx] != 0)
+            return allowed
 
         # on the GPU a compiled builder evaluates the (rows x keys) grid without materialising it (long context)
         compile_builder = q_rank.is_cuda and not torch.compiler.is_compiling()
@@ -314,6 +362,8 @@ def create_plan_mask(
         alone, so they are built once per shape (:func:`block_causal_masks`).
     row_kind: (B,) a one-stream mixture batch (with ``static_group_size``): each row block-causal or bidirectional
         (:func:`mixed_row_masks`).
+    An annealed ``plan`` (attention-mask annealing, ``plan.key_revealed``) gets a mask of its own batch: the masks
+    built once per shape (block-causal, one-stream mixture) serve again once annealing ends.
     """
     if prepared is not None:
         check_prepared_attention(prepared, plan, num_content)
@@ -322,7 +372,12 @@ def create_plan_mask(
             prepared = dataclasses.replace(prepared, query_mask=query_mask, query_row_factor=query_row_factor)
         return prepared
     if plain_causal and plan_mask_of(implementation).causal_without_mask:
-        return None
+        return None  # causal: annealing hides nothing
+    if plan.annealed:  # annealing: this batch's own mask, not the masks built once per shape
+        if row_kind is not None:
+            check_row_kind(row_kind, row_kind.shape[0])
+            plan = mixed_rows_plan(row_kind, static_group_size, num_content).annealed_as(plan)
+        return build_prepared_attention(plan, implementation, dtype, num_content, with_query_rows=query_rows_alone)
     if row_kind is not None:
         return mixed_row_masks(row_kind, static_group_size, num_content, implementation, dtype)
     if static_group_size is not None:

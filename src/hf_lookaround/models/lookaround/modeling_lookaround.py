@@ -21,6 +21,7 @@ checkpoint was trained to predict with; the causal and masked LM heads (``genera
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -536,7 +537,8 @@ class LookAroundModel(LookAroundPreTrainedModel):
         inputs_embeds = self.embed(input_ids, inputs_embeds)
         batch, seq_len, _ = inputs_embeds.shape
         rows = self._rows(batch, seq_len, inputs_embeds.device, attention_mask, group_ids, target_positions,
-                          position_ids, attention_pattern, past_key_values, query_position_ids, query_group_ids)
+                          position_ids, attention_pattern, past_key_values, query_position_ids, query_group_ids,
+                          prepared.revealed_keys)
         # nobody reads the content stream's output: the last layer runs the query rows alone
         query_rows_alone = not prepared.content_output and rows.num_query > 0 and not output_hidden_states \
             and not output_attentions
@@ -605,6 +607,7 @@ class LookAroundModel(LookAroundPreTrainedModel):
         content_output: bool = True,
         dtype: torch.dtype | None = None,
         row_kind: torch.LongTensor | None = None,
+        revealed_keys: torch.BoolTensor | None = None,
         **unused,
     ) -> PreparedAttention:
         """The masks of a forward without a cache, built now (on the inputs' device) for `forward(...,
@@ -621,20 +624,24 @@ class LookAroundModel(LookAroundPreTrainedModel):
         inputs = input_ids if input_ids is not None else inputs_embeds
         batch, seq_len = inputs.shape[:2]
         rows = self._rows(batch, seq_len, inputs.device, attention_mask, group_ids, target_positions, position_ids,
-                          attention_pattern, None, query_position_ids, query_group_ids)
+                          attention_pattern, None, query_position_ids, query_group_ids, revealed_keys)
         dtype = dtype or self.embed_tokens.weight.dtype
         static = self._static_group_size(rows, unpadded=not rows.two_stream and attention_mask is None)
+        with_query_rows = not content_output and rows.two_stream and rows.num_query > 0
+        if rows.plan.annealed:  # the same masks as forward's: this batch's own while annealing
+            return create_plan_mask(rows.plan, self.config._attn_implementation, dtype, seq_len,
+                                    query_rows_alone=with_query_rows, static_group_size=static, row_kind=row_kind)
         if row_kind is not None:  # a one-stream mixture: each row's mask selected by its kind
             return mixed_row_masks(row_kind, static, seq_len, self.config._attn_implementation, dtype)
         if static is not None:  # the same masks as forward's: built once per shape
             return block_causal_masks(static, seq_len, self.config._attn_implementation, dtype, inputs.device)
         return build_prepared_attention(rows.plan, self.config._attn_implementation, dtype, seq_len,
-                                        with_query_rows=not content_output and rows.two_stream and rows.num_query > 0)
+                                        with_query_rows=with_query_rows)
 
     def _rows(self, batch, seq_len, device, attention_mask, group_ids, target_positions, position_ids,
-              attention_pattern, past_key_values, query_position_ids, query_group_ids) -> "_Rows":
+              attention_pattern, past_key_values, query_position_ids, query_group_ids, revealed_keys=None) -> "_Rows":
         """Ranks and positions of every row (content, then query stream) and key, and the attention plan (of inputs
-        that `check_backbone_inputs` passed)."""
+        that `check_backbone_inputs` passed). `revealed_keys`: attention-mask annealing (`PreparedInputs`)."""
         explicit_rows = query_position_ids is not None or query_group_ids is not None
         two_stream = group_ids is not None or explicit_rows
 
@@ -681,6 +688,13 @@ class LookAroundModel(LookAroundPreTrainedModel):
             key_rank=key_rank,
             key_valid=key_valid,
         )
+        if revealed_keys is not None:  # annealing: the keys are the current tokens, at their positions
+            if key_len != seq_len or revealed_keys.shape != (batch, seq_len):
+                raise ValueError(f"revealed_keys (attention-mask annealing) must have the shape of the input, "
+                                 f"{(batch, seq_len)}, without a cache; got {tuple(revealed_keys.shape)}"
+                                 + (f" and {key_len - seq_len} cached keys" if key_len != seq_len else ""))
+            plan = dataclasses.replace(plan, row_position=row_positions, key_position=position_ids,
+                                       key_revealed=revealed_keys.to(device=device, dtype=torch.bool))
         return _Rows(plan, row_positions, target_positions, two_stream, num_query, pattern, key_len)
 
     def _rows_at_targets(self, target_positions, content_rank, position_ids, batch, seq_len):
@@ -1134,7 +1148,7 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         return "block_causal" if self.config.default_attention == "block_causal" else "causal"
 
     def prepare_attention(self, input_ids=None, attention_mask=None, inputs_embeds=None, position_ids=None,
-                          row_kind=None, **unused):
+                          row_kind=None, revealed_keys=None, **unused):
         """The masks of a single-stream batch (the content stream's pattern), built outside a compiled step: pass
         the result as `prepared_attention`."""
         if self.predicts_with_query_stream:
@@ -1142,7 +1156,8 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
                              "builds its query rows inside forward")
         return self.model.prepare_attention(input_ids=input_ids, attention_mask=attention_mask,
                                             inputs_embeds=inputs_embeds, position_ids=position_ids,
-                                            attention_pattern=self.content_pattern, row_kind=row_kind)
+                                            attention_pattern=self.content_pattern, row_kind=row_kind,
+                                            revealed_keys=revealed_keys)
 
     def _next_token_rows(self, rows, position_ids, past_key_values, shape):
         """Query rows of the AR plan: the row after current token `r` has position `pos[r] + 1`, rank `index + 1`."""

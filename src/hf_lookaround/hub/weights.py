@@ -1,8 +1,9 @@
 """Check a checkpoint before anything loads or pushes it: its weights files are present, listed in the index and
 valid safetensors (:func:`check_weights`); it is a checkpoint of the kind the command reads (text or vision,
 :func:`checkpoint_kind`); its tensors are the ones its config.json describes, with the same shapes
-(:func:`check_tensors`); and they hold no NaN or infinity (:func:`check_finite`). :func:`check_local_checkpoint`
-runs them all; ``load.load_checkpoint`` is the one loader the commands use.
+(:func:`check_tensors`); and they hold no NaN or infinity (``check_finite``: the one ``from_pretrained`` itself runs,
+from ``models/lookaround/loading_lookaround.py``). :func:`check_local_checkpoint` runs them all;
+``load.load_checkpoint`` is the one loader the commands use.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 import os
 from pathlib import Path
 
+from ..models.lookaround.loading_lookaround import INCOMPLETE_WEIGHTS, check_finite, listed as _listed  # noqa: F401
 from .files import read_json, unfinished_run
 
 logger = logging.getLogger(__name__)
@@ -74,11 +76,6 @@ LOOKAROUND_KINDS = {"lookaround": "text", "lookaround_vit": "vision"}
 # what reads each kind, for the message that refuses a checkpoint of another kind
 READ_BY = {"text": "hf-lookaround generate, perplexity, probe or glue",
            "vision": "hf-lookaround vision sample --model DIR"}
-
-
-def _listed(names, limit: int = 4) -> str:
-    names = list(names)
-    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
 def checkpoint_kind(folder) -> str:
@@ -186,7 +183,7 @@ def check_tensors(folder, files) -> None:
     if any(count == 0 for _, (count, _) in found):
         return
     cls, (_, problems) = min(found, key=lambda pair: pair[1][0])  # the head that matches best
-    hint = "The weights file is incomplete or of another model: save the model again, or use an intact checkpoint"
+    hint = INCOMPLETE_WEIGHTS
     if any("another shape" in p for p in problems):
         saved = read_json(folder / "config.json") or {}
         absent = [k for k in type(config)().to_diff_dict() if k not in saved and k != "transformers_version"]
@@ -194,17 +191,6 @@ def check_tensors(folder, files) -> None:
         hint = f"Its config.json and the weights do not belong together{removed}; restore the config.json saved with them"
     raise ValueError(f"the weights in {folder} do not match its config.json ({cls.__name__}): "
                      f"{'; '.join(problems)}. {hint}")
-
-
-def check_finite(named_tensors, where: str) -> None:
-    """Refuse weights that hold NaN or infinity (a diverged run, a damaged file): every floating tensor once."""
-    import torch
-
-    bad = [name for name, t in named_tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
-        raise ValueError(f"the weights of {where} hold NaN or infinite values in {len(bad)} tensor(s) "
-                         f"({_listed(bad)}): the training diverged or the file is damaged; use an earlier "
-                         "checkpoint (checkpoint-N) or train again (a lower --learning_rate)")
 
 
 def stored_tensors(files):

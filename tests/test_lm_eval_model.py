@@ -313,16 +313,26 @@ def damaged(checkpoints, tiny_model, tmp_path):
     weights = cut / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     tiny_model(LookAroundViTForPreTraining).save_pretrained(tmp_path / "vit")
+    from safetensors.torch import load_file, save_file
+
+    nan = tmp_path / "nan"
+    shutil.copytree(checkpoints["ar"], nan)
+    weights = load_file(nan / "model.safetensors")
+    first = sorted(weights)[0]
+    weights[first] = torch.full_like(weights[first], float("nan"))
+    save_file(weights, nan / "model.safetensors", metadata={"format": "pt"})
     return {"cut": (cut, r"truncated or damaged \(model\.safetensors has \d+ bytes, its header says \d+\)"),
-            "vision": (tmp_path / "vit", "is a vision checkpoint: lm-eval needs a text checkpoint")}
+            "vision": (tmp_path / "vit", "is a vision checkpoint: lm-eval needs a text checkpoint"),
+            "nan": (nan, rf"hold NaN or infinite values in 1 tensor\(s\) \({first}\)")}
 
 
 @pytest.mark.parametrize("model", ["lookaround", "hf"])
-@pytest.mark.parametrize("damage", ["cut", "vision"])
+@pytest.mark.parametrize("damage", ["cut", "vision", "nan"])
 def test_the_command_line_checks_the_checkpoint_before_lm_eval_prints_anything(damaged, task_dir, capsys, damage,
                                                                                model):
     """Issue 43: exactly one line and exit status 2, for lm-eval's `hf` model too (lm-eval would print its own
-    traceback for a cut file, and fail in the tokenizer of a vision checkpoint)."""
+    traceback for a cut file, fail in the tokenizer of a vision checkpoint, and print its set-up before NaN weights
+    are refused)."""
     import re
 
     folder, message = damaged[damage]

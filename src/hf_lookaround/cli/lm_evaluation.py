@@ -3,8 +3,9 @@
 lm-eval 0.4 discovers no model plugins, so this command imports :mod:`hf_lookaround.evaluation.lm_eval_model`
 (which registers ``lookaround``) and hands its whole command line to lm-eval's own entry point
 (``lm_eval.__main__.cli_evaluate``), with ``--model lookaround`` unless another ``--model`` is given. A local
-checkpoint named by ``pretrained=`` is checked first (``lm_eval_model.check_checkpoint``), so a damaged or vision
-checkpoint ends the command in one line before lm-eval prints anything:
+checkpoint named by ``pretrained=`` is checked first (``lm_eval_model.check_checkpoint``: the package loader's
+checks, NaN weights included), so a damaged or vision checkpoint ends the command in one line before lm-eval
+prints anything:
 
     hf-lookaround lm-eval --model_args pretrained=CKPT,mc_num=128,seed=0 --tasks lambada_openai --batch_size 8
 """
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(0)
     pretrained = pretrained_argument(argv)
     if pretrained:
-        hf_lookaround.evaluation.lm_eval_model.check_checkpoint(pretrained, "hf-lookaround lm-eval")
+        # NaN weights too: lm-eval would print its set-up and then a traceback around from_pretrained's refusal
+        hf_lookaround.evaluation.lm_eval_model.check_checkpoint(pretrained, "hf-lookaround lm-eval", finite=True)
     saved = sys.argv
     sys.argv = ["hf-lookaround lm-eval", *harness_argv(argv)]
     try:

@@ -52,12 +52,13 @@ CONTINUATION_TOO_LONG = ("a continuation of {n} tokens does not fit the window o
                          "the continuation): raise max_length in model_args (the checkpoint's positions allow {limit})")
 
 
-def check_checkpoint(pretrained, command: str) -> None:
+def check_checkpoint(pretrained, command: str, finite: bool = False) -> None:
     """The package loader's checks on a local folder lm-eval is about to load, in one line each, before lm-eval
     or transformers reads a file of it (its tokenizer, its config): a vision checkpoint (lm-eval needs text); a
     run still writing or a cut safetensors file (as ``from_pretrained`` words it); for a LookAround text checkpoint,
     also its weights files and tensors (``weights.check_local_checkpoint``; a model of another type is left to
-    transformers there). A Hub name is left to ``from_pretrained``; NaN weights are refused as it loads them."""
+    transformers there) and, with ``finite``, its values (one more read of the weights; else ``from_pretrained``
+    refuses NaN weights as it loads them). A Hub name is left to ``from_pretrained``."""
     from pathlib import Path
 
     from ..hub.weights import check_local_checkpoint, checkpoint_kind
@@ -72,7 +73,7 @@ def check_checkpoint(pretrained, command: str) -> None:
                          f"hf-lookaround pretrain, glue or convert); score this one with hf-lookaround vision")
     check_weights_files(folder)  # from_pretrained's own first check: a cut file named with its sizes
     if kind == "text":
-        check_local_checkpoint(folder, command)
+        check_local_checkpoint(folder, command, finite=finite)
 
 
 def likelihood_path(config) -> str:

@@ -297,7 +297,8 @@ class Case:
     skipped (lm-eval is an optional extra)."""
 
     def __init__(self, name: str, argv, expect, reads=None, absent=lambda c: [], needs: str | None = None):
-        self.name, self.argv, self.expect, self.reads, self.absent, self.needs = name, argv, expect, reads, absent, needs
+        self.name, self.argv, self.expect = name, argv, expect
+        self.reads, self.absent, self.needs = reads, absent, needs
 
     def runnable(self) -> bool:
         import importlib.util

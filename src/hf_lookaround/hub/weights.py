@@ -12,7 +12,8 @@ import logging
 import os
 from pathlib import Path
 
-from ..models.lookaround.loading_lookaround import INCOMPLETE_WEIGHTS, check_finite, listed as _listed  # noqa: F401
+# check_finite is the bundle's (from_pretrained runs it); load.py takes it from here
+from ..models.lookaround.loading_lookaround import INCOMPLETE_WEIGHTS, check_finite, listed  # noqa: F401
 from .files import read_json, unfinished_run
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def checkpoint_kind(folder) -> str:
     ours = [a for a in config.get("architectures") or [] if str(a).startswith("LookAround")]
     if ours or "plan_params" in config:
         raise ValueError(f"{folder} is not an hf_lookaround checkpoint as saved: its config.json has model_type "
-                         f"{model_type!r} but LookAround fields ({_listed(ours) or 'plan_params'}); restore the "
+                         f"{model_type!r} but LookAround fields ({listed(ours) or 'plan_params'}); restore the "
                          "config.json saved with the weights (model_type 'lookaround' or 'lookaround_vit')")
     return "other"
 
@@ -139,11 +140,11 @@ def _tensor_problems(cls, config, stored: dict) -> tuple[int, list[str]]:
                for k in stored if k in expected and stored[k] != expected[k]]
     problems = []
     if missing:
-        problems.append(f"{len(missing)} tensor(s) missing ({_listed(missing)})")
+        problems.append(f"{len(missing)} tensor(s) missing ({listed(missing)})")
     if unexpected:
-        problems.append(f"{len(unexpected)} unexpected tensor(s) ({_listed(unexpected)})")
+        problems.append(f"{len(unexpected)} unexpected tensor(s) ({listed(unexpected)})")
     if changed:
-        problems.append(f"{len(changed)} tensor(s) of another shape: {_listed(changed, 2)}")
+        problems.append(f"{len(changed)} tensor(s) of another shape: {listed(changed, 2)}")
     return len(missing) + len(unexpected) + len(changed), problems
 
 
@@ -187,7 +188,7 @@ def check_tensors(folder, files) -> None:
     if any("another shape" in p for p in problems):
         saved = read_json(folder / "config.json") or {}
         absent = [k for k in type(config)().to_diff_dict() if k not in saved and k != "transformers_version"]
-        removed = f" (config.json lacks {_listed(absent)}: removed fields take their defaults)" if absent else ""
+        removed = f" (config.json lacks {listed(absent)}: removed fields take their defaults)" if absent else ""
         hint = f"Its config.json and the weights do not belong together{removed}; restore the config.json saved with them"
     raise ValueError(f"the weights in {folder} do not match its config.json ({cls.__name__}): "
                      f"{'; '.join(problems)}. {hint}")

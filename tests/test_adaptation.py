@@ -160,6 +160,45 @@ def test_conversions_load_with_remote_code_in_a_process_without_the_package(conv
     assert f"REMOTE-OK {len(FAMILIES)}" in result.stdout, result.stderr[-3000:]
 
 
+def test_the_tokenizer_of_a_conversion_loads_as_convert_says_without_a_prompt_or_a_model_type_warning(
+        tmp_path, run_without_package, capsys):
+    """Issue 43: transformers 5.17's AutoTokenizer reads config.json through AutoConfig before the tokenizer files
+    (tokenization_auto.py), and config.json's auto_map makes the config remote code. So a plain
+    ``AutoTokenizer.from_pretrained(CKPT)`` without the package asks "Do you wish to run the custom code?" (15 s on a
+    terminal; here stdin is closed, so it fails at once), then falls back to a bare PreTrainedConfig, which logs
+    "You are using a model of type `lookaround` to instantiate a model of type ``". The checkpoint cannot avoid it
+    (remote code needs that auto_map); what `convert` prints (the tokenizer with trust_remote_code=True as the
+    model) loads both and generates without either message."""
+    from hf_lookaround import cli
+
+    save_source(tmp_path / "src", "gpt2_tied")
+    out = tmp_path / "converted"
+    assert cli.main(["convert", str(tmp_path / "src"), "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "AutoTokenizer.from_pretrained" in said and said.count("trust_remote_code=True") == 1
+    asked, warned = "contains custom code", "to instantiate a model of type ``"
+    for plain in (True, False):
+        result = run_without_package(textwrap.dedent(f"""
+            import sys, transformers
+            folder = {str(out)!r}
+            if {plain}:
+                transformers.AutoTokenizer.from_pretrained(folder)
+            else:  # as convert says, without the package
+                tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+                model = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+                ids = tokenizer(tokenizer.bos_token + "a b", add_special_tokens=False, return_tensors="pt").input_ids
+                assert model.generate(ids, max_new_tokens=2, do_sample=False).shape[1] == ids.shape[1] + 2
+            assert not any(m.startswith("hf_lookaround") for m in sys.modules)
+            print("LOADED")
+        """))
+        text = result.stdout + result.stderr
+        assert "LOADED" in result.stdout, text[-3000:]
+        if plain:  # the cause, shown: what the fault hunt saw
+            assert asked in text and warned in text, text[-3000:]
+        else:
+            assert asked not in text and warned not in text, text[-3000:]
+
+
 def test_unsupported_and_broken_sources_are_refused_in_one_line(tmp_path, capsys):
     import transformers
 

@@ -257,6 +257,45 @@ def test_generate_and_text_generation_pipeline(dar, tokenizer, caplog):
         causal.generate(**enc, group_size=2, max_new_tokens=4, num_beams=2)
 
 
+def _pipeline_warnings(model, tokenizer) -> list[str]:
+    """What transformers logs (from its first call on: warning_once's memory is cleared) over two calls of the
+    text-generation pipeline on ``model``, each message up to its first ``=`` (the values and sets differ)."""
+    import io
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.warning_once.cache_clear()  # "Passing `generation_config` together with ..." is a warning_once
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+        for _ in range(2):
+            pipe("The committee met on", max_new_tokens=4, do_sample=False)
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    return sorted(line.split("=")[0] for line in stream.getvalue().splitlines() if "generat" in line or "max_" in line)
+
+
+def test_the_text_generation_pipeline_warns_no_more_than_for_a_plain_gpt2(tokenizer):
+    """Issue 43: transformers 5.17's pipeline warns "Both `max_new_tokens` and `max_length` seem to have been set"
+    (every call) and "Passing `generation_config` together with generation-related arguments" (once) for a plain
+    GPT-2 too; a LookAround causal LM (its generate() is GroupDecodingMixin's) must add nothing to them."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=48, n_embd=32, n_layer=1, n_head=2,
+                                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                      pad_token_id=tokenizer.pad_token_id)).eval()
+    plain = _pipeline_warnings(gpt2, tokenizer)
+    # what the comparison is against: both warnings the fault hunt saw, for GPT-2
+    assert any("Both `max_new_tokens`" in line for line in plain) and any("Passing `generation_config`" in line
+                                                                          for line in plain), plain
+    for model in (_model(LookAroundForCausalLM, tokenizer, objective="ar"),
+                  _causal(_model(LookAroundForPreTraining, tokenizer))):  # ar, and dar's group decoding
+        assert _pipeline_warnings(model, tokenizer) == plain
+
+
 def test_group_size_the_checkpoint_was_not_trained_for(tokenizer, caplog):
     model = _model(LookAroundForPreTraining, tokenizer, objective="dar", plan_params={"t": 2})
     prompt = _prompt(tokenizer)

@@ -367,6 +367,84 @@ def test_the_command_line_refuses_a_vision_checkpoint_in_one_line(tiny_model, tm
     assert line.startswith("hf-lookaround lm-eval: error: ") and "is a vision checkpoint" in line
 
 
+@pytest.fixture
+def damaged(checkpoints, tiny_model, tmp_path):
+    """A LookAround text checkpoint whose weights file is cut in half, and a vision checkpoint."""
+    import shutil
+
+    from hf_lookaround import LookAroundViTForPreTraining
+
+    cut = tmp_path / "cut"
+    shutil.copytree(checkpoints["ar"], cut)
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    tiny_model(LookAroundViTForPreTraining).save_pretrained(tmp_path / "vit")
+    from safetensors.torch import load_file, save_file
+
+    nan = tmp_path / "nan"
+    shutil.copytree(checkpoints["ar"], nan)
+    weights = load_file(nan / "model.safetensors")
+    first = sorted(weights)[0]
+    weights[first] = torch.full_like(weights[first], float("nan"))
+    save_file(weights, nan / "model.safetensors", metadata={"format": "pt"})
+    return {"cut": (cut, r"truncated or damaged \(model\.safetensors has \d+ bytes, its header says \d+\)"),
+            "vision": (tmp_path / "vit", "is a vision checkpoint: lm-eval needs a text checkpoint"),
+            "nan": (nan, rf"hold NaN or infinite values in 1 tensor\(s\) \({first}\)")}
+
+
+@pytest.mark.parametrize("model", ["lookaround", "hf"])
+@pytest.mark.parametrize("damage", ["cut", "vision", "nan"])
+def test_the_command_line_checks_the_checkpoint_before_lm_eval_prints_anything(damaged, task_dir, capsys, damage,
+                                                                               model):
+    """Issue 43: exactly one line and exit status 2, for lm-eval's `hf` model too (lm-eval would print its own
+    traceback for a cut file, fail in the tokenizer of a vision checkpoint, and print its set-up before NaN weights
+    are refused)."""
+    import re
+
+    folder, message = damaged[damage]
+    code = cli_main(["lm-eval", "--model", model, "--model_args", f"pretrained={folder},trust_remote_code=True",
+                     "--include_path", str(task_dir), "--tasks", "la_choice", "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"hf-lookaround lm-eval: error: ") and str(folder) in err[0]
+    assert re.search(message, err[0]), err[0]
+
+
+@pytest.mark.parametrize("damage", ["cut", "vision"])
+def test_simple_evaluate_refuses_in_the_classes_init_before_a_tokenizer_or_config_loads(damaged, task_dir, damage,
+                                                                                        monkeypatch):
+    import transformers
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    def never(*args, **kwargs):
+        raise AssertionError("read before the checkpoint was checked")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", never)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", never)
+    folder, message = damaged[damage]
+    with pytest.raises(ValueError, match=message) as err:
+        simple_evaluate(model="lookaround", model_args=f"pretrained={folder}", tasks=["la_choice"],
+                        task_manager=TaskManager(include_path=str(task_dir), include_defaults=False), device="cpu")
+    assert "\n" not in str(err.value)
+    assert "LookAroundLM.__init__" in "".join(f"{t.tb_frame.f_code.co_qualname}" for t in _frames(err.tb))
+
+
+def _frames(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+def test_the_pretrained_argument_is_read_in_every_spelling_lm_eval_takes():
+    from hf_lookaround.cli.lm_evaluation import pretrained_argument
+
+    assert pretrained_argument(["--model_args", "pretrained=a,mc_num=8", "--tasks", "x"]) == "a"
+    assert pretrained_argument(["-a", "mc_num=8", "pretrained=b", "--tasks", "x"]) == "b"
+    assert pretrained_argument(["--model_args=pretrained=c,seed=1"]) == "c"
+    assert pretrained_argument(["--tasks", "pretrained=d"]) is None
+
+
 def test_harness_arguments_default_to_the_lookaround_model():
     assert lm_eval_model.cut_at_stops("a. b\nc", [".", "\n"]) == "a"
     from hf_lookaround.cli.lm_evaluation import harness_argv

@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..adaptation import convert_folder
 
     out = convert_folder(args.src, args.output_dir, args.max_length)
-    print(f"converted {args.src} -> {out}; load it with AutoModelForCausalLM.from_pretrained({str(out)!r}) "
-          "(trust_remote_code=True without this package), or adapt it with hf-lookaround pretrain --init_from")
+    # without the package the tokenizer needs the flag too: AutoTokenizer reads config.json, which is remote code
+    print(f"converted {args.src} -> {out}; load it with AutoModelForCausalLM.from_pretrained({str(out)!r}) and "
+          f"AutoTokenizer.from_pretrained({str(out)!r}) after import hf_lookaround (without the package: both with "
+          "trust_remote_code=True), or adapt it with hf-lookaround pretrain --init_from")
     return 0

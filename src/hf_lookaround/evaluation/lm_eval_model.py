@@ -32,6 +32,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 try:
+    import lm_eval.models  # noqa: F401  (lm-eval's own models, `hf` among them: its registry reads them only if empty)
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
 except ImportError as err:  # an optional extra: say which
@@ -52,6 +53,30 @@ DECODERS = ("diffusion", "group", "infill")
 ELBO_DOCUMENT_BATCH = 1 << 30  # elbo_perplexity's batch_size for one document: all its windows at once
 CONTINUATION_TOO_LONG = ("a continuation of {n} tokens does not fit the window of {w} tokens (BOS and at least "
                          "the continuation): raise max_length in model_args (the checkpoint's positions allow {limit})")
+
+
+def check_checkpoint(pretrained, command: str, finite: bool = False) -> None:
+    """The package loader's checks on a local folder lm-eval is about to load, in one line each, before lm-eval
+    or transformers reads a file of it (its tokenizer, its config): a vision checkpoint (lm-eval needs text); a
+    run still writing or a cut safetensors file (as ``from_pretrained`` words it); for a LookAround text checkpoint,
+    also its weights files and tensors (``weights.check_local_checkpoint``; a model of another type is left to
+    transformers there) and, with ``finite``, its values (one more read of the weights; else ``from_pretrained``
+    refuses NaN weights as it loads them). A Hub name is left to ``from_pretrained``."""
+    from pathlib import Path
+
+    from ..hub.weights import check_local_checkpoint, checkpoint_kind
+    from ..models.lookaround.loading_lookaround import check_weights_files
+
+    folder = Path(pretrained)
+    if not folder.is_dir():
+        return
+    kind = checkpoint_kind(folder)
+    if kind == "vision":
+        raise ValueError(f"{folder} is a vision checkpoint: lm-eval needs a text checkpoint (one saved by "
+                         f"hf-lookaround pretrain, glue or convert); score this one with hf-lookaround vision")
+    check_weights_files(folder)  # from_pretrained's own first check: a cut file named with its sizes
+    if kind == "text":
+        check_local_checkpoint(folder, command, finite=finite)
 
 
 def likelihood_path(config) -> str:
@@ -111,13 +136,12 @@ class LookAroundLM(TemplateLM):
 
         from ..data.tokenization import auto_tokenizer
         from ..hub.load import load_checkpoint
-        from ..hub.weights import check_local_checkpoint
 
         if unused:
             raise ValueError(f"lookaround model_args do not take {sorted(unused)}; see `help(LookAroundLM)`")
         command = "lm-eval --model lookaround"
-        # a vision checkpoint (no text view, no tokenizer) is refused here in one line, before its config loads
-        check_local_checkpoint(pretrained, command, kinds=("text", "other"))
+        # refused here in one line, before its config or tokenizer loads: a vision checkpoint, damaged weights
+        check_checkpoint(pretrained, command)
         config = transformers.AutoConfig.from_pretrained(pretrained)
         self.path = path or likelihood_path(config)
         if self.path not in PATHS:

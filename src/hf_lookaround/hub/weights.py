@@ -1,8 +1,9 @@
 """Check a checkpoint before anything loads or pushes it: its weights files are present, listed in the index and
 valid safetensors (:func:`check_weights`); it is a checkpoint of the kind the command reads (text or vision,
 :func:`checkpoint_kind`); its tensors are the ones its config.json describes, with the same shapes
-(:func:`check_tensors`); and they hold no NaN or infinity (:func:`check_finite`). :func:`check_local_checkpoint`
-runs them all; ``load.load_checkpoint`` is the one loader the commands use.
+(:func:`check_tensors`); and they hold no NaN or infinity (``check_finite``: the one ``from_pretrained`` itself runs,
+from ``models/lookaround/loading_lookaround.py``). :func:`check_local_checkpoint` runs them all;
+``load.load_checkpoint`` is the one loader the commands use.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import logging
 import os
 from pathlib import Path
 
+# check_finite is the bundle's (from_pretrained runs it); load.py takes it from here
+from ..models.lookaround.loading_lookaround import INCOMPLETE_WEIGHTS, check_finite, listed  # noqa: F401
 from .files import read_json, unfinished_run
 
 logger = logging.getLogger(__name__)
@@ -76,11 +79,6 @@ READ_BY = {"text": "hf-lookaround generate, perplexity, probe or glue",
            "vision": "hf-lookaround vision sample --model DIR"}
 
 
-def _listed(names, limit: int = 4) -> str:
-    names = list(names)
-    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
-
-
 def checkpoint_kind(folder) -> str:
     """``"text"`` or ``"vision"`` for a LookAround checkpoint, ``"other"`` for a model of another type. A
     config.json that names LookAround classes under another model_type (an edited config) is refused: neither
@@ -96,7 +94,7 @@ def checkpoint_kind(folder) -> str:
     ours = [a for a in config.get("architectures") or [] if str(a).startswith("LookAround")]
     if ours or "plan_params" in config:
         raise ValueError(f"{folder} is not an hf_lookaround checkpoint as saved: its config.json has model_type "
-                         f"{model_type!r} but LookAround fields ({_listed(ours) or 'plan_params'}); restore the "
+                         f"{model_type!r} but LookAround fields ({listed(ours) or 'plan_params'}); restore the "
                          "config.json saved with the weights (model_type 'lookaround' or 'lookaround_vit')")
     return "other"
 
@@ -142,11 +140,11 @@ def _tensor_problems(cls, config, stored: dict) -> tuple[int, list[str]]:
                for k in stored if k in expected and stored[k] != expected[k]]
     problems = []
     if missing:
-        problems.append(f"{len(missing)} tensor(s) missing ({_listed(missing)})")
+        problems.append(f"{len(missing)} tensor(s) missing ({listed(missing)})")
     if unexpected:
-        problems.append(f"{len(unexpected)} unexpected tensor(s) ({_listed(unexpected)})")
+        problems.append(f"{len(unexpected)} unexpected tensor(s) ({listed(unexpected)})")
     if changed:
-        problems.append(f"{len(changed)} tensor(s) of another shape: {_listed(changed, 2)}")
+        problems.append(f"{len(changed)} tensor(s) of another shape: {listed(changed, 2)}")
     return len(missing) + len(unexpected) + len(changed), problems
 
 
@@ -186,25 +184,14 @@ def check_tensors(folder, files) -> None:
     if any(count == 0 for _, (count, _) in found):
         return
     cls, (_, problems) = min(found, key=lambda pair: pair[1][0])  # the head that matches best
-    hint = "The weights file is incomplete or of another model: save the model again, or use an intact checkpoint"
+    hint = INCOMPLETE_WEIGHTS
     if any("another shape" in p for p in problems):
         saved = read_json(folder / "config.json") or {}
         absent = [k for k in type(config)().to_diff_dict() if k not in saved and k != "transformers_version"]
-        removed = f" (config.json lacks {_listed(absent)}: removed fields take their defaults)" if absent else ""
+        removed = f" (config.json lacks {listed(absent)}: removed fields take their defaults)" if absent else ""
         hint = f"Its config.json and the weights do not belong together{removed}; restore the config.json saved with them"
     raise ValueError(f"the weights in {folder} do not match its config.json ({cls.__name__}): "
                      f"{'; '.join(problems)}. {hint}")
-
-
-def check_finite(named_tensors, where: str) -> None:
-    """Refuse weights that hold NaN or infinity (a diverged run, a damaged file): every floating tensor once."""
-    import torch
-
-    bad = [name for name, t in named_tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
-        raise ValueError(f"the weights of {where} hold NaN or infinite values in {len(bad)} tensor(s) "
-                         f"({_listed(bad)}): the training diverged or the file is damaged; use an earlier "
-                         "checkpoint (checkpoint-N) or train again (a lower --learning_rate)")
 
 
 def stored_tensors(files):

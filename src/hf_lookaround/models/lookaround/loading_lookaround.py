@@ -78,9 +78,27 @@ def check_weights_files(folder) -> None:
                                  "intact checkpoint")
 
 
-def _listed(names, limit: int = 4) -> str:
+# what to do about weights that leave tensors out (here, and hub/weights.check_tensors before a load)
+INCOMPLETE_WEIGHTS = ("The weights file is incomplete or of another model: save the model again, or use an intact "
+                      "checkpoint")
+
+
+def listed(names, limit: int = 4) -> str:
+    """The first ``limit`` of ``names``, and how many there are in all: a one-line error names a few."""
     names = list(names)
     return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def check_finite(named_tensors, where) -> None:
+    """Refuse weights that hold NaN or infinity (a diverged run, a damaged file): every floating tensor once
+    (a meta tensor holds no values). ``from_pretrained`` calls it through :func:`check_loaded`; the package's
+    commands also on the tensors of a file (``hub/weights``)."""
+    bad = [name for name, t in named_tensors
+           if t.is_floating_point() and t.device.type != "meta" and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"the weights of {where} hold NaN or infinite values in {len(bad)} tensor(s) "
+                         f"({listed(bad)}): the training diverged or the file is damaged; use an earlier "
+                         "checkpoint (checkpoint-N) or train again (a lower --learning_rate)")
 
 
 def check_loaded(model, source, missing_keys) -> None:
@@ -94,11 +112,6 @@ def check_loaded(model, source, missing_keys) -> None:
     backbone = sorted(k for k in missing_keys or () if k.startswith(prefix) or model.base_model is model)
     if backbone:
         raise ValueError(f"the weights of {source} lack {len(backbone)} tensor(s) of the backbone "
-                         f"({_listed(backbone)}): from_pretrained would re-initialise them at random. The weights "
-                         "file is incomplete or of another model: save the model again, or use an intact checkpoint")
-    bad = [name for name, t in model.named_parameters()
-           if t.is_floating_point() and t.device.type != "meta" and not bool(torch.isfinite(t).all())]
-    if bad:
-        raise ValueError(f"the weights of {source} hold NaN or infinite values in {len(bad)} tensor(s) "
-                         f"({_listed(bad)}): the training diverged or the file is damaged; use an earlier "
-                         "checkpoint (checkpoint-N) or train again (a lower --learning_rate)")
+                         f"({listed(backbone)}): from_pretrained would re-initialise them at random. "
+                         f"{INCOMPLETE_WEIGHTS}")
+    check_finite(model.named_parameters(), source)

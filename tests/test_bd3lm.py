@@ -93,7 +93,7 @@ def test_flags_the_table_and_a_mixture():
     assert args.plan_params() == {"noise_schedule": "linear", "eps": 1e-3, "low_discrepancy": True,
                                   "diffusion_block": 16, "noise_clip": [0.3, 0.8]}
     for bad, flag in (({"diffusion_block": 0}, "--diffusion_block"), ({"noise_clip": [0.8, 0.3]}, "--noise_clip"),
-                      ({"masked_form": "single_stream"}, "--masked_form")):
+                      ({"masked_form": "one_stream"}, "--masked_form")):
         with pytest.raises(ValueError, match=flag):
             ObjectiveArguments(objective="bd3lm", **bad)
     assert {"bd3lm-4", "bd3lm-16"} <= set(objectives.presets())

@@ -53,11 +53,12 @@ from .checks_lookaround import (
     check_masked_lm_query_inputs,
     check_next_token_view_inputs,
     check_pretraining_inputs,
+    check_block_diffusion_layout,
     check_single_stream_head_inputs,
 )
 # generate(..., group_size=t): semi-AR group decoding; the next-token view of dar's one-stream form
 from .loading_lookaround import check_loaded, check_weights_files
-from .decoding_lookaround import is_one_stream_group_model
+from .decoding_lookaround import is_block_diffusion_model, is_one_stream_group_model
 from .features_lookaround import reads_query_stream, token_states
 from .generation_lookaround import GroupDecodingMixin
 from .inputs_lookaround import PreparedInputs
@@ -67,8 +68,9 @@ from .masking_lookaround import (
     FLEX_ATTENTION_MIN_KEYS,
     NO_TARGET_RANK,
     AttentionPlan,
+    STATIC_PLANS,
     PreparedAttention,
-    block_causal_masks,
+    block_diffusion_plan,
     build_prepared_attention,
     cache_lengths,
     create_plan_mask,
@@ -77,6 +79,7 @@ from .masking_lookaround import (
     mixed_row_masks,
     register_auto_attention,
     resolve_attention_implementation,
+    static_masks,
 )
 
 
@@ -544,7 +547,8 @@ class LookAroundModel(LookAroundPreTrainedModel):
         static_group_size = self._static_group_size(rows, unpadded)
         masks = create_plan_mask(rows.plan, self.config._attn_implementation, inputs_embeds.dtype, seq_len,
                                  plain_causal=unpadded and rows.pattern == "causal", query_rows_alone=query_rows_alone,
-                                 prepared=prepared.attention, static_group_size=static_group_size, row_kind=row_kind)
+                                 prepared=prepared.attention, static_group_size=static_group_size, row_kind=row_kind,
+                                 static_pattern=rows.pattern)
 
         hidden = inputs_embeds
         if rows.two_stream:  # the query stream starts from a learned vector
@@ -585,7 +589,8 @@ class LookAroundModel(LookAroundPreTrainedModel):
 
     def _static_group_size(self, rows, unpadded: bool) -> int | None:
         """The group size of a block-causal forward whose masks are the same for every batch (no padding, no cache)."""
-        return self.config.attention_group_size if unpadded and rows.pattern == "block_causal" else None
+        static = rows.pattern in STATIC_PLANS
+        return self.config.attention_group_size if unpadded and static else None
 
     def embed(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.FloatTensor | None) -> torch.Tensor:
         """The content stream's input: token embeddings (or the given ones)."""
@@ -627,7 +632,7 @@ class LookAroundModel(LookAroundPreTrainedModel):
         if row_kind is not None:  # a one-stream mixture: each row's mask selected by its kind
             return mixed_row_masks(row_kind, static, seq_len, self.config._attn_implementation, dtype)
         if static is not None:  # the same masks as forward's: built once per shape
-            return block_causal_masks(static, seq_len, self.config._attn_implementation, dtype, inputs.device)
+            return static_masks(rows.pattern, static, seq_len, self.config._attn_implementation, dtype, inputs.device)
         return build_prepared_attention(rows.plan, self.config._attn_implementation, dtype, seq_len,
                                         with_query_rows=not content_output and rows.two_stream and rows.num_query > 0)
 
@@ -643,14 +648,19 @@ class LookAroundModel(LookAroundPreTrainedModel):
         key_valid = self._key_valid(attention_mask, batch, past_len, seq_len, key_len, device)
         # a materialised (B, T) index, not a stride-0 expand: it feeds gathers, cat and the position embedding
         content_index = (past_len + torch.arange(seq_len, device=device)).repeat(batch, 1)  # among the keys
-        if position_ids is None:
-            position_ids = content_index
+        pattern = attention_pattern or self.config.default_attention
+        block_diffusion = group_ids is None and pattern == "block_diffusion"
+        if position_ids is None:  # BD3-LM's x_t ⊕ x_0: both copies of token i have position i
+            position_ids = content_index % (seq_len // 2) if block_diffusion else content_index
         elif position_ids.shape != (batch, seq_len):
             position_ids = position_ids.expand(batch, seq_len)
         position_ids = position_ids.to(device)
 
-        pattern = attention_pattern or self.config.default_attention
-        if group_ids is not None:
+        key_is_noised = None
+        if block_diffusion:  # no cache (check_backbone_inputs): the layout's ranks and its noised half
+            layout = block_diffusion_plan(self.config.attention_group_size, seq_len, device, key_valid)
+            key_rank, key_is_noised = layout.key_rank, layout.key_is_noised
+        elif group_ids is not None:
             key_rank = self._plan_key_ranks(group_ids, batch, past_len, seq_len, key_len, device)
         elif pattern == "causal":
             key_rank = torch.arange(key_len, device=device).expand(batch, key_len)
@@ -677,9 +687,11 @@ class LookAroundModel(LookAroundPreTrainedModel):
         row_is_query = torch.arange(seq_len + num_query, device=device) >= seq_len
         plan = AttentionPlan(
             query_rank=row_rank,
-            query_is_strict=row_is_query.repeat(batch, 1),
+            # the x_t rows of BD3-LM's layout are strict: they see the clean keys of earlier blocks only
+            query_is_strict=row_is_query.repeat(batch, 1) if key_is_noised is None else key_is_noised,
             key_rank=key_rank,
             key_valid=key_valid,
+            key_is_noised=key_is_noised,
         )
         return _Rows(plan, row_positions, target_positions, two_stream, num_query, pattern, key_len)
 
@@ -933,11 +945,17 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput:
         check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels)
+        block_diffusion = is_block_diffusion_model(self.config)
+        if block_diffusion:
+            check_block_diffusion_layout(PreparedInputs.take(None, dict(kwargs)))
         common = dict(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
             **kwargs,
         )
-        if self.predicts_with_query_stream:
+        if block_diffusion:  # BD3-LM's x_t ⊕ x_0: logits at every row, the loss at the masked x_t rows (labels)
+            outputs = self.model(**common, attention_pattern="block_diffusion")
+            logits = self.lm_head(outputs.last_hidden_state)
+        elif self.predicts_with_query_stream:
             is_target = self._positions_to_predict(input_ids, attention_mask, labels)
             targets = positions_of(is_target)
             outputs = self.model(**common, group_ids=self._masked_plan_ranks(input_ids, attention_mask, is_target),

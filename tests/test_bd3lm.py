@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
+import transformers
 
 import hf_lookaround as H
 from hf_lookaround import objectives
@@ -125,3 +126,111 @@ def test_pretrain_bd3lm_through_the_cli(bbc_text_dir, tokenizer_dir, tmp_path):
     assert config["objective"] == "bd3lm" and config["plan_params"]["diffusion_block"] == 8
     assert config["diffusion_block_size"] == 8  # what diffusion decoding reads, recorded from the objective's Params
     assert "block diffusion" in (out / "README.md").read_text()
+
+
+# ----------------------------------------------------------------------------------------------
+# The one-stream form: BD3-LM's vectorised x_t ⊕ x_0 layout (--masked_form single_stream)
+# ----------------------------------------------------------------------------------------------
+def one_stream_model(tiny_model, b, impl="eager", seed=0):
+    return tiny_model(H.LookAroundForMaskedLM, impl, seed, default_attention="block_diffusion",
+                      attention_group_size=b, prediction_stream="content", objective="bd3lm", mask_token_id=3,
+                      bos_token_id=BOS, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def one_stream_batch(lengths, b, seed=0, form="single_stream"):
+    features = [{"input_ids": [BOS] + [5 + (7 * i + n) % (VOCAB - 5) for i in range(n - 1)]} for n in lengths]
+    return objectives.make_collator("bd3lm", ToyTokenizer(VOCAB), seed=seed, diffusion_block=b, form=form)(features)
+
+
+def block_of(position, b):
+    """The block of a text position in the one-stream layout, from the paper's definition: BOS alone, then b."""
+    return 0 if position == 0 else 1 + (position - 1) // b
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("lengths", [[13, 13], [13, 9]])  # unpadded (the static mask), padded (built per batch)
+def test_a_masked_token_reads_its_noised_block_and_the_clean_blocks_before_it(tiny_model, leak_audit, impl, lengths):
+    b = 4
+    batch = one_stream_batch(lengths, b, seed=2)
+    assert ("attention_mask" in batch) == (len(set(lengths)) > 1)  # only a padded batch carries one
+    model = one_stream_model(tiny_model, b, impl)
+    embeds = model.get_input_embeddings()(batch["input_ids"]).detach().requires_grad_(True)
+    logits = model(inputs_embeds=embeds, attention_mask=batch.get("attention_mask"), one_stream_layout=True).logits
+    width = batch["input_ids"].shape[1]
+    T = width // 2
+    rows, cols = (batch["labels"] != -100).nonzero(as_tuple=True)
+    assert len(rows) > 3 and (cols < T).all()  # the targets: masked x_t rows only
+    losses = torch.nn.functional.cross_entropy(logits[rows, cols], batch["labels"][rows, cols], reduction="none")
+    reach = leak_audit.reach(losses, embeds)  # (targets, B, 2T)
+    may_read = torch.zeros_like(reach, dtype=torch.bool)
+    for i, (row, p) in enumerate(zip(rows.tolist(), cols.tolist())):
+        for q in range(lengths[row]):  # never a padded slot
+            may_read[i, row, q] = block_of(q, b) == block_of(p, b)  # its own noised block
+            may_read[i, row, T + q] = block_of(q, b) < block_of(p, b)  # the clean blocks before it
+    leak_audit.assert_reads_only(reach, may_read, what="masked target")
+    # the clean half of its own block is never read, while its noised block always is (the [MASK] inputs too)
+    for i, (row, p) in enumerate(zip(rows.tolist(), cols.tolist())):
+        assert reach[i, row, p] > 0 and reach[i, row, T + p] == 0
+
+
+def test_the_mask_rule_is_one_for_every_kernel_and_flex_gives_the_same_forward(tiny_model):
+    from torch.nn.attention.flex_attention import create_mask
+
+    from hf_lookaround.models.lookaround import masking_lookaround as masking
+
+    b, T = 3, 11
+    plan = masking.block_diffusion_plan(b, 2 * T, "cpu")
+    dense = plan.dense()[0, 0]
+    expected = torch.zeros(2 * T, 2 * T, dtype=torch.bool)  # M_BD, M_OBC, M_BC (BD3-LM Eq. 8), by hand
+    for i in range(2 * T):
+        for j in range(2 * T):
+            bi, bj = block_of(i % T, b), block_of(j % T, b)
+            if i < T:
+                expected[i, j] = bi == bj if j < T else bj < bi
+            else:
+                expected[i, j] = j >= T and bj <= bi
+    assert torch.equal(dense, expected)
+    # the BlockMask's mask_mod is the same rule (FlexAttention has no backward on CPU: its forward is compared)
+    block_mask = plan.block_mask()
+    assert torch.equal(create_mask(block_mask.mask_mod, 1, 1, 2 * T, 2 * T, device="cpu")[0, 0], expected)
+    # built once per (length, block size, device): a second batch of the same shape reuses the very same masks
+    first = masking.static_masks("block_diffusion", b, 2 * T, "flex_attention", torch.float32, "cpu")
+    assert masking.static_masks("block_diffusion", b, 2 * T, "flex_attention", torch.float32, "cpu") is first
+    batch = one_stream_batch([T] * 2, b, seed=4)
+    with torch.no_grad():
+        logits = {impl: one_stream_model(tiny_model, b, impl)(**batch, one_stream_layout=True).logits
+                  for impl in ("eager", "sdpa", "flex_attention")}
+    torch.testing.assert_close(logits["sdpa"], logits["eager"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits["flex_attention"], logits["eager"], atol=1e-5, rtol=1e-5)
+
+
+def test_the_one_stream_loss_is_the_two_stream_definition_block_by_block(tiny_model):
+    """Same seed, same plan: the one-stream batch holds the two-stream batch's targets and weights, and its loss equals
+    an independent reference that runs each block on its own: the clean prefix into a cache (block-causal ranks),
+    then the noised block on top of it (bidirectional within the block)."""
+    b, lengths = 4, [14, 14, 14]
+    one = one_stream_batch(lengths, b, seed=6)
+    two = one_stream_batch(lengths, b, seed=6, form="two_stream")
+    T = two["input_ids"].shape[1]
+    assert torch.equal(one["labels"][:, :T], two["labels"]) and (one["labels"][:, T:] == -100).all()
+    assert torch.equal(one["loss_weights"][:, :T], two["loss_weights"])
+    assert torch.equal(one["input_ids"][:, T:], two["input_ids"])
+    assert torch.equal(one["input_ids"][:, :T], torch.where(two["labels"] != -100, 3, two["input_ids"]))
+    model = one_stream_model(tiny_model, b)
+    with torch.no_grad():
+        loss = model(**one, one_stream_layout=True).loss
+        total = torch.zeros(())
+        clean, noised = two["input_ids"], one["input_ids"][:, :T]
+        rank = torch.tensor([0] + [1 + 2 * ((p - 1) // b) for p in range(1, T)]).expand(len(lengths), T)
+        for start in range(1, T, b):
+            end = min(start + b, T)
+            cache = transformers.DynamicCache(config=model.config)
+            model.model(input_ids=clean[:, :start], group_ids=rank[:, :start], use_cache=True,
+                        past_key_values=cache)
+            out = model.model(input_ids=noised[:, start:end], group_ids=rank[:, :end], use_cache=True,
+                              past_key_values=cache, position_ids=torch.arange(start, end).expand(len(lengths), -1))
+            logits = model.lm_head(out.last_hidden_state)
+            labels = two["labels"][:, start:end]
+            ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction="none")
+            total += (ce * two["loss_weights"][:, start:end] * (labels != -100)).sum()
+    assert loss.item() == pytest.approx(float(total / (two["labels"] != -100).sum()), rel=1e-5)

@@ -234,3 +234,48 @@ def test_the_one_stream_loss_is_the_two_stream_definition_block_by_block(tiny_mo
             ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction="none")
             total += (ce * two["loss_weights"][:, start:end] * (labels != -100)).sum()
     assert loss.item() == pytest.approx(float(total / (two["labels"] != -100).sum()), rel=1e-5)
+
+
+def test_the_one_stream_form_trains_saves_reloads_and_decodes(bbc_text_dir, tokenizer_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+    out = tmp_path / "bd3lm-1s"
+    code = cli_main([
+        "pretrain", "--objective", "bd3lm", "--diffusion_block", "4", "--masked_form", "single_stream",
+        "--train_files", str(bbc_text_dir / "train.jsonl.gz"), "--tokenizer_name", str(tokenizer_dir), "--preset",
+        "tiny", "--config_overrides", TINY, "--block_size", "32", "--validation_split_percentage", "0",
+        "--output_dir", str(out), "--per_device_train_batch_size", "4", "--max_steps", "3", "--max_train_samples",
+        "8", "--do_train", "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true", "--save_strategy",
+        "no", "--logging_steps", "1",
+    ])
+    assert code == 0
+    losses = [h["loss"] for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h]
+    assert len(losses) == 3 and np.isfinite(losses).all()
+    config = json.loads((out / "config.json").read_text())
+    assert (config["default_attention"], config["attention_group_size"], config["prediction_stream"]) == \
+        ("block_diffusion", 4, "content")
+    assert config["diffusion_block_size"] == 4
+    # the masked LM reloads through the Auto classes and gives the loss it trained with on a collated batch
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    masked = AutoModelForMaskedLM.from_pretrained(out).eval()
+    assert type(masked).__name__ == "LookAroundForMaskedLM"
+    ids = tokenizer("The company said on Monday that profits rose.")["input_ids"]
+    batch = objectives.make_collator("bd3lm", tokenizer, seed=0, diffusion_block=4, form="single_stream")(
+        [{"input_ids": [tokenizer.bos_token_id] + ids}] * 2)
+    with torch.no_grad():
+        assert torch.isfinite(masked(**batch, one_stream_layout=True).loss)
+    with pytest.raises(ValueError, match="one_stream_layout=True"):  # plain [MASK] inputs are not its layout
+        masked(**{k: v for k, v in batch.items()})
+    # generate(diffusion_threshold=...) decodes it block by block, with a cache and without (the same tokens)
+    causal = AutoModelForCausalLM.from_pretrained(out).eval()
+    prompt = tokenizer(["The company said", "Profits rose"], return_tensors="pt", padding=True, padding_side="left")
+    kwargs = dict(max_new_tokens=10, do_sample=False, return_dict_in_generate=True, eos_token_id=None,
+                  pad_token_id=tokenizer.pad_token_id)
+    cached = causal.generate(**prompt, diffusion_threshold=0.5, **kwargs)
+    uncached = causal.generate(**prompt, diffusion_threshold=0.5, use_cache=False, **kwargs)
+    assert cached.sequences.shape == (2, prompt["input_ids"].shape[1] + 10)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    new = cached.sequences[:, prompt["input_ids"].shape[1]:]
+    assert not (new == tokenizer.mask_token_id).any() and cached.num_forwards >= 3  # 3 blocks of 4: one or more each
+    with pytest.raises(ValueError, match="no causal LM view"):
+        causal(**prompt)

@@ -61,7 +61,7 @@ from ..data.text import (
     rank_local_prepare,
     split_for_rank,
 )
-from ..decoding import is_one_stream_group_model
+from ..decoding import is_block_diffusion_model, is_one_stream_group_model
 from . import checkpointing
 from ..hub.files import load_json_file
 from .divergence import FiniteTrainingGuard
@@ -546,9 +546,10 @@ class LookAroundTrainer(Trainer):
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
-        if is_one_stream_group_model(getattr(inner, "config", None)):
-            # dar's one-stream batches are laid out by the collator; without the flag the causal LM would read them
-            # as plain token ids (its next-token view)
+        config = getattr(inner, "config", None)
+        if is_one_stream_group_model(config) or is_block_diffusion_model(config):
+            # dar's and bd3lm's one-stream batches are laid out by the collator; without the flag the causal LM would
+            # read them as plain token ids (its next-token view), and bd3lm's masked LM refuses them
             inputs = {**inputs, "one_stream_layout": True}
         # under --torch_compile the attention masks (a FlexAttention BlockMask above all) are built here, once per
         # batch (a block-causal one once per run) and outside the compiled graph, which cannot build a BlockMask

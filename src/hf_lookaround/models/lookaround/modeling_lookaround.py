@@ -1062,6 +1062,10 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         One of three modes runs, by what the checkpoint predicts with (see the class): the query stream
         (:meth:`_query_stream_logits`), the next-token view of dar's one-stream form on plain token ids
         (:meth:`_next_token_view_logits`), or the content stream (:meth:`_content_stream_logits`)."""
+        if is_block_diffusion_model(self.config):
+            raise ValueError("this checkpoint is BD3-LM's one-stream form (x_t ⊕ x_0): it has no causal LM view; "
+                             "decode it with generate(diffusion_threshold=...), score it with `hf-lookaround "
+                             "perplexity --protocol elbo`, or load it with AutoModelForMaskedLM")
         prepared = PreparedInputs.take(prepared, kwargs)
         check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels, prepared.row_kind)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

@@ -132,9 +132,12 @@ def test_pretrain_bd3lm_through_the_cli(bbc_text_dir, tokenizer_dir, tmp_path):
 # The one-stream form: BD3-LM's vectorised x_t ⊕ x_0 layout (--masked_form single_stream)
 # ----------------------------------------------------------------------------------------------
 def one_stream_model(tiny_model, b, impl="eager", seed=0):
-    return tiny_model(H.LookAroundForMaskedLM, impl, seed, default_attention="block_diffusion",
-                      attention_group_size=b, prediction_stream="content", objective="bd3lm", mask_token_id=3,
-                      bos_token_id=BOS, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    """The masked LM of the one-stream form, its config fields as pretraining records them from the Params."""
+    fields = bd3lm.Params(diffusion_block=b, masked_form="single_stream").config_fields()
+    assert (fields["default_attention"], fields["attention_group_size"]) == ("block_diffusion", b)
+    return tiny_model(H.LookAroundForMaskedLM, impl, seed, prediction_stream="content", objective="bd3lm",
+                      mask_token_id=3, bos_token_id=BOS, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                      plan_params={"diffusion_block": b}, **fields)
 
 
 def one_stream_batch(lengths, b, seed=0, form="single_stream"):
@@ -279,3 +282,34 @@ def test_the_one_stream_form_trains_saves_reloads_and_decodes(bbc_text_dir, toke
     assert not (new == tokenizer.mask_token_id).any() and cached.num_forwards >= 3  # 3 blocks of 4: one or more each
     with pytest.raises(ValueError, match="no causal LM view"):
         causal(**prompt)
+
+
+@pytest.mark.parametrize("threshold", [0.05, 1.5])
+def test_one_stream_decoding_gives_the_tokens_of_the_training_layout(tiny_model, threshold):
+    """The decoder (cache, noised rows in place of query rows) against greedy decoding written from the training
+    forward alone: each step the whole x_t ⊕ x_0 layout through the masked LM, the prompt ending on a block edge."""
+    b, new = 4, 8
+    causal = one_stream_model(tiny_model, b, seed=3)
+    config = causal.config
+    causal = H.LookAroundForCausalLM(config).eval()
+    causal.load_state_dict(one_stream_model(tiny_model, b, seed=3).state_dict())
+    masked = one_stream_model(tiny_model, b, seed=3)
+    prompt = [BOS] + [7 + 3 * i for i in range(2 * b)]  # BOS and two whole blocks
+    P = len(prompt)
+    ids, committed = prompt + [3] * new, [True] * P + [False] * new
+    with torch.no_grad():
+        for start in range(P, P + new, b):
+            while not all(committed[start:start + b]):
+                noised = [t if c else 3 for t, c in zip(ids, committed)]
+                logits = masked(input_ids=torch.tensor([noised + ids]), one_stream_layout=True).logits[0]
+                logits = logits[start:start + b].float()
+                logits[:, 3] = float("-inf")
+                confidence, tokens = logits.softmax(-1).max(-1)
+                confidence = torch.where(torch.tensor(committed[start:start + b]), -1.0, confidence)
+                best = int(confidence.argmax())
+                for slot in range(b):
+                    if not committed[start + slot] and (confidence[slot] >= threshold or slot == best):
+                        ids[start + slot], committed[start + slot] = int(tokens[slot]), True
+        decoded = causal.generate(torch.tensor([prompt]), max_new_tokens=new, diffusion_threshold=threshold,
+                                  eos_token_id=None, pad_token_id=0, do_sample=False)
+    assert decoded.tolist() == [ids]

@@ -282,6 +282,12 @@ def test_the_one_stream_form_trains_saves_reloads_and_decodes(bbc_text_dir, toke
     assert not (new == tokenizer.mask_token_id).any() and cached.num_forwards >= 3  # 3 blocks of 4: one or more each
     with pytest.raises(ValueError, match="no causal LM view"):
         causal(**prompt)
+    # perplexity --protocol elbo scores it (through AutoModelForMaskedLM, the x_t ⊕ x_0 layout)
+    assert cli_main(["perplexity", "--model_name_or_path", str(out), "--dataset", str(bbc_text_dir), "--protocol",
+                     "elbo", "--max_length", "32", "--max_documents", "2", "--num_samples", "2", "--output_dir",
+                     str(tmp_path / "elbo"), "--device", "cpu"]) == 0
+    report = json.loads((tmp_path / "elbo" / "perplexity.json").read_text())
+    assert report["protocol"] == "elbo" and np.isfinite(report["nll_per_token"]) and report["standard_error"] > 0
 
 
 @pytest.mark.parametrize("threshold", [0.05, 1.5])
@@ -313,3 +319,35 @@ def test_one_stream_decoding_gives_the_tokens_of_the_training_layout(tiny_model,
         decoded = causal.generate(torch.tensor([prompt]), max_new_tokens=new, diffusion_threshold=threshold,
                                   eos_token_id=None, pad_token_id=0, do_sample=False)
     assert decoded.tolist() == [ids]
+
+
+def test_the_one_stream_elbo_matches_the_exact_enumeration(tiny_model):
+    """``perplexity --protocol elbo``'s Monte-Carlo estimate on the one-stream form (masks built from the drawn plan's
+    blocks) against the exact negative ELBO from the training layout's forward: every mask of every block, its
+    [MASK] inputs in x_t, weighted by the mask's probability under the block's time."""
+    import itertools
+
+    from hf_lookaround.evaluation.perplexity import elbo_window_nlls
+    from test_elbo import EPS, weight_integral
+
+    b = 3
+    model = one_stream_model(tiny_model, b, seed=1)
+    model.config.plan_params = {"diffusion_block": b, "noise_schedule": "linear", "eps": EPS}
+    ids = [BOS, 17, 5, 42, 9, 33, 21]
+    n = len(ids) - 1
+    exact = 0.0
+    with torch.no_grad():
+        for start in range(1, n + 1, b):
+            members = list(range(start, min(start + b, n + 1)))
+            for k in range(1, len(members) + 1):
+                for masked in itertools.combinations(members, k):
+                    noised = [3 if i in masked else t for i, t in enumerate(ids)]
+                    logits = model(input_ids=torch.tensor([noised + ids]), one_stream_layout=True).logits[0]
+                    nll = -torch.log_softmax(logits[list(masked)], -1)[torch.arange(k), [ids[i] for i in masked]]
+                    exact += float(nll.sum()) * weight_integral(k, len(members))
+        exact /= n
+        totals = elbo_window_nlls(model, [ids] * 300, 1, 4, torch.Generator().manual_seed(0), 0, mask_id=3)
+    samples = totals.reshape(-1) / n
+    estimate, error = samples.mean(), samples.std(ddof=1) / np.sqrt(samples.size)
+    assert abs(estimate - exact) < 4 * error, (estimate, exact, error)
+    assert error < 0.05 * exact

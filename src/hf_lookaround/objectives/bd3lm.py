@@ -126,11 +126,11 @@ class Params(DiffusionParams):
                 "attention_group_size": int(self.diffusion_block)}
 
 
-def one_stream_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, plan: Plan, tokenizer) -> dict:
+def one_stream_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, plan: Plan, mask_token_id: int) -> dict:
     """The one-stream batch of a plan: ``x_t ⊕ x_0`` (B, 2T), the labels at the masked ``x_t`` rows and their weights
     (the clean half predicts nothing), and the doubled ``attention_mask`` only where a row is padded (without padding
     the mask is the same for every batch)."""
-    noised = mask_form(input_ids, plan.is_target, tokenizer)  # [MASK] at the masked tokens
+    noised = mask_form(input_ids, plan.is_target, mask_token_id)  # [MASK] at the masked tokens
     nothing = torch.full_like(input_ids, -100)
     batch = {"input_ids": torch.cat([noised, input_ids], 1),
              "labels": torch.cat([torch.where(plan.is_target, input_ids, -100), nothing], 1),
@@ -174,7 +174,7 @@ class BlockDiffusionCollator(PlanCollator):
             raise ValueError("bd3lm's single-stream form cuts blocks after a BOS at the start of every row (its mask "
                              "is built once per length): pack blocks with BOS (hf-lookaround pretrain does) or use "
                              "form='two_stream'")
-        return one_stream_layout(input_ids, attention_mask, plan, self.tokenizer)
+        return one_stream_layout(input_ids, attention_mask, plan, int(self.tokenizer.mask_token_id))
 
 
 OBJECTIVE = Objective(

@@ -367,22 +367,27 @@ def block_diffusion_ranks(position, block_size: int):
     return torch.where(position < 1, 0, 1 + 2 * torch.div(position - 1, block_size, rounding_mode="floor"))
 
 
-def block_diffusion_plan(block_size: int, width: int, device, key_valid: torch.Tensor | None = None) -> AttentionPlan:
+def block_diffusion_layout(rank: torch.Tensor, key_valid: torch.Tensor) -> AttentionPlan:
     """BD3-LM's vectorised one-stream layout ``x_t ⊕ x_0`` (width ``2T``: the noised sequence, then the clean one;
-    both copies of token ``i`` have position ``i``). Every row and key takes its block's rank; the ``x_t`` rows are
+    both copies of token ``i`` have position ``i``) from the clean block rank of each text position, ``rank``
+    (B, T), and the valid keys ``key_valid`` (B, 2T). Every row and key takes its block's rank; the ``x_t`` rows are
     strict and the ``x_t`` keys noised, so :func:`may_attend` lets a noised block see itself and the clean blocks
-    before it, and the clean half see itself block-causally. ``key_valid`` (B, 2T): padding (default: none, batch 1)."""
+    before it, and the clean half see itself block-causally."""
+    ranks = torch.cat([rank, rank], 1)
+    noised = torch.cat([torch.ones_like(rank, dtype=torch.bool), torch.zeros_like(rank, dtype=torch.bool)], 1)
+    return AttentionPlan(query_rank=ranks, query_is_strict=noised, key_rank=ranks, key_valid=key_valid.bool(),
+                         key_is_noised=noised)
+
+
+def block_diffusion_plan(block_size: int, width: int, device, key_valid: torch.Tensor | None = None) -> AttentionPlan:
+    """:func:`block_diffusion_layout` of rows that start with BOS, in blocks of ``block_size`` after it
+    (:func:`block_diffusion_ranks`), ``width = 2T``; ``key_valid`` (B, 2T): padding (default: none, batch 1)."""
     if width % 2:
         raise ValueError(f"BD3-LM's one-stream layout x_t ⊕ x_0 has an even width (twice the sequence), got {width}")
-    index = torch.arange(width, device=device)
-    noised = (index < width // 2)[None]
-    rank = block_diffusion_ranks(index % (width // 2), block_size)[None]
+    rank = block_diffusion_ranks(torch.arange(width // 2, device=device), block_size)[None]
     if key_valid is None:
-        key_valid = torch.ones_like(noised)
-    batch = key_valid.shape[0]
-    rank, noised = rank.expand(batch, width), noised.expand(batch, width)
-    return AttentionPlan(query_rank=rank, query_is_strict=noised, key_rank=rank, key_valid=key_valid.bool(),
-                         key_is_noised=noised)
+        key_valid = torch.ones(1, width, dtype=torch.bool, device=device)
+    return block_diffusion_layout(rank.expand(key_valid.shape[0], -1), key_valid)
 
 
 STATIC_PLANS = {"block_causal": block_causal_plan, "block_diffusion": block_diffusion_plan}

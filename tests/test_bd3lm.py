@@ -351,3 +351,14 @@ def test_the_one_stream_elbo_matches_the_exact_enumeration(tiny_model):
     estimate, error = samples.mean(), samples.std(ddof=1) / np.sqrt(samples.size)
     assert abs(estimate - exact) < 4 * error, (estimate, exact, error)
     assert error < 0.05 * exact
+
+
+@pytest.mark.parametrize("check", ["test_keys_shapes_and_labels_where_the_plan_has_targets",
+                                   "test_no_target_sees_itself", "test_a_seed_gives_one_batch",
+                                   "test_max_targets_bounds_the_targets"])
+def test_the_one_stream_form_passes_the_collator_battery(check):
+    """The shared battery (test_objective_collators.py) on the one-stream form, which no preset of the table names
+    (as mdlm's); its leak audit is the gradient test above (a single-stream form carries no plan ranks)."""
+    import test_objective_collators as battery
+
+    getattr(battery, check)("bd3lm", {"diffusion_block": 4, "masked_form": "single_stream"})

@@ -258,6 +258,7 @@ def test_the_one_stream_form_trains_saves_reloads_and_decodes(bbc_text_dir, toke
     assert (config["default_attention"], config["attention_group_size"], config["prediction_stream"]) == \
         ("block_diffusion", 4, "content")
     assert config["diffusion_block_size"] == 4
+    assert "BD3-LM's x_t ⊕ x_0" in (out / "README.md").read_text()  # the card says which form it is
     # the masked LM reloads through the Auto classes and gives the loss it trained with on a collated batch
     tokenizer = AutoTokenizer.from_pretrained(out)
     masked = AutoModelForMaskedLM.from_pretrained(out).eval()

@@ -246,12 +246,14 @@ def test_the_one_stream_form_trains_saves_reloads_and_decodes(bbc_text_dir, toke
     code = cli_main([
         "pretrain", "--objective", "bd3lm", "--diffusion_block", "4", "--masked_form", "single_stream",
         "--train_files", str(bbc_text_dir / "train.jsonl.gz"), "--tokenizer_name", str(tokenizer_dir), "--preset",
-        "tiny", "--config_overrides", TINY, "--block_size", "32", "--validation_split_percentage", "0",
+        "tiny", "--config_overrides", TINY, "--block_size", "32", "--validation_split_percentage", "10",
         "--output_dir", str(out), "--per_device_train_batch_size", "4", "--max_steps", "3", "--max_train_samples",
-        "8", "--do_train", "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true", "--save_strategy",
-        "no", "--logging_steps", "1",
+        "8", "--max_eval_samples", "4", "--perplexity_max_tokens", "64", "--do_train", "--do_eval", "--report_to",
+        "none", "--disable_tqdm", "true", "--use_cpu", "true", "--save_strategy", "no", "--logging_steps", "1",
     ])
     assert code == 0
+    evaluated = json.loads((out / "eval_results.json").read_text())  # the held-out score: its ELBO, a bound
+    assert np.isfinite(evaluated["eval_loss"]) and np.isfinite(evaluated["eval_elbo_perplexity"])
     losses = [h["loss"] for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h]
     assert len(losses) == 3 and np.isfinite(losses).all()
     config = json.loads((out / "config.json").read_text())

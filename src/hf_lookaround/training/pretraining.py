@@ -1016,6 +1016,17 @@ def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments
             texts = cut_to_tokens(texts, tokenizer, max_tokens)
             logger.info("end-of-run perplexity: %d of %d validation document(s), at most %d tokens (%s; "
                         "--perplexity_max_tokens sets it)", len(texts), total, max_tokens, why)
+    if is_block_diffusion_model(model.config):  # bd3lm's x_t ⊕ x_0 has no prefix view: its bound, the ELBO
+        from ..evaluation.perplexity import elbo_perplexity
+
+        was_training = model.training
+        model.eval()
+        try:
+            result = elbo_perplexity(model, tokenizer, texts, max_length=block_size, stride=max(1, block_size // 2),
+                                     batch_size=batch_size)
+        finally:
+            model.train(was_training)
+        return {"eval_elbo_perplexity": result.perplexity, "eval_bits_per_byte": result.bits_per_byte}
     if causal:  # GPT, or dar's one-stream form (t forwards)
         result = ar_perplexity(model, tokenizer, texts, max_length=block_size, stride=max(1, block_size // 2),
                                batch_size=batch_size)

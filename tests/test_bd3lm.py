@@ -365,3 +365,22 @@ def test_the_one_stream_form_passes_the_collator_battery(check):
     import test_objective_collators as battery
 
     getattr(battery, check)("bd3lm", {"diffusion_block": 4, "masked_form": "single_stream"})
+
+
+def test_prepared_masks_are_the_static_ones_and_give_the_same_forward(tiny_model):
+    """Under --torch_compile the Trainer builds the masks outside the graph (model.prepare_attention): for the
+    one-stream form, the masks built once per shape, which a forward then reads as they are."""
+    from hf_lookaround.models.lookaround import masking_lookaround as masking
+
+    b = 4
+    model = one_stream_model(tiny_model, b, "sdpa")
+    batch = one_stream_batch([13, 13], b, seed=5)
+    prepared = model.prepare_attention(**batch)
+    assert prepared is masking.static_masks("block_diffusion", b, 26, "sdpa", torch.float32, "cpu")
+    with torch.no_grad():
+        plain = model(**batch, one_stream_layout=True)
+        given = model(**batch, one_stream_layout=True, prepared_attention=prepared)
+    torch.testing.assert_close(given.logits, plain.logits)
+    torch.testing.assert_close(given.loss, plain.loss)
+    padded = one_stream_batch([13, 9], b, seed=5)  # padding: masks of this batch, from the same rule
+    assert model.prepare_attention(**padded).mask.shape == (2, 1, 26, 26)

@@ -554,7 +554,7 @@ class LookAroundTrainer(Trainer):
         # under --torch_compile the attention masks (a FlexAttention BlockMask above all) are built here, once per
         # batch (a block-causal one once per run) and outside the compiled graph, which cannot build a BlockMask
         if self.args.torch_compile and "prepared_attention" not in inputs:
-            block_causal = getattr(inner.config, "default_attention", None) == "block_causal"
+            block_causal = getattr(inner.config, "default_attention", None) in ("block_causal", "block_diffusion")
             if ("group_ids" in inputs or block_causal) and hasattr(inner, "prepare_attention"):
                 inputs = {**inputs, "prepared_attention": inner.prepare_attention(**inputs)}
         return super().compute_loss(model, inputs, *args, **kwargs)

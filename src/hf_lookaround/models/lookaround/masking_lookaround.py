@@ -141,7 +141,7 @@ class AttentionPlan:
         k_noised = None if self.key_is_noised is None else self.key_is_noised.int()
 
         batch, rows = q_rank.shape
-        # a plan of batch 1 serves every sequence of a batch (block_causal_masks): the BlockMask broadcasts (B=None),
+        # a plan of batch 1 serves every sequence of a batch (static_masks): the BlockMask broadcasts (B=None),
         # and its mask_mod, which the kernel calls with each sequence's index, reads row 0
         broadcast = batch == 1
 
@@ -411,13 +411,6 @@ def static_masks(pattern: str, group_size: int, length: int, implementation: str
     return _STATIC_MASKS[key]
 
 
-def block_causal_masks(group_size: int, length: int, implementation: str, dtype: torch.dtype,
-                       device) -> PreparedAttention:
-    """The masks of a block-causal forward over ``length`` tokens without padding or cache (dar's one-stream form in
-    training), built once per shape (:func:`static_masks`)."""
-    return static_masks("block_causal", group_size, length, implementation, dtype, device)
-
-
 # ----------------------------------------------------------------------------------------------
 # The one-stream mixture: dar's one-stream rows (block-causal) and BERT's [MASK] rows (bidirectional) in one batch.
 # ----------------------------------------------------------------------------------------------
@@ -470,7 +463,7 @@ _FAMILY_BLOCK_MASKS: dict[tuple, tuple] = {}
 
 
 def family_block_masks(group_size: int, width: int, device) -> tuple:
-    """One BlockMask per row kind (batch 1): built once per shape, as :func:`block_causal_masks` is."""
+    """One BlockMask per row kind (batch 1): built once per shape, as :func:`static_masks` are."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     key = (group_size, width, str(device))
@@ -522,7 +515,7 @@ def check_row_kind(row_kind: torch.Tensor, batch: int) -> None:
 def mixed_row_masks(row_kind: torch.Tensor, group_size: int, width: int, implementation: str,
                     dtype: torch.dtype) -> PreparedAttention:
     """The masks of a one-stream mixture batch (no padding, no cache): a BlockMask assembled from the two family masks
-    on the GPU (FlexAttention, and ``lookaround_auto`` on CUDA as for :func:`block_causal_masks`), a dense mask from
+    on the GPU (FlexAttention, and ``lookaround_auto`` on CUDA as for :func:`static_masks`), a dense mask from
     the same ranks otherwise (SDPA, eager)."""
     check_row_kind(row_kind, row_kind.shape[0])
     kernel = resolve_attention_implementation(implementation, width, row_kind.device, built_once=True)

@@ -50,10 +50,10 @@ from .configuration_lookaround import (GLU_ACTIVATIONS, LEGACY_QUERY_STREAM_OBJE
                                      with_prediction_stream)
 from .checks_lookaround import (
     check_backbone_inputs,
+    check_block_diffusion_layout,
     check_masked_lm_query_inputs,
     check_next_token_view_inputs,
     check_pretraining_inputs,
-    check_block_diffusion_layout,
     check_single_stream_head_inputs,
 )
 # generate(..., group_size=t): semi-AR group decoding; the next-token view of dar's one-stream form
@@ -67,8 +67,8 @@ from .masking_lookaround import (
     AUTO_ATTENTION,
     FLEX_ATTENTION_MIN_KEYS,
     NO_TARGET_RANK,
-    AttentionPlan,
     STATIC_PLANS,
+    AttentionPlan,
     PreparedAttention,
     block_diffusion_plan,
     build_prepared_attention,
@@ -588,9 +588,9 @@ class LookAroundModel(LookAroundPreTrainedModel):
                      for name in ("output_hidden_states", "output_attentions"))
 
     def _static_group_size(self, rows, unpadded: bool) -> int | None:
-        """The group size of a block-causal forward whose masks are the same for every batch (no padding, no cache)."""
-        static = rows.pattern in STATIC_PLANS
-        return self.config.attention_group_size if unpadded and static else None
+        """The group (or block) size of a block-causal or block-diffusion forward whose masks are the same for every
+        batch (no padding, no cache): built once per shape (`STATIC_PLANS`)."""
+        return self.config.attention_group_size if unpadded and rows.pattern in STATIC_PLANS else None
 
     def embed(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.FloatTensor | None) -> torch.Tensor:
         """The content stream's input: token embeddings (or the given ones)."""

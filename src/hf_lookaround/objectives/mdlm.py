@@ -137,7 +137,8 @@ def check_mask_token(tokenizer, form: str, objective: str) -> None:
 class DiffusionParams(ObjectiveParams):
     """The flags of the diffusion objectives (mdlm, bd3lm)."""
 
-    masked_form: str = flag(TWO_STREAM, help="mlm/vmlm/span/mdlm/bd3lm: two_stream or single_stream ([MASK])")
+    masked_form: str = flag(TWO_STREAM, help="mlm/vmlm/span/mdlm/bd3lm: two_stream or single_stream ([MASK]; bd3lm: "
+                                             "BD3-LM's x_t ⊕ x_0 layout)")
     noise_schedule: str = flag("linear", help=f"mdlm/bd3lm: the noise schedule, one of {tuple(NOISE_SCHEDULES)} "
                                               "(linear: mask with probability t, weight 1/t)")
     diffusion_eps: float = flag(DEFAULT_EPS, help="mdlm/bd3lm: the least time t (t ~ U(eps, 1]; MDLM: 1e-3)")

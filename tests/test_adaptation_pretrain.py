@@ -22,6 +22,7 @@ OBJECTIVES = {
     "dar_two_stream": ["--objective", "dar", "--group_size", "2"],
     "vmlm_one_stream": ["--objective", "vmlm", "--masked_form", "single_stream"],
     "ar_one_stream": ["--objective", "ar", "--ar_form", "single_stream"],
+    "bd3lm_one_stream": ["--objective", "bd3lm", "--diffusion_block", "4", "--masked_form", "single_stream"],
 }
 ISSUE_OBJECTIVES = ("dar_one_stream", "vmlm", "mixture_one_stream")  # the issue's: from a Llama and a Qwen2
 
@@ -81,6 +82,23 @@ def test_pretrain_init_from_a_causal_lm(sources, tmp_path, family, objective):
     assert config["source_model_type"] == family and config["objective"] == objective.split("_")[0]
     assert (out / "init_from" / "config.json").is_file() and changed(out)
     check_decodes_and_infills(out, objective)
+
+
+@pytest.mark.parametrize("family", list(SOURCES))
+def test_bd3lm_one_stream_starts_from_a_causal_lm_and_decodes_blocks(sources, tmp_path, family):
+    """BD3-LM's x_t ⊕ x_0 form (issue 40) adapts a causal LM: the masked LM trains, the causal class decodes blocks."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "bd3lm"
+    assert pretrain(sources, out, family, "bd3lm_one_stream") == 0 and changed(out)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["source_model_type"], config["default_attention"], config["attention_group_size"]) == \
+        (family, "block_diffusion", 4)
+    tok = AutoTokenizer.from_pretrained(out)
+    ids = tok(tok.bos_token + " w1 w2 w3", return_tensors="pt", add_special_tokens=False).input_ids
+    generated = AutoModelForCausalLM.from_pretrained(out).eval().generate(
+        ids, max_new_tokens=8, do_sample=False, diffusion_threshold=0.9, eos_token_id=None)
+    assert generated.shape == (1, ids.shape[1] + 8) and not (generated == tok.mask_token_id).any()
 
 
 def test_pretrain_with_lora_saves_a_merged_checkpoint(sources, tmp_path):

@@ -40,7 +40,11 @@ def check_loss_weights(batch, plan):
         return
     weights, labelled = batch[WEIGHTED], batch["labels"] != -100
     assert weights.shape == batch["labels"].shape and weights.is_floating_point()
-    assert torch.equal(weights, plan.loss_weights) and (weights[labelled] > 0).all() and (weights[~labelled] == 0).all()
+    if weights.shape == plan.loss_weights.shape:
+        assert torch.equal(weights, plan.loss_weights)
+    else:  # a one-stream layout (bd3lm's x_t ⊕ x_0) moves the labels: the weights go with them, in order
+        assert torch.equal(weights[labelled], plan.loss_weights[plan.is_target])
+    assert (weights[labelled] > 0).all() and (weights[~labelled] == 0).all()
 
 
 def cases():

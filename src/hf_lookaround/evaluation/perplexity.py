@@ -39,8 +39,9 @@ import numpy as np
 import torch
 
 from .. import objectives
-from ..decoding import is_one_stream_group_model
-from ..models.lookaround.masking_lookaround import infilling_ranks
+from ..decoding import is_block_diffusion_model, is_one_stream_group_model
+from ..models.lookaround.masking_lookaround import block_diffusion_layout, build_prepared_attention, infilling_ranks
+from ..objectives.bd3lm import one_stream_layout
 
 logger = logging.getLogger(__name__)
 
@@ -645,6 +646,16 @@ def elbo_plan_nlls(model, ids: torch.Tensor, attention: torch.Tensor, plan, num_
                        group_ids=plan.group_ids.to(device), target_positions=slots.to(device)).logits
         nll = _nll(logits, ids.gather(1, slots.clamp(min=0)).to(device)).double().cpu()
         nll = torch.where(slots >= 0, nll * weights.gather(1, slots.clamp(min=0)), 0.0)
+    elif is_block_diffusion_model(model.config):  # bd3lm's one-stream form: x_t ⊕ x_0, blocks after the condition
+        batch = one_stream_layout(ids, attention, plan, mask_id)
+        clean_rank = plan.group_ids - plan.is_target.long()  # the plan's blocks, whatever the condition's length
+        layout = block_diffusion_layout(clean_rank.to(device), torch.cat([attention, attention], 1).to(device))
+        masks = build_prepared_attention(layout, model.config._attn_implementation, model.dtype, layout.key_rank.shape[1],
+                                         with_query_rows=False)
+        positions = torch.arange(ids.shape[1], device=device).repeat(ids.shape[0], 2)
+        logits = model(input_ids=batch["input_ids"].to(device), position_ids=positions, prepared_attention=masks,
+                       one_stream_layout=True).logits[:, : ids.shape[1]]
+        nll = torch.where(plan.is_target, _nll(logits, ids.to(device)).double().cpu() * weights, 0.0)
     else:
         inputs = torch.where(plan.is_target, mask_id, ids)
         logits = model(input_ids=inputs.to(device), attention_mask=attention.to(device)).logits

@@ -105,6 +105,13 @@ def checkpoint_form(config: dict) -> dict:
                        f"decodes {per_forward} (`group_size` may only be its t); the plain forward lays the input "
                        f"out {t} times and gives next-token logits, so the causal LM loss and lm-evaluation-harness "
                        "read it as any causal LM."}
+    if attention == "block_diffusion":
+        return {"tag": "one-stream", "one_stream": True,
+                "name": f"one-stream block diffusion text model (BD3-LM's x_t ⊕ x_0, blocks of {t})",
+                "how": f"This checkpoint was trained one-stream in BD3-LM's vectorised form ({block}): the input is "
+                       "the noised sequence then the clean one; a noised block sees itself and the clean blocks "
+                       "before it. `generate(diffusion_threshold=...)` decodes it block by block; `hf-lookaround "
+                       "perplexity --protocol elbo` scores it. It has no causal LM view."}
     if attention == "causal":
         return {"tag": "one-stream", "one_stream": True, "name": "one-stream causal text model (GPT-style)",
                 "how": f"This checkpoint was trained one-stream ({fields}): `generate()` and the causal LM loss run "

@@ -12,7 +12,19 @@ ELBO per token, which for ``b`` = the sequence length is MDLM's and for ``b = 1`
 
 BD3-LM's clipped schedule (``--noise_clip beta omega``) draws training times from ``U[max(eps, beta), omega]``
 instead of ``(eps, 1]``, a lower-variance estimator that is no longer the ELBO; the ELBO protocol always draws
-from ``(eps, 1]``. Form: two-stream (the paper's vectorised ``x_t ⊕ x_0`` one-stream layout is not offered yet).
+from ``(eps, 1]``.
+
+Two forms draw the same plan, weights and loss:
+
+- ``two_stream``: the content stream is the clean text, the query stream predicts the masked tokens.
+- ``single_stream`` (``--masked_form single_stream``): the paper's vectorised layout ``x_t ⊕ x_0``, one row per
+  token of each: the noised sequence (masked tokens become ``[MASK]``) then the clean one, both copies of token
+  ``i`` at position ``i``. A noised block sees itself (bidirectionally) and the clean blocks before it, the clean
+  half sees itself block-causally (``masking_lookaround.block_diffusion_plan``; ``default_attention =
+  "block_diffusion"``), so a masked token reads exactly what its two-stream query row reads, the ``[MASK]`` inputs
+  of its own block aside. The loss is at the masked ``x_t`` rows, with the plan's weights. The mask depends on the
+  length alone (every row starts with BOS, no padding): built once per shape, a static BlockMask under
+  FlexAttention. ``LookAroundForMaskedLM`` trains it (``one_stream_layout=True``).
 """
 
 from dataclasses import dataclass
@@ -22,9 +34,10 @@ import torch
 
 from ..data.collators import PlanCollator
 from ..plans import Plan
-from .base import MASKED, SINGLE_STREAM, Objective, flag
+from .base import MASKED, MASKED_HEAD, SINGLE_STREAM, TWO_STREAM, Objective, check_form, flag
 from .mdlm import (
-    DEFAULT_EPS, NOISE_SCHEDULES, DiffusionParams, check_diffusion, diffusion_draw, diffusion_plan, draw_times,
+    DEFAULT_EPS, NOISE_SCHEDULES, DiffusionParams, check_diffusion, check_mask_token, diffusion_draw, diffusion_plan,
+    draw_times, mask_form,
 )
 
 
@@ -93,9 +106,6 @@ class Params(DiffusionParams):
     def __post_init__(self):
         super().__post_init__()
         check_block(self.diffusion_block, self.noise_clip, prefix="--")
-        if self.masked_form == SINGLE_STREAM:
-            raise ValueError("--masked_form single_stream is not offered for bd3lm yet (BD3-LM's x_t ⊕ x_0 layout); "
-                             "train it two-stream (drop --masked_form)")
 
     @classmethod
     def from_spec(cls, arg: str) -> "Params":
@@ -106,28 +116,65 @@ class Params(DiffusionParams):
                 "noise_clip": [float(x) for x in self.noise_clip]}
 
     def collator_params(self) -> dict:
-        return self.plan_params()
+        return {**self.plan_params(), "form": self.masked_form}
+
+    def config_fields(self) -> dict:
+        if self.masked_form != SINGLE_STREAM:
+            return super().config_fields()
+        # the x_t ⊕ x_0 layout's mask: blocks of b after BOS (masking_lookaround.block_diffusion_plan)
+        return {**super().config_fields(), "default_attention": "block_diffusion",
+                "attention_group_size": int(self.diffusion_block)}
+
+
+def one_stream_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, plan: Plan, mask_token_id: int) -> dict:
+    """The one-stream batch of a plan: ``x_t ⊕ x_0`` (B, 2T), the labels at the masked ``x_t`` rows and their weights
+    (the clean half predicts nothing), and the doubled ``attention_mask`` only where a row is padded (without padding
+    the mask is the same for every batch)."""
+    noised = mask_form(input_ids, plan.is_target, mask_token_id)  # [MASK] at the masked tokens
+    nothing = torch.full_like(input_ids, -100)
+    batch = {"input_ids": torch.cat([noised, input_ids], 1),
+             "labels": torch.cat([torch.where(plan.is_target, input_ids, -100), nothing], 1),
+             "loss_weights": torch.cat([plan.loss_weights, torch.zeros_like(plan.loss_weights)], 1)}
+    if not bool(attention_mask.all()):
+        batch["attention_mask"] = torch.cat([attention_mask, attention_mask], 1)
+    return batch
 
 
 @dataclass
 class BlockDiffusionCollator(PlanCollator):
-    """BD3-LM's batches in the two-stream form (inputs unchanged, the plan's ranks, ``loss_weights``)."""
+    """BD3-LM's batches: ``form="two_stream"`` (inputs unchanged, the plan's ranks, for ``LookAroundForPreTraining``)
+    or ``"single_stream"`` (:func:`one_stream_layout`, for ``LookAroundForMaskedLM`` with
+    ``default_attention="block_diffusion"``; every row must start with BOS); both carry ``loss_weights``."""
 
     diffusion_block: int = 4
     noise_schedule: str = "linear"
     eps: float = DEFAULT_EPS
     low_discrepancy: bool = True
     noise_clip: tuple[float, float] = (0.0, 1.0)
+    form: str = TWO_STREAM
     objective = "bd3lm"
     plan_function = staticmethod(plan)
 
     def __post_init__(self):
         check_diffusion(self.noise_schedule, self.eps, self.low_discrepancy)
         self.diffusion_block, self.noise_clip = check_block(self.diffusion_block, self.noise_clip)
+        check_form("form", self.form)
+        check_mask_token(self.tokenizer, self.form, self.objective)
 
     def plan_params(self):
         return {"diffusion_block": self.diffusion_block, "noise_schedule": self.noise_schedule, "eps": float(self.eps),
                 "low_discrepancy": self.low_discrepancy, "noise_clip": tuple(self.noise_clip)}
+
+    def _finish(self, input_ids, attention_mask, plan, generator):
+        if self.form == TWO_STREAM:
+            return super()._finish(input_ids, attention_mask, plan, generator)
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        real = attention_mask.sum(1) > 0
+        if bos is None or bool((input_ids[real, 0] != bos).any()):
+            raise ValueError("bd3lm's single-stream form cuts blocks after a BOS at the start of every row (its mask "
+                             "is built once per length): pack blocks with BOS (hf-lookaround pretrain does) or use "
+                             "form='two_stream'")
+        return one_stream_layout(input_ids, attention_mask, plan, int(self.tokenizer.mask_token_id))
 
 
 OBJECTIVE = Objective(
@@ -143,5 +190,6 @@ OBJECTIVE = Objective(
     collator=BlockDiffusionCollator,
     presets={"bd3lm-4": ("block diffusion (BD3-LM), b = 4", {"diffusion_block": 4}),
              "bd3lm-16": ("block diffusion (BD3-LM), b = 16", {"diffusion_block": 16})},
+    single_stream_head=MASKED_HEAD,
     elbo_plan=elbo_plan,
 )

@@ -120,9 +120,9 @@ def _plan(lengths, seq_len, noise_schedule, eps, low_discrepancy, num_condition_
     return diffusion_plan(ranks, candidates, chosen, weights, per_row)
 
 
-def mask_form(input_ids: torch.Tensor, is_target: torch.Tensor, tokenizer) -> torch.Tensor:
+def mask_form(input_ids: torch.Tensor, is_target: torch.Tensor, mask_token_id: int) -> torch.Tensor:
     """The absorbing state: every masked token becomes ``[MASK]`` (no random or kept tokens, unlike BERT's)."""
-    return torch.where(is_target, int(tokenizer.mask_token_id), input_ids)
+    return torch.where(is_target, int(mask_token_id), input_ids)
 
 
 def check_mask_token(tokenizer, form: str, objective: str) -> None:
@@ -137,7 +137,8 @@ def check_mask_token(tokenizer, form: str, objective: str) -> None:
 class DiffusionParams(ObjectiveParams):
     """The flags of the diffusion objectives (mdlm, bd3lm)."""
 
-    masked_form: str = flag(TWO_STREAM, help="mlm/vmlm/span/mdlm/bd3lm: two_stream or single_stream ([MASK])")
+    masked_form: str = flag(TWO_STREAM, help="mlm/vmlm/span/mdlm/bd3lm: two_stream or single_stream ([MASK]; bd3lm: "
+                                             "BD3-LM's x_t ⊕ x_0 layout)")
     noise_schedule: str = flag("linear", help=f"mdlm/bd3lm: the noise schedule, one of {tuple(NOISE_SCHEDULES)} "
                                               "(linear: mask with probability t, weight 1/t)")
     diffusion_eps: float = flag(DEFAULT_EPS, help="mdlm/bd3lm: the least time t (t ~ U(eps, 1]; MDLM: 1e-3)")
@@ -197,7 +198,7 @@ class MaskedDiffusionCollator(PlanCollator):
     def _finish(self, input_ids, attention_mask, plan, generator):
         if self.form == TWO_STREAM:
             return super()._finish(input_ids, attention_mask, plan, generator)
-        return {"input_ids": mask_form(input_ids, plan.is_target, self.tokenizer), "attention_mask": attention_mask,
+        return {"input_ids": mask_form(input_ids, plan.is_target, self.tokenizer.mask_token_id), "attention_mask": attention_mask,
                 "labels": torch.where(plan.is_target, input_ids, -100), "loss_weights": plan.loss_weights}
 
 

@@ -61,7 +61,7 @@ from ..data.text import (
     rank_local_prepare,
     split_for_rank,
 )
-from ..decoding import is_one_stream_group_model
+from ..decoding import is_block_diffusion_model, is_one_stream_group_model
 from . import checkpointing
 from ..hub.files import load_json_file
 from .divergence import FiniteTrainingGuard
@@ -582,14 +582,15 @@ class LookAroundTrainer(Trainer):
     def compute_loss(self, model, inputs, *args, **kwargs):
         inputs = self.with_attention_annealing(model, inputs)
         inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
-        if is_one_stream_group_model(getattr(inner, "config", None)):
-            # dar's one-stream batches are laid out by the collator; without the flag the causal LM would read them
-            # as plain token ids (its next-token view)
+        config = getattr(inner, "config", None)
+        if is_one_stream_group_model(config) or is_block_diffusion_model(config):
+            # dar's and bd3lm's one-stream batches are laid out by the collator; without the flag the causal LM would
+            # read them as plain token ids (its next-token view), and bd3lm's masked LM refuses them
             inputs = {**inputs, "one_stream_layout": True}
         # under --torch_compile the attention masks (a FlexAttention BlockMask above all) are built here, once per
         # batch (a block-causal one once per run) and outside the compiled graph, which cannot build a BlockMask
         if self.args.torch_compile and "prepared_attention" not in inputs:
-            block_causal = getattr(inner.config, "default_attention", None) == "block_causal"
+            block_causal = getattr(inner.config, "default_attention", None) in ("block_causal", "block_diffusion")
             if ("group_ids" in inputs or block_causal) and hasattr(inner, "prepare_attention"):
                 inputs = {**inputs, "prepared_attention": inner.prepare_attention(**inputs)}
         return super().compute_loss(model, inputs, *args, **kwargs)
@@ -1090,6 +1091,17 @@ def final_perplexity(model, tokenizer, texts, objective_args: ObjectiveArguments
             texts = cut_to_tokens(texts, tokenizer, max_tokens)
             logger.info("end-of-run perplexity: %d of %d validation document(s), at most %d tokens (%s; "
                         "--perplexity_max_tokens sets it)", len(texts), total, max_tokens, why)
+    if is_block_diffusion_model(model.config):  # bd3lm's x_t ⊕ x_0 has no prefix view: its bound, the ELBO
+        from ..evaluation.perplexity import elbo_perplexity
+
+        was_training = model.training
+        model.eval()
+        try:
+            result = elbo_perplexity(model, tokenizer, texts, max_length=block_size, stride=max(1, block_size // 2),
+                                     batch_size=batch_size)
+        finally:
+            model.train(was_training)
+        return {"eval_elbo_perplexity": result.perplexity, "eval_bits_per_byte": result.bits_per_byte}
     if causal:  # GPT, or dar's one-stream form (t forwards)
         result = ar_perplexity(model, tokenizer, texts, max_length=block_size, stride=max(1, block_size // 2),
                                batch_size=batch_size)

@@ -37,16 +37,23 @@ def check_backbone_inputs(config, *, input_ids, inputs_embeds, attention_mask, g
         raise ValueError("pass either target_positions or query_position_ids/query_group_ids, not both")
     if group_ids is None and target_positions is not None:
         raise ValueError("target_positions select query-stream rows and need group_ids (a plan)")
-    check_total_length(past_len, seq_len, config.max_position_embeddings)
+    pattern = attention_pattern or config.default_attention
+    if group_ids is None and pattern == "block_diffusion":
+        if seq_len % 2 or key_len != seq_len:
+            raise ValueError(f"the block_diffusion pattern reads BD3-LM's one-stream layout x_t ⊕ x_0 (the noised "
+                             f"sequence, then the clean one, each T tokens) without a cache: got {seq_len} tokens "
+                             f"and {int(past_len)} cached; decode with generate(diffusion_threshold=...)")
+        check_total_length(past_len, seq_len // 2, config.max_position_embeddings)  # both copies share positions
+    else:
+        check_total_length(past_len, seq_len, config.max_position_embeddings)
     if attention_mask is not None:
         check_key_width(attention_mask, batch, past_len, seq_len, key_len, lambda: (
             f"attention_mask must have shape ({batch}, {int(past_len) + seq_len}) (past + current tokens), "
             f"got {tuple(attention_mask.shape)}"))
     if position_ids is not None and position_ids.shape != (batch, seq_len) and position_ids.shape[-1] != seq_len:
         raise ValueError(f"position_ids must have shape ({batch}, {seq_len})")
-    pattern = attention_pattern or config.default_attention
     if group_ids is None and pattern not in ATTENTION_PATTERNS:
-        raise ValueError(f"attention_pattern must be 'causal', 'bidirectional' or 'block_causal', got {pattern!r}")
+        raise ValueError(f"attention_pattern must be one of {ATTENTION_PATTERNS}, got {pattern!r}")
     if group_ids is not None:
         expected = seq_len if isinstance(past_len, int) and past_len == 0 else f"past_len + {seq_len}"
         check_key_width(group_ids, batch, past_len, seq_len, key_len, lambda: (
@@ -416,3 +423,13 @@ def check_pixel_decoder_is_set(pixel_decoder: torch.Tensor) -> None:
             "model.set_visual_codebook(codebook, pixel_decoder=hf_lookaround.visual_tokenizer.fit_pixel_decoder("
             "images, codebook, patch_size))"
         )
+
+
+def check_block_diffusion_layout(prepared) -> None:
+    """BD3-LM's one-stream checkpoints read ``x_t ⊕ x_0`` (the collator's batches, ``one_stream_layout=True``), not
+    plain ``[MASK]`` inputs."""
+    if not prepared.one_stream_layout:
+        raise ValueError("this checkpoint is BD3-LM's one-stream form: its input is the noised sequence then the clean "
+                         "one (x_t ⊕ x_0, as objectives/bd3lm.py's collator lays it out), passed with "
+                         "one_stream_layout=True; decode it with generate(diffusion_threshold=...) or score it with "
+                         "`hf-lookaround perplexity --protocol elbo`")

@@ -11,7 +11,7 @@ NORM_POSITIONS = ("pre", "post")
 GLU_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu"}
 PLAIN_ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")
 POSITION_EMBEDDING_TYPES = ("rope", "absolute")
-ATTENTION_PATTERNS = ("causal", "bidirectional", "block_causal")
+ATTENTION_PATTERNS = ("causal", "bidirectional", "block_causal", "block_diffusion")
 POOLINGS = ("cls", "mean", "last")
 # RoPE variants whose frequencies do not depend on the sequence length (transformers' ROPE_INIT_FUNCTIONS computes them)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -89,7 +89,11 @@ class LookAroundConfig(PreTrainedConfig):
             `"block_causal"`: a token sees the tokens of its own group and of every earlier group, groups being
             `attention_group_size` consecutive tokens (dar's one-stream form, after SAT: the row of a token
             predicts the token `attention_group_size` places ahead, in the next group).
-        attention_group_size (`int`): the group size of the `"block_causal"` pattern (1 is causal).
+            `"block_diffusion"`: BD3-LM's one-stream form, inputs laid out as `x_t ⊕ x_0` (the noised sequence, then
+            the clean one) in blocks of `attention_group_size` after BOS: a noised block sees itself and the clean
+            blocks before it, the clean half is block-causal (`masking_lookaround.block_diffusion_plan`).
+        attention_group_size (`int`): the group size of the `"block_causal"` pattern (1 is causal), the block size
+            of `"block_diffusion"`.
         classifier_pooling (`"cls"`, `"mean"` or `"last"`): how the sequence classifier pools tokens.
         classifier_dropout (`float`, optional): dropout before the classifier (defaults to `hidden_dropout_prob`).
         classifier_features (`"content_last_layer"` or `"prediction_state"`): the token states the sequence

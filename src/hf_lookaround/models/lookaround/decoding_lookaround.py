@@ -181,6 +181,12 @@ def is_one_stream_group_model(config) -> bool:
         getattr(config, "default_attention", None) == "block_causal"
 
 
+def is_block_diffusion_model(config) -> bool:
+    """BD3-LM's one-stream form: the content stream reads ``x_t ⊕ x_0`` (``default_attention="block_diffusion"``)."""
+    return getattr(config, "prediction_stream", None) == "content" and \
+        getattr(config, "default_attention", None) == "block_diffusion"
+
+
 # ----------------------------------------------------------------------------------------------
 # The edges every decoder shares: process and pick, when to stop, what to return
 # ----------------------------------------------------------------------------------------------

@@ -18,6 +18,12 @@ padding (never attended, never predicted) and it costs no further commits. The m
 With ``cache_implementation="static"`` the cache has a slot per column and each step after the prompt's is one
 compiled graph of fixed shapes (the bundle's ``_decoding_step``: the forward and the LM head; two shapes, the first
 step of a block, which re-writes the finished block's rows, and the others); picking and committing run eager.
+
+A ``bd3lm`` checkpoint of the one-stream form (``x_t ⊕ x_0``, ``default_attention="block_diffusion"``) decodes as
+BD3-LM does: the same ranks, with the block's noised rows (its committed tokens and ``[MASK]`` at the masked
+positions, all valid keys) in place of query rows; they see each other and the clean keys of lower rank
+(``masking_lookaround.may_attend`` with noised keys). The clean rows of a finished block run with the next block's
+first step and join the cache; the noised rows are dropped from it after each step. A dynamic cache only.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 
 from .decoding_lookaround import (
     DecodingStrategy,
+    is_block_diffusion_model,
     StopTracker,
     _decoding_step,
     _refuse_or_warn,
@@ -39,7 +46,8 @@ from .decoding_lookaround import (
     process_and_pick,
     reads_only_scores,
 )
-from .masking_lookaround import NO_TARGET_RANK
+from .inputs_lookaround import PreparedInputs
+from .masking_lookaround import NO_TARGET_RANK, AttentionPlan, build_prepared_attention
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +137,7 @@ class DiffusionDecoding(DecodingStrategy):
             _refuse_or_warn(f"diffusion decoding denoises blocks as mdlm / bd3lm pretraining does; this checkpoint was "
                             f"pretrained with the {objective!r} objective: use group decoding (group_size) or "
                             f"decoding=Infilling(...)", allow_untrained)
-        if getattr(config, "prediction_stream", None) == "content":
+        if getattr(config, "prediction_stream", None) == "content" and not is_block_diffusion_model(config):
             raise ValueError("diffusion decoding reads the query stream; this checkpoint was trained single-stream "
                              "([MASK] inputs): fill positions with decoding=Infilling(stream='content') instead")
         trained = diffusion_block_of(config)
@@ -190,6 +198,10 @@ class _DiffusionRun:
         self.open = torch.zeros_like(self.committed)
         self.open[:, self.prompt_len : self.total] = True
         self.static = options.static_cache
+        self.one_stream = is_block_diffusion_model(config)
+        if self.one_stream and self.static:
+            raise ValueError("a one-stream bd3lm checkpoint (x_t ⊕ x_0) decodes with a dynamic cache: drop "
+                             "cache_implementation='static'")
         if self.static:  # a slot per column; each step is one compiled graph of fixed shapes (_decoding_step)
             self.cache = _static_cache(model, self.batch, self.columns, input_ids.dtype)
             self.prefill, self.step = _decoding_step(model, options.compile_config)
@@ -215,6 +227,8 @@ class _DiffusionRun:
         valid keys), query rows at the block's columns (masked positions; the others predict nothing). The cache
         keeps the columns before the block (clean); the block's own are dropped. Float logits ``(B, w, V)``."""
         past = self.cached if self.cache is not None else 0
+        if self.one_stream:
+            return self._one_stream_forward(past, start, end)
         query_ranks = torch.where(self.open[:, start:end], self.ranks[:, start:end] + 1, NO_TARGET_RANK)
         self.forwards += 1
         if self.static:  # every key of the plan, one slot per column; the prompt's forward (its own width) eager
@@ -237,6 +251,30 @@ class _DiffusionRun:
                 self.cache.crop(-extra)
             self.cached = start
         return self.model.lm_head(out.query_hidden_state).float()
+
+    def _one_stream_forward(self, past: int, start: int, end: int) -> torch.Tensor:
+        """One forward of the one-stream form (module doc): clean rows for the columns ``past .. start`` (not cached
+        yet), then the block's noised rows; keys: the cache, then those rows. The clean rows join the cache."""
+        clean, noised = slice(past, start), slice(start, end)
+        valid = self.committed[:, :start]  # clean keys: the committed tokens (not the left padding)
+        block_keys = self.committed[:, noised] | self.open[:, noised]  # [MASK] inputs are keys too; EOS padding is not
+        rows = torch.cat([self.ranks[:, clean], self.ranks[:, noised]], 1)
+        is_noised = torch.cat([torch.zeros_like(valid[:, clean]), torch.ones_like(block_keys)], 1)
+        plan = AttentionPlan(query_rank=rows, query_is_strict=is_noised,
+                             key_rank=self.ranks[:, :end], key_valid=torch.cat([valid, block_keys], 1),
+                             key_is_noised=torch.cat([torch.zeros_like(valid), torch.ones_like(block_keys)], 1))
+        masks = build_prepared_attention(plan, self.model.config._attn_implementation, self.model.dtype,
+                                         rows.shape[1], with_query_rows=False)
+        self.forwards += 1
+        out = self.model.base_model(
+            input_ids=self.buffer[:, past:end], position_ids=self.positions[:, past:end],
+            attention_pattern="bidirectional", past_key_values=self.cache, use_cache=self.cache is not None,
+            prepared=PreparedInputs(attention=masks),
+        )
+        if self.cache is not None:  # keep the clean rows, drop the noised ones
+            self.cache.crop(start)
+            self.cached = start
+        return self.model.lm_head(out.last_hidden_state[:, start - past:]).float()
 
     def _commit(self, logits, start: int, end: int, step: int, real_width: int) -> None:
         """Pick a token at every masked position of the block, commit the most confident (threshold or schedule),

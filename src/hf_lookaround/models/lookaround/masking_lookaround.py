@@ -26,14 +26,22 @@ NO_TARGET_RANK = -1
 # ----------------------------------------------------------------------------------------------
 # The mask rule. This is the only place that says who may see whom.
 # ----------------------------------------------------------------------------------------------
-def may_attend(query_rank, key_rank, query_is_strict, key_valid):
+def may_attend(query_rank, key_rank, query_is_strict, key_valid, key_is_noised=None):
     """True where a row of rank ``query_rank`` may attend to a content key of rank ``key_rank``.
 
     Content rows (``query_is_strict`` False) see ranks ``<=`` their own; query-stream rows
     (``query_is_strict`` True) see ranks ``<`` their target's. Invalid (padding) keys are never seen.
     Element-wise, so it serves broadcast tensors and FlexAttention's ``mask_mod`` alike.
+
+    ``key_is_noised`` (BD3-LM's one-stream ``x_t ⊕ x_0`` layout, :func:`block_diffusion_plan`): the noised copy
+    ``x_t`` of a block is a key too. Its rows are strict (they see the clean keys of earlier blocks only, as a
+    query row does), and a noised key is seen by the noised rows of its own block alone (rank equal), never by a
+    clean row: block-diagonal within ``x_t``, offset block-causal from ``x_t`` to ``x_0``, block-causal in ``x_0``.
     """
-    return key_valid & ((key_rank < query_rank) | ((key_rank == query_rank) & ~query_is_strict))
+    seen = key_valid & ((key_rank < query_rank) | ((key_rank == query_rank) & ~query_is_strict))
+    if key_is_noised is None:
+        return seen
+    return torch.where(key_is_noised, key_valid & query_is_strict & (key_rank == query_rank), seen)
 
 
 def annealing_allows(row_position, key_position, key_revealed):
@@ -110,6 +118,7 @@ class AttentionPlan:
     query_is_strict: torch.Tensor  # (B, L) bool: True on query-stream rows
     key_rank: torch.Tensor  # (B, K) long
     key_valid: torch.Tensor  # (B, K) bool
+    key_is_noised: torch.Tensor | None = None  # (B, K) bool: BD3-LM's x_t keys (may_attend); None: no such keys
     # attention-mask annealing (:func:`annealing_allows`), all three or none: positions of rows and keys, and the
     # keys revealed to earlier rows
     row_position: torch.Tensor | None = None  # (B, L) long
@@ -123,8 +132,8 @@ class AttentionPlan:
     def rows(self, start: int) -> "AttentionPlan":
         """The same plan for rows ``start:`` only (e.g. the query stream, when the content stream's output is unread)."""
         row_position = None if self.row_position is None else self.row_position[:, start:]
-        return AttentionPlan(self.query_rank[:, start:], self.query_is_strict[:, start:], self.key_rank, self.key_valid,
-                             row_position, self.key_position, self.key_revealed)
+        return dataclasses.replace(self, query_rank=self.query_rank[:, start:],
+                                   query_is_strict=self.query_is_strict[:, start:], row_position=row_position)
 
     def annealed_as(self, other: "AttentionPlan") -> "AttentionPlan":
         """This plan with ``other``'s annealing (positions and revealed keys)."""
@@ -138,6 +147,7 @@ class AttentionPlan:
             self.key_rank[:, None, :],
             self.query_is_strict[:, :, None],
             self.key_valid[:, None, :],
+            None if self.key_is_noised is None else self.key_is_noised[:, None, :],
         )
         if self.annealed:
             allowed = allowed & annealing_allows(self.row_position[:, :, None], self.key_position[:, None, :],
@@ -146,7 +156,7 @@ class AttentionPlan:
 
     def row_sees_something(self) -> torch.Tensor:
         """(B, L) bool: a row sees at least one key iff it may attend to the lowest valid key rank."""
-        if self.annealed:  # annealing may hide that key: ask the mask itself (only while annealing)
+        if self.annealed or self.key_is_noised is not None:  # no single lowest key: ask the mask itself
             return self.dense()[:, 0].any(-1)
         big = torch.iinfo(self.key_rank.dtype).max
         lowest = torch.where(self.key_valid, self.key_rank, big).amin(-1, keepdim=True)
@@ -166,19 +176,22 @@ class AttentionPlan:
         # int32 everywhere: inductor's CPU code generation fails on bool/int64 loads inside mask_mod
         q_rank, k_rank = self.query_rank.int(), self.key_rank.int()
         strict, k_valid = self.query_is_strict.int(), self.key_valid.int()
+        k_noised = None if self.key_is_noised is None else self.key_is_noised.int()
 
         annealed = self.annealed
         if annealed:
             row_pos, key_pos, revealed = self.row_position.int(), self.key_position.int(), self.key_revealed.int()
 
         batch, rows = q_rank.shape
-        # a plan of batch 1 serves every sequence of a batch (block_causal_masks): the BlockMask broadcasts (B=None),
+        # a plan of batch 1 serves every sequence of a batch (static_masks): the BlockMask broadcasts (B=None),
         # and its mask_mod, which the kernel calls with each sequence's index, reads row 0
         broadcast = batch == 1
 
         def mask_mod(b, h, q_idx, kv_idx):
             b = 0 if broadcast else b
-            allowed = may_attend(q_rank[b, q_idx], k_rank[b, kv_idx], strict[b, q_idx] != 0, k_valid[b, kv_idx] != 0)
+            noised = None if k_noised is None else k_noised[b, kv_idx] != 0
+            allowed = may_attend(q_rank[b, q_idx], k_rank[b, kv_idx], strict[b, q_idx] != 0, k_valid[b, kv_idx] != 0,
+                                 noised)
             if annealed:
                 allowed = allowed & annealing_allows(row_pos[b, q_idx], key_pos[b, kv_idx], revealed[b, kv_idx] != 0)
             return allowed
@@ -350,6 +363,7 @@ def create_plan_mask(
     prepared: PreparedAttention | None = None,
     static_group_size: int | None = None,
     row_kind: torch.Tensor | None = None,
+    static_pattern: str = "block_causal",
 ) -> PreparedAttention | None:
     """The masks of one forward, in the form ``implementation`` takes; None for the causal fast path.
 
@@ -358,8 +372,9 @@ def create_plan_mask(
     query_rows_alone: the last layer runs the query rows alone (nothing reads the content stream's output);
         their own mask is built too.
     prepared: masks built beforehand by ``model.prepare_attention`` (outside a compiled step) for this batch.
-    static_group_size: a block-causal forward with no padding and no cache offset: its masks depend on the length
-        alone, so they are built once per shape (:func:`block_causal_masks`).
+    static_group_size: a block-causal (or, with ``static_pattern="block_diffusion"``, BD3-LM's one-stream) forward
+        with no padding and no cache offset: its masks depend on the length alone, so they are built once per shape
+        (:func:`static_masks`).
     row_kind: (B,) a one-stream mixture batch (with ``static_group_size``): each row block-causal or bidirectional
         (:func:`mixed_row_masks`).
     An annealed ``plan`` (attention-mask annealing, ``plan.key_revealed``) gets a mask of its own batch: the masks
@@ -381,31 +396,71 @@ def create_plan_mask(
     if row_kind is not None:
         return mixed_row_masks(row_kind, static_group_size, num_content, implementation, dtype)
     if static_group_size is not None:
-        return block_causal_masks(static_group_size, num_content, implementation, dtype, plan.key_rank.device)
+        return static_masks(static_pattern, static_group_size, num_content, implementation, dtype,
+                            plan.key_rank.device)
     return build_prepared_attention(plan, implementation, dtype, num_content, with_query_rows=query_rows_alone)
 
 
-# (group size, length, kernel, dtype, device) -> the masks of an unpadded block-causal forward
-_BLOCK_CAUSAL_MASKS: dict[tuple, PreparedAttention] = {}
+# (pattern, group size, length, kernel, dtype, device) -> the masks of an unpadded block-causal or block-diffusion forward
+_STATIC_MASKS: dict[tuple, PreparedAttention] = {}
 
 
-def block_causal_masks(group_size: int, length: int, implementation: str, dtype: torch.dtype,
-                       device) -> PreparedAttention:
-    """The masks of a block-causal forward over ``length`` tokens without padding or cache (dar's one-stream form in
-    training): the same for every batch, so they are built once per shape, from :func:`may_attend` (a row sees the
-    keys of its own and every earlier group), with a batch dimension of 1 that broadcasts. A BlockMask costs
-    milliseconds to build; a compiled step then reads the same mask every time (``model.prepare_attention``)."""
+def block_causal_plan(group_size: int, length: int, device) -> AttentionPlan:
+    """dar's one-stream form (batch 1): a row sees the keys of its own group of ``t`` and every earlier one."""
+    rank = torch.div(torch.arange(length, device=device), group_size, rounding_mode="floor")[None]
+    return AttentionPlan(query_rank=rank, query_is_strict=torch.zeros_like(rank, dtype=torch.bool),
+                         key_rank=rank, key_valid=torch.ones_like(rank, dtype=torch.bool))
+
+
+def block_diffusion_ranks(position, block_size: int):
+    """BD3-LM's block rank of text position ``position`` (a row starts with BOS): the condition (position 0) rank 0,
+    block ``k`` (positions ``1 + k b ..``) rank ``1 + 2k``: the clean ranks of the two-stream plan
+    (``objectives/bd3lm.py``, whose masked tokens take ``2 + 2k``)."""
+    return torch.where(position < 1, 0, 1 + 2 * torch.div(position - 1, block_size, rounding_mode="floor"))
+
+
+def block_diffusion_layout(rank: torch.Tensor, key_valid: torch.Tensor) -> AttentionPlan:
+    """BD3-LM's vectorised one-stream layout ``x_t ⊕ x_0`` (width ``2T``: the noised sequence, then the clean one;
+    both copies of token ``i`` have position ``i``) from the clean block rank of each text position, ``rank``
+    (B, T), and the valid keys ``key_valid`` (B, 2T). Every row and key takes its block's rank; the ``x_t`` rows are
+    strict and the ``x_t`` keys noised, so :func:`may_attend` lets a noised block see itself and the clean blocks
+    before it, and the clean half see itself block-causally."""
+    ranks = torch.cat([rank, rank], 1)
+    noised = torch.cat([torch.ones_like(rank, dtype=torch.bool), torch.zeros_like(rank, dtype=torch.bool)], 1)
+    return AttentionPlan(query_rank=ranks, query_is_strict=noised, key_rank=ranks, key_valid=key_valid.bool(),
+                         key_is_noised=noised)
+
+
+def block_diffusion_plan(block_size: int, width: int, device, key_valid: torch.Tensor | None = None) -> AttentionPlan:
+    """:func:`block_diffusion_layout` of rows that start with BOS, in blocks of ``block_size`` after it
+    (:func:`block_diffusion_ranks`), ``width = 2T``; ``key_valid`` (B, 2T): padding (default: none, batch 1)."""
+    if width % 2:
+        raise ValueError(f"BD3-LM's one-stream layout x_t ⊕ x_0 has an even width (twice the sequence), got {width}")
+    rank = block_diffusion_ranks(torch.arange(width // 2, device=device), block_size)[None]
+    if key_valid is None:
+        key_valid = torch.ones(1, width, dtype=torch.bool, device=device)
+    return block_diffusion_layout(rank.expand(key_valid.shape[0], -1), key_valid)
+
+
+STATIC_PLANS = {"block_causal": block_causal_plan, "block_diffusion": block_diffusion_plan}
+
+
+def static_masks(pattern: str, group_size: int, length: int, implementation: str, dtype: torch.dtype,
+                 device) -> PreparedAttention:
+    """The masks of a forward over ``length`` rows without padding or cache whose pattern depends on the length alone
+    (``STATIC_PLANS``: dar's block-causal one-stream form, BD3-LM's ``x_t ⊕ x_0``): the same for every batch, so they
+    are built once per (pattern, group or block size, length, kernel, dtype, device), from :func:`may_attend`, with a
+    batch dimension of 1 that broadcasts. A BlockMask costs milliseconds to build; a compiled step then reads the same
+    mask every time (``model.prepare_attention``)."""
     kernel = resolve_attention_implementation(implementation, length, device, built_once=True)
-    key = (group_size, length, kernel, dtype, str(device))
+    key = (pattern, group_size, length, kernel, dtype, str(device))
     # a cached mask outlives the call: built from normal tensors even under inference_mode (an evaluation), or a
     # later training forward of the same shape could not save it for backward
-    if key not in _BLOCK_CAUSAL_MASKS:
+    if key not in _STATIC_MASKS:
         with torch.inference_mode(False):
-            rank = torch.div(torch.arange(length, device=device), group_size, rounding_mode="floor")[None]
-            plan = AttentionPlan(query_rank=rank, query_is_strict=torch.zeros_like(rank, dtype=torch.bool),
-                                 key_rank=rank, key_valid=torch.ones_like(rank, dtype=torch.bool))
-            _BLOCK_CAUSAL_MASKS[key] = build_prepared_attention(plan, kernel, dtype, length, with_query_rows=False)
-    return _BLOCK_CAUSAL_MASKS[key]
+            plan = STATIC_PLANS[pattern](group_size, length, device)
+            _STATIC_MASKS[key] = build_prepared_attention(plan, kernel, dtype, length, with_query_rows=False)
+    return _STATIC_MASKS[key]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -460,7 +515,7 @@ _FAMILY_BLOCK_MASKS: dict[tuple, tuple] = {}
 
 
 def family_block_masks(group_size: int, width: int, device) -> tuple:
-    """One BlockMask per row kind (batch 1): built once per shape, as :func:`block_causal_masks` is."""
+    """One BlockMask per row kind (batch 1): built once per shape, as :func:`static_masks` are."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     key = (group_size, width, str(device))
@@ -512,7 +567,7 @@ def check_row_kind(row_kind: torch.Tensor, batch: int) -> None:
 def mixed_row_masks(row_kind: torch.Tensor, group_size: int, width: int, implementation: str,
                     dtype: torch.dtype) -> PreparedAttention:
     """The masks of a one-stream mixture batch (no padding, no cache): a BlockMask assembled from the two family masks
-    on the GPU (FlexAttention, and ``lookaround_auto`` on CUDA as for :func:`block_causal_masks`), a dense mask from
+    on the GPU (FlexAttention, and ``lookaround_auto`` on CUDA as for :func:`static_masks`), a dense mask from
     the same ranks otherwise (SDPA, eager)."""
     check_row_kind(row_kind, row_kind.shape[0])
     kernel = resolve_attention_implementation(implementation, width, row_kind.device, built_once=True)

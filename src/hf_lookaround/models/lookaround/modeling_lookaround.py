@@ -51,6 +51,7 @@ from .configuration_lookaround import (GLU_ACTIVATIONS, LEGACY_QUERY_STREAM_OBJE
                                      with_prediction_stream)
 from .checks_lookaround import (
     check_backbone_inputs,
+    check_block_diffusion_layout,
     check_masked_lm_query_inputs,
     check_next_token_view_inputs,
     check_pretraining_inputs,
@@ -58,7 +59,7 @@ from .checks_lookaround import (
 )
 # generate(..., group_size=t): semi-AR group decoding; the next-token view of dar's one-stream form
 from .loading_lookaround import check_loaded, check_weights_files
-from .decoding_lookaround import is_one_stream_group_model
+from .decoding_lookaround import is_block_diffusion_model, is_one_stream_group_model
 from .features_lookaround import reads_query_stream, token_states
 from .generation_lookaround import GroupDecodingMixin
 from .inputs_lookaround import PreparedInputs
@@ -67,9 +68,10 @@ from .masking_lookaround import (
     AUTO_ATTENTION,
     FLEX_ATTENTION_MIN_KEYS,
     NO_TARGET_RANK,
+    STATIC_PLANS,
     AttentionPlan,
     PreparedAttention,
-    block_causal_masks,
+    block_diffusion_plan,
     build_prepared_attention,
     cache_lengths,
     create_plan_mask,
@@ -78,6 +80,7 @@ from .masking_lookaround import (
     mixed_row_masks,
     register_auto_attention,
     resolve_attention_implementation,
+    static_masks,
 )
 
 
@@ -546,7 +549,8 @@ class LookAroundModel(LookAroundPreTrainedModel):
         static_group_size = self._static_group_size(rows, unpadded)
         masks = create_plan_mask(rows.plan, self.config._attn_implementation, inputs_embeds.dtype, seq_len,
                                  plain_causal=unpadded and rows.pattern == "causal", query_rows_alone=query_rows_alone,
-                                 prepared=prepared.attention, static_group_size=static_group_size, row_kind=row_kind)
+                                 prepared=prepared.attention, static_group_size=static_group_size, row_kind=row_kind,
+                                 static_pattern=rows.pattern)
 
         hidden = inputs_embeds
         if rows.two_stream:  # the query stream starts from a learned vector
@@ -586,8 +590,9 @@ class LookAroundModel(LookAroundPreTrainedModel):
                      for name in ("output_hidden_states", "output_attentions"))
 
     def _static_group_size(self, rows, unpadded: bool) -> int | None:
-        """The group size of a block-causal forward whose masks are the same for every batch (no padding, no cache)."""
-        return self.config.attention_group_size if unpadded and rows.pattern == "block_causal" else None
+        """The group (or block) size of a block-causal or block-diffusion forward whose masks are the same for every
+        batch (no padding, no cache): built once per shape (`STATIC_PLANS`)."""
+        return self.config.attention_group_size if unpadded and rows.pattern in STATIC_PLANS else None
 
     def embed(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.FloatTensor | None) -> torch.Tensor:
         """The content stream's input: token embeddings (or the given ones)."""
@@ -634,7 +639,7 @@ class LookAroundModel(LookAroundPreTrainedModel):
         if row_kind is not None:  # a one-stream mixture: each row's mask selected by its kind
             return mixed_row_masks(row_kind, static, seq_len, self.config._attn_implementation, dtype)
         if static is not None:  # the same masks as forward's: built once per shape
-            return block_causal_masks(static, seq_len, self.config._attn_implementation, dtype, inputs.device)
+            return static_masks(rows.pattern, static, seq_len, self.config._attn_implementation, dtype, inputs.device)
         return build_prepared_attention(rows.plan, self.config._attn_implementation, dtype, seq_len,
                                         with_query_rows=with_query_rows)
 
@@ -650,14 +655,19 @@ class LookAroundModel(LookAroundPreTrainedModel):
         key_valid = self._key_valid(attention_mask, batch, past_len, seq_len, key_len, device)
         # a materialised (B, T) index, not a stride-0 expand: it feeds gathers, cat and the position embedding
         content_index = (past_len + torch.arange(seq_len, device=device)).repeat(batch, 1)  # among the keys
-        if position_ids is None:
-            position_ids = content_index
+        pattern = attention_pattern or self.config.default_attention
+        block_diffusion = group_ids is None and pattern == "block_diffusion"
+        if position_ids is None:  # BD3-LM's x_t ⊕ x_0: both copies of token i have position i
+            position_ids = content_index % (seq_len // 2) if block_diffusion else content_index
         elif position_ids.shape != (batch, seq_len):
             position_ids = position_ids.expand(batch, seq_len)
         position_ids = position_ids.to(device)
 
-        pattern = attention_pattern or self.config.default_attention
-        if group_ids is not None:
+        key_is_noised = None
+        if block_diffusion:  # no cache (check_backbone_inputs): the layout's ranks and its noised half
+            layout = block_diffusion_plan(self.config.attention_group_size, seq_len, device, key_valid)
+            key_rank, key_is_noised = layout.key_rank, layout.key_is_noised
+        elif group_ids is not None:
             key_rank = self._plan_key_ranks(group_ids, batch, past_len, seq_len, key_len, device)
         elif pattern == "causal":
             key_rank = torch.arange(key_len, device=device).expand(batch, key_len)
@@ -684,9 +694,11 @@ class LookAroundModel(LookAroundPreTrainedModel):
         row_is_query = torch.arange(seq_len + num_query, device=device) >= seq_len
         plan = AttentionPlan(
             query_rank=row_rank,
-            query_is_strict=row_is_query.repeat(batch, 1),
+            # the x_t rows of BD3-LM's layout are strict: they see the clean keys of earlier blocks only
+            query_is_strict=row_is_query.repeat(batch, 1) if key_is_noised is None else key_is_noised,
             key_rank=key_rank,
             key_valid=key_valid,
+            key_is_noised=key_is_noised,
         )
         if revealed_keys is not None:  # annealing: the keys are the current tokens, at their positions
             if key_len != seq_len or revealed_keys.shape != (batch, seq_len):
@@ -947,11 +959,17 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput:
         check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels)
+        block_diffusion = is_block_diffusion_model(self.config)
+        if block_diffusion:
+            check_block_diffusion_layout(PreparedInputs.take(None, dict(kwargs)))
         common = dict(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
             **kwargs,
         )
-        if self.predicts_with_query_stream:
+        if block_diffusion:  # BD3-LM's x_t ⊕ x_0: logits at every row, the loss at the masked x_t rows (labels)
+            outputs = self.model(**common, attention_pattern="block_diffusion")
+            logits = self.lm_head(outputs.last_hidden_state)
+        elif self.predicts_with_query_stream:
             is_target = self._positions_to_predict(input_ids, attention_mask, labels)
             targets = positions_of(is_target)
             outputs = self.model(**common, group_ids=self._masked_plan_ranks(input_ids, attention_mask, is_target),
@@ -973,6 +991,15 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
+
+    def prepare_attention(self, input_ids=None, attention_mask=None, inputs_embeds=None, **unused):
+        """BD3-LM's one-stream form: the masks of `forward(**batch, one_stream_layout=True)`, built now (outside a
+        compiled step; without padding, the static masks built once per shape). Other masked LMs take no plan."""
+        if not is_block_diffusion_model(self.config):
+            raise ValueError("prepare_attention is for BD3-LM's one-stream form (default_attention='block_diffusion'); "
+                             "this masked LM builds its bidirectional mask in forward")
+        return self.model.prepare_attention(input_ids=input_ids, attention_mask=attention_mask,
+                                            inputs_embeds=inputs_embeds, attention_pattern="block_diffusion")
 
     def _masked_plan_ranks(self, input_ids, attention_mask, is_target) -> torch.Tensor:
         """The ranks masked pretraining gave a BOS-prefixed block: BOS alone at rank 0, the visible tokens rank 1,
@@ -1058,6 +1085,10 @@ class LookAroundForCausalLM(GroupDecodingMixin, LookAroundSingleOrTwoStreamLM, G
         One of three modes runs, by what the checkpoint predicts with (see the class): the query stream
         (:meth:`_query_stream_logits`), the next-token view of dar's one-stream form on plain token ids
         (:meth:`_next_token_view_logits`), or the content stream (:meth:`_content_stream_logits`)."""
+        if is_block_diffusion_model(self.config):
+            raise ValueError("this checkpoint is BD3-LM's one-stream form (x_t ⊕ x_0): it has no causal LM view; "
+                             "decode it with generate(diffusion_threshold=...), score it with `hf-lookaround "
+                             "perplexity --protocol elbo`, or load it with AutoModelForMaskedLM")
         prepared = PreparedInputs.take(prepared, kwargs)
         check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels, prepared.row_kind)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

@@ -5,7 +5,7 @@
     # on the GPU machine, once per device command (resumes the part's unfinished cells from the machine's disk)
     python study/study_curves.py run --part 1 --command_label p1c1 --minutes 9 --bundle_dir $OUT
     # back here: the report from the returned bundles
-    python study/study_curves_report.py --bundles device_out/curves__*.json.gz --output docs/RESULTS.md --plots_dir docs/results/study32
+    python study/study_curves_report.py --bundles device_out/curves__*.json.gz --output docs/results/study32/RESULTS.md
 
 The protocol is ``study/study_protocol_curves.json``; ``run`` refuses to start without it, without the
 commit stamp the pre-flight wrote (``.devdata/curves/code_commit.json``, carried with the data) or with a stamp

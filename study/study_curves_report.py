@@ -1,7 +1,7 @@
 """The learning curves' report (issue 32): every claim's tests at every checkpoint, under the protocol's rule only.
 
     python study/study_curves_report.py --bundles docs/results/study32/curves__part1__p1c3.json.gz \\
-        docs/results/study32/curves__part2__p2c4.json.gz --output docs/RESULTS.md --plots_dir docs/results/study32
+        docs/results/study32/curves__part2__p2c4.json.gz --output docs/results/study32/RESULTS.md
 
 Reads the bundles of the part commands (every record of a part; a later bundle repeats the earlier ones), applies
 ``rule_for_failed_or_killed_cells`` of ``study/study_protocol_curves.json`` (the excluded records and the

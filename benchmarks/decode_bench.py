@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import platform
 import statistics
 import sys
@@ -300,7 +301,8 @@ def target_ratios(rows, compiled: str) -> list[dict]:
 
 def speculation_info(out) -> dict:
     """How the drafts fared, and how many steps speculated or ran plain (t = 1) while speculation did not pay."""
-    return {"acceptance_rate": out.acceptance_rate, "speculative_steps": out.num_speculative_steps,
+    rate = out.acceptance_rate  # NaN when nothing was drafted (plain steps only): null in the JSON, "–" in the table
+    return {"acceptance_rate": None if math.isnan(rate) else rate, "speculative_steps": out.num_speculative_steps,
             "plain_steps": out.num_plain_steps}
 
 

@@ -28,6 +28,7 @@ def test_plain_steps_only_row_takes_no_speculative_step(tmp_path):
         new_tokens = 8  # --smoke's
         assert row["speculative_steps"] == 0 and row["plain_steps"] == new_tokens - 1
         assert row["forwards"] == new_tokens
+        assert row["acceptance_rate"] is None  # nothing drafted was verified
         assert row["equals_t1"]  # greedy plain steps are t = 1 decoding (fp32 on the CPU)
 
 

@@ -11,10 +11,15 @@ checkpoint given with ``--checkpoint``. For each batch size (1 and 8) it decodes
   and fixed shapes, the decoding step compiled (on CUDA; eager on CPU), 0 graphs compiled after warm-up expected;
 - since issue 41 a compiled group row (``group t=1/2/4``, ``one-stream t=2``) runs each step after the prompt's as
   one graph (forward, pick, EOS and the budget inside; one status read per step), as the speculative step does;
-  ``--targets`` runs only the rows issue 41 compares in one call (compiled group t = 1, "speculative k=2, always
-  falls back", compiled group t = 2 and one-stream t = 2) and prints their ratios (``targets`` in the JSON):
+  ``--targets`` runs only the rows issue 41 compares in one call (compiled group t = 1, "speculative k=2, plain
+  steps only", compiled group t = 2 and one-stream t = 2) and prints their ratios (``targets`` in the JSON):
   compiled t = 1 against the speculative path's plain step (asked: >= 1), t = 2 of both forms against compiled
   t = 1 (asked: >= 1.9);
+- ``speculative k=2, plain steps only``: the speculative decoder whose schedule never speculates (a benchmark-only
+  patch, :func:`never_speculate`): the prompt's forward, then only its compiled plain (t = 1) step; the row checks
+  0 speculative steps and forwards == new tokens. ``speculative k=2, always falls back``
+  (``speculation_break_even=inf``) is not that: it still probes with 8 speculative steps per 40, and drafts that
+  random weights happen to accept make it faster than plain steps (issue 41's first measurement compared it);
 - ``speculative k=2, no fallback``: the same with ``speculation_break_even=0`` (never a plain step), beside the
   default, which runs plain t = 1 steps while the drafts do not pay; both report their speculative / plain steps;
 - ``generate() eager`` and ``generate() static+compile``: ``LookAroundForCausalLM.generate()`` without
@@ -43,17 +48,21 @@ CPU smoke (tiny config, under a minute):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
 import hf_lookaround as H
 from hf_lookaround.decoding import group_generate, trained_group_sizes
+from hf_lookaround.models.lookaround import speculation_lookaround
 
 SIZES = (1, 2, 4)  # the group sizes the random model claims to have trained (every decoder below may run)
 
@@ -197,10 +206,14 @@ def decoders(model, causal, args):
             if k == 2:  # the same without falling back to plain steps: what speculation alone costs or gains
                 table[f"speculative k=2, no fallback ({compiled})"] = (
                     compiled, static(draft_group_size=2, speculation_break_even=0.0))
-                # every window below break-even: the schedule zero acceptance gets (probes, then plain steps), so
-                # this row bounds the fallback's speed from below whatever the drafts are worth
+                # every window below break-even: the schedule zero acceptance gets (a window of 8 speculative
+                # probes, then 32 plain steps, and again); drafts that happen to be accepted still speed it up
                 table[f"speculative k=2, always falls back ({compiled})"] = (
                     compiled, static(draft_group_size=2, speculation_break_even=float("inf")))
+                # the speculative path's plain (t = 1) step alone, whatever the drafts are worth: issue 41's
+                # reference for compiled group t = 1
+                table[f"speculative k=2, plain steps only ({compiled})"] = (
+                    compiled, plain_steps_only(static(draft_group_size=2), args.new_tokens))
     # dar's one-stream form (SAT): the same weights as a block-causal LM, a group of t rows per forward
     one = one_stream_twin(causal)
 
@@ -229,11 +242,36 @@ def decoders(model, causal, args):
     return table
 
 
+@contextlib.contextmanager
+def never_speculate():
+    """Benchmark only: while inside, the self-speculative decoder's schedule never speculates, so every step after
+    the prompt's forward is its plain (t = 1) step. No public option does this: ``speculation_break_even`` only
+    decides after a window of speculative steps, whose drafts random weights partly accept."""
+    class PlainOnly(speculation_lookaround._SpeculationSchedule):
+        speculate = property(lambda self: False)
+
+    with mock.patch.object(speculation_lookaround, "_SpeculationSchedule", PlainOnly):
+        yield
+
+
+def plain_steps_only(decode, new_tokens: int):
+    """``decode`` (a speculative row) under :func:`never_speculate`, checked: no speculative step, and one forward
+    per new token (the prompt's, then one plain step per token), else the row fails."""
+    def run(prompts):
+        with never_speculate():
+            out, info = decode(prompts)
+        if info["speculative_steps"] or info["forwards"] != new_tokens:
+            raise RuntimeError(f"plain steps only: {info['speculative_steps']} speculative steps and "
+                               f"{info['forwards']} forwards for {new_tokens} new tokens (expected 0 and {new_tokens})")
+        return out, info
+    return run
+
+
 # issue 41's decoding rows, timed in one call: (name of the ratio, row, row it is divided by, the ratio asked for);
 # {c} is how the compiled rows are labelled ("static+compile" on CUDA)
 TARGETS = (
-    ("compiled group t=1 / speculative k=2 always falls back", "group t=1 ({c})", "speculative k=2, always falls back ({c})",
-     1.0),
+    ("compiled group t=1 / speculative k=2 plain steps only", "group t=1 ({c})",
+     "speculative k=2, plain steps only ({c})", 1.0),
     ("compiled group t=2 / compiled group t=1", "group t=2 ({c})", "group t=1 ({c})", 1.9),
     ("compiled one-stream t=2 / compiled group t=1", "one-stream t=2 ({c})", "group t=1 ({c})", 1.9),
 )
@@ -263,7 +301,8 @@ def target_ratios(rows, compiled: str) -> list[dict]:
 
 def speculation_info(out) -> dict:
     """How the drafts fared, and how many steps speculated or ran plain (t = 1) while speculation did not pay."""
-    return {"acceptance_rate": out.acceptance_rate, "speculative_steps": out.num_speculative_steps,
+    rate = out.acceptance_rate  # NaN when nothing was drafted (plain steps only): null in the JSON, "–" in the table
+    return {"acceptance_rate": None if math.isnan(rate) else rate, "speculative_steps": out.num_speculative_steps,
             "plain_steps": out.num_plain_steps}
 
 
@@ -311,7 +350,7 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny config on CPU, a few tokens: checks the script runs")
     p.add_argument("--targets", action="store_true",
                    help="only issue 41's decoding rows (compiled group t=1 and t=2, one-stream t=2, speculative k=2 "
-                        "always falls back), in one call, and their ratios")
+                        "plain steps only), in one call, and their ratios")
     args = p.parse_args(argv)
     if args.targets:
         if args.decoders or args.no_compile:

@@ -4,6 +4,8 @@ Checked from the outside, with gradients: with no key revealed (progress 0) a ta
 with every key revealed (progress 1) the gradients are the plain objective's; in between a one-layer model reads
 exactly what the plain objective lets it read, less the later keys that are not revealed."""
 
+import math
+
 import pytest
 import torch
 
@@ -137,9 +139,12 @@ def test_annealed_masks_are_built_per_batch_not_cached(tiny_model, leak_audit):
 
     model = tiny_model(LookAroundForCausalLM, "sdpa", default_attention="block_causal", attention_group_size=2)
     input_ids = torch.randint(1, 61, (2, T), generator=torch.Generator().manual_seed(4))
-    masking_lookaround._BLOCK_CAUSAL_MASKS.clear()
+    masking_lookaround._STATIC_MASKS.clear()  # the masks built once per shape (block-causal, block diffusion)
     model(input_ids=input_ids, one_stream_layout=True, revealed_keys=torch.zeros(2, T, dtype=torch.bool))
-    assert masking_lookaround._BLOCK_CAUSAL_MASKS == {}
+    assert masking_lookaround._STATIC_MASKS == {}
+    bd3lm_one_stream(tiny_model, "sdpa")(**bd3lm_one_stream_batch(), one_stream_layout=True,
+                                         revealed_keys=torch.zeros(2, 2 * T, dtype=torch.bool))
+    assert masking_lookaround._STATIC_MASKS == {}
     prepared = model.prepare_attention(input_ids=input_ids, revealed_keys=torch.zeros(2, T, dtype=torch.bool))
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     assert torch.equal(prepared.mask[:, 0], causal.expand(2, T, T))
@@ -187,3 +192,128 @@ def test_masks_prepared_outside_the_step_equal_the_forwards_own(tiny_model, impl
         plain = model(**batch).logits
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(plain, expected, atol=1e-4)  # the annealing changed the prediction
+
+
+# BD3-LM's one-stream form (x_t ⊕ x_0, --masked_form single_stream): both copies of token j sit at position j, and
+# annealing reveals a token's two copies together (annealing_revealed_keys(copies=2))
+BD3LM_BLOCK = 4
+
+
+def bd3lm_one_stream(tiny_model, impl, **overrides):
+    from hf_lookaround.objectives import bd3lm
+
+    fields = bd3lm.Params(diffusion_block=BD3LM_BLOCK, masked_form="single_stream").config_fields()
+    return tiny_model(LookAroundForMaskedLM, impl, prediction_stream="content", objective="bd3lm", mask_token_id=3,
+                      bos_token_id=1, plan_params={"diffusion_block": BD3LM_BLOCK}, **fields, **overrides)
+
+
+def bd3lm_one_stream_batch():
+    """The collator's x_t ⊕ x_0 batch (B, 2T) of two BOS-led rows; the masked x_t rows carry the labels."""
+    from hf_lookaround.objectives.bd3lm import one_stream_layout
+
+    input_ids = torch.randint(5, 61, (2, T), generator=torch.Generator().manual_seed(4))
+    input_ids[:, 0] = 1
+    plan = objectives.make_plan("bd3lm", torch.full((2,), T), T, generator=torch.Generator().manual_seed(3),
+                                num_condition_tokens=1, diffusion_block=BD3LM_BLOCK)
+    return one_stream_layout(input_ids, torch.ones_like(input_ids), plan, mask_token_id=3)
+
+
+def bd3lm_reach(model, batch, revealed, leak_audit):
+    """(targets, B, 2T) |d loss / d slot| of every masked x_t row's loss, and the (sequence, position) of each."""
+    embeds = model.get_input_embeddings()(batch["input_ids"]).detach().requires_grad_(True)
+    extra = {} if revealed is None else {"revealed_keys": revealed}
+    logits = model(inputs_embeds=embeds, one_stream_layout=True, **extra).logits
+    rows, cols = (batch["labels"] != -100).nonzero(as_tuple=True)
+    losses = torch.nn.functional.cross_entropy(logits[rows, cols], batch["labels"][rows, cols], reduction="none")
+    return leak_audit.reach(losses, embeds), list(zip(rows.tolist(), cols.tolist()))
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_bd3lm_one_stream_progress_zero_is_causal_over_both_copies_and_one_is_the_plain_form(tiny_model, leak_audit,
+                                                                                            impl):
+    from hf_lookaround.models.lookaround.masking_lookaround import annealing_revealed_keys
+
+    model = bd3lm_one_stream(tiny_model, impl)
+    batch = bd3lm_one_stream_batch()
+    position = torch.arange(2 * T) % T  # x_t then x_0: slot c holds a copy of token c mod T
+    plain, targets = bd3lm_reach(model, batch, None, leak_audit)
+    assert len(targets) > 3 and all(i < T for _, i in targets)
+    causal, _ = bd3lm_reach(model, batch, annealing_revealed_keys(0.0, 2, 2 * T, copies=2), leak_audit)
+    later_read_plainly = False
+    for k, (b, i) in enumerate(targets):
+        later = position > i
+        assert torch.all(causal[k, b, later] == 0), f"target {i} of sequence {b} reads a later copy at progress 0"
+        later_read_plainly |= bool((plain[k, b, later] != 0).any())
+        assert torch.all(causal[k, 1 - b] == 0)
+    assert later_read_plainly, "the plain form should read a later token of the target's block (else this shows nothing)"
+    full, _ = bd3lm_reach(model, batch, annealing_revealed_keys(1.0, 2, 2 * T, copies=2), leak_audit)
+    torch.testing.assert_close(full, plain, rtol=0, atol=0)
+    # one layer, in between: exactly the plain form's reads less the later tokens not revealed (both copies alike)
+    model = bd3lm_one_stream(tiny_model, impl, num_hidden_layers=1)
+    revealed = annealing_revealed_keys(0.5, 2, 2 * T, generator=torch.Generator().manual_seed(5), copies=2)
+    assert torch.equal(revealed[:, :T], revealed[:, T:]) and revealed.any() and not revealed.all()
+    plain, _ = bd3lm_reach(model, batch, None, leak_audit)
+    annealed, _ = bd3lm_reach(model, batch, revealed, leak_audit)
+    for k, (b, i) in enumerate(targets):
+        may_read = (plain[k, b] != 0) & ((position <= i) | revealed[b])
+        assert torch.all(annealed[k, 1 - b] == 0)
+        leak_audit.assert_reads_only(annealed[k, b][None], may_read[None], must_read="all",
+                                     what=f"target {i} of sequence {b}")
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "flex_attention"])
+def test_bd3lm_one_stream_prepared_masks_keep_the_annealing(tiny_model, impl):
+    """--torch_compile builds the masks before the step (`prepare_attention`): they must be the annealed ones."""
+    from hf_lookaround.models.lookaround.masking_lookaround import annealing_revealed_keys
+
+    batch = bd3lm_one_stream_batch()
+    revealed = annealing_revealed_keys(0.5, 2, 2 * T, generator=torch.Generator().manual_seed(5), copies=2)
+    reference, model = bd3lm_one_stream(tiny_model, "sdpa"), bd3lm_one_stream(tiny_model, impl)
+    with torch.no_grad():
+        expected = reference(**batch, one_stream_layout=True, revealed_keys=revealed).logits
+        prepared = model.prepare_attention(**batch, revealed_keys=revealed)
+        got = model(**batch, one_stream_layout=True, revealed_keys=revealed, prepared_attention=prepared).logits
+        plain = model(**batch, one_stream_layout=True).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(plain, expected, atol=1e-4)  # the annealing changed the prediction
+
+
+TINY_FLAGS = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
+
+
+def test_pretrain_anneals_bd3lm_one_stream_revealing_both_copies_of_a_token(bbc_text_dir, tokenizer_dir, tmp_path,
+                                                                          monkeypatch):
+    """`pretrain --objective bd3lm --masked_form single_stream --attention_annealing_steps 3`: steps 0-2 carry keys
+    revealed over the x_t ⊕ x_0 batch (2T wide, a token's two copies alike) at progress 0, 1/3, 2/3; step 3 none."""
+    import json
+
+    from hf_lookaround.cli import main as cli_main
+    from hf_lookaround.training.pretraining import LookAroundTrainer
+
+    seen = []
+    original = LookAroundTrainer.with_attention_annealing
+
+    def spy(self, model, inputs):
+        out = original(self, model, inputs)
+        seen.append((self.state.global_step, inputs["input_ids"].shape, out.get("revealed_keys")))
+        return out
+
+    monkeypatch.setattr(LookAroundTrainer, "with_attention_annealing", spy)
+    out = tmp_path / "bd3lm-annealed"
+    code = cli_main([
+        "pretrain", "--objective", "bd3lm", "--diffusion_block", "4", "--masked_form", "single_stream",
+        "--attention_annealing_steps", "3", "--train_files", str(bbc_text_dir / "train.jsonl.gz"),
+        "--tokenizer_name", str(tokenizer_dir), "--preset", "tiny", "--config_overrides", TINY_FLAGS,
+        "--block_size", "32", "--validation_split_percentage", "10", "--output_dir", str(out),
+        "--per_device_train_batch_size", "4", "--max_steps", "4", "--max_train_samples", "8", "--max_eval_samples",
+        "4", "--do_train", "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true",
+        "--save_strategy", "no", "--logging_steps", "1"])
+    assert code == 0
+    assert [step for step, _, _ in seen] == [0, 1, 2, 3]
+    for step, shape, revealed in seen[:3]:
+        assert shape[1] == 64 and revealed is not None and revealed.shape == shape  # x_t ⊕ x_0 of 32 tokens
+        assert torch.equal(revealed[:, :32], revealed[:, 32:])
+    assert not seen[0][2].any() and seen[1][2].any() and not seen[2][2].all()
+    assert seen[3][2] is None
+    losses = [h["loss"] for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h]
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)

@@ -37,10 +37,11 @@ DOCUMENTS = [
     "A storm tore two slates from the roof of the lamp room.",
 ]
 SHORT = "The baker always asked whether the gulls had come back."  # one window: the ELBO of the whole text
-def _trained(objective, **plan_params) -> dict:
-    """The config fields pretraining records from the objective's parameters (what the decoders read)."""
-    fields = objectives.get(objective).Params(**plan_params).config_fields()
-    return dict(objective=objective, **({"plan_params": plan_params} if plan_params else {}), **fields)
+def _trained(objective, form=None, **plan_params) -> dict:
+    """The config fields pretraining records from the objective's parameters (what the decoders read); ``form``:
+    ``--masked_form`` (a flag of the form, not of the plan)."""
+    params = objectives.get(objective).Params(**plan_params, **({"masked_form": form} if form else {}))
+    return dict(objective=objective, **({"plan_params": plan_params} if plan_params else {}), **params.config_fields())
 
 
 # kind -> (class, config fields)
@@ -54,9 +55,14 @@ KINDS = {
     "bd3lm": (LookAroundForPreTraining, _trained("bd3lm", diffusion_block=4)),
     "mdlm-mask": (LookAroundForMaskedLM, dict(_trained("mdlm"), prediction_stream="content",
                                               architectures=["LookAroundForMaskedLM"])),
+    # BD3-LM's one-stream x_t ⊕ x_0 form (--masked_form single_stream): the masked LM in its training layout
+    "bd3lm-one-stream": (LookAroundForMaskedLM, dict(
+        _trained("bd3lm", "single_stream", diffusion_block=4), prediction_stream="content",
+        architectures=["LookAroundForMaskedLM"])),
     "vmlm": (LookAroundForPreTraining, dict(objective="vmlm")),
 }
-PATH_OF = {"gpt2": "ar", "ar": "ar", "dar": "ar", "dar-one-stream": "ar", "mdlm": "elbo", "bd3lm": "elbo", "mdlm-mask": "elbo", "vmlm": "masked"}
+PATH_OF = {"gpt2": "ar", "ar": "ar", "dar": "ar", "dar-one-stream": "ar", "mdlm": "elbo", "bd3lm": "elbo", "mdlm-mask": "elbo",
+           "bd3lm-one-stream": "elbo", "vmlm": "masked"}
 
 
 @pytest.fixture(autouse=True)
@@ -181,7 +187,7 @@ def test_the_ar_path_is_the_causal_views_summed_log_probs(kind, checkpoints, har
         assert _loglikelihood(lm, [(context, continuation)])[0][1] is True
 
 
-@pytest.mark.parametrize("kind", ["mdlm", "bd3lm", "mdlm-mask"])
+@pytest.mark.parametrize("kind", ["mdlm", "bd3lm", "mdlm-mask", "bd3lm-one-stream"])
 def test_the_elbo_path_agrees_with_perplexity_elbo_within_the_standard_errors(kind, checkpoints, harness):
     """The continuation's negative ELBO given BOS (the whole of a short text, one window) by the class and by
     `perplexity --protocol elbo` on the same text: two independent Monte-Carlo estimates of one number."""
@@ -239,7 +245,8 @@ def _generate_until(lm, prompts=GENERATE, until=("\n",)):
 # block per forward (bd3lm: 2 blocks of 4 for 6 tokens; mdlm: one block), 2 steps per block take 2 forwards per
 # block, and neither knob commits one token per forward
 DIFFUSION_KNOBS = [("bd3lm", {"diffusion_threshold": 1e-4}, 2), ("bd3lm", {}, 6), ("mdlm", {"diffusion_steps": 2}, 2),
-                   ("mdlm", {"diffusion_threshold": 1e-4}, 1)]
+                   ("mdlm", {"diffusion_threshold": 1e-4}, 1), ("bd3lm-one-stream", {"diffusion_threshold": 1e-4}, 2),
+                   ("bd3lm-one-stream", {"diffusion_steps": 2}, 4), ("bd3lm-one-stream", {}, 6)]
 
 
 @pytest.mark.parametrize("kind, knobs, forwards", DIFFUSION_KNOBS)
@@ -275,6 +282,9 @@ def test_the_diffusion_knobs_are_checked_when_the_model_is_built(checkpoints):
         (dict(pretrained=str(checkpoints["bd3lm"]), diffusion_block=8), "block=8 was not trained"),
         (dict(pretrained=str(checkpoints["dar"]), diffusion_threshold=0.9), "drop diffusion_threshold"),
         (dict(pretrained=str(checkpoints["mdlm"]), decoder="sideways"), "choose one of"),
+        # BD3-LM's one-stream form reads x_t ⊕ x_0 only: no causal view, no [MASK]-only input
+        *[(dict(pretrained=str(checkpoints["bd3lm-one-stream"]), **kw), "path=elbo and decoded by decoder=diffusion")
+          for kw in ({"path": "ar"}, {"path": "masked"}, {"decoder": "infill"}, {"decoder": "group"})],
     ]
     for kwargs, message in refusals:
         with pytest.raises(ValueError, match=message) as err:
@@ -283,6 +293,7 @@ def test_the_diffusion_knobs_are_checked_when_the_model_is_built(checkpoints):
     # the [MASK] form of a diffusion checkpoint, and masked checkpoints without a diffusion plan, infill
     assert LookAroundLM(pretrained=str(checkpoints["mdlm-mask"]), device="cpu").decoder == "infill"
     assert LookAroundLM(pretrained=str(checkpoints["vmlm"]), device="cpu").decoder == "infill"
+    assert LookAroundLM(pretrained=str(checkpoints["bd3lm-one-stream"]), device="cpu").decoder == "diffusion"
 
 
 def test_unsupported_checkpoints_and_arguments_are_refused_in_one_line(checkpoints, tiny_model, tmp_path):
@@ -328,7 +339,7 @@ def task_dir(tmp_path_factory):
     return write_lm_eval_tasks(out, specs, rows)
 
 
-@pytest.mark.parametrize("kind", ["dar", "mdlm"])
+@pytest.mark.parametrize("kind", ["dar", "mdlm", "bd3lm-one-stream"])
 def test_simple_evaluate_and_the_command_line_run_the_registered_class(kind, checkpoints, task_dir, tmp_path,
                                                                        harness):
     from lm_eval import simple_evaluate

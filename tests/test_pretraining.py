@@ -216,6 +216,46 @@ def test_demo_runs_on_a_small_labelled_corpus(tmp_path):
         assert Image.open(out / name).size[0] > 300, name
 
 
+def test_the_demo_offers_the_diffusion_objectives_and_scores_them_by_their_elbo(tmp_path):
+    """mdlm and bd3lm (two-stream) are demo rows; their held-out column is the ELBO perplexity (a bound, with its
+    standard error), the number `perplexity --protocol elbo` gives the saved checkpoint; the default run is unchanged."""
+    from transformers import AutoModelForPreTraining, AutoTokenizer
+
+    from hf_lookaround.cli.demo import _parser, main as demo_main
+    from hf_lookaround.demo import DEFAULT_OBJECTIVES, ELBO_SAMPLES, bbc_news_dir, read_bbc_news
+    from hf_lookaround.evaluation.perplexity import elbo_perplexity
+
+    choices = next(a.choices for a in _parser()._actions if a.dest == "objectives")
+    assert {"mdlm", "bd3lm-4", "bd3lm-16"} <= set(choices)
+    assert DEFAULT_OBJECTIVES == ("ar", "dar-t2", "mlm-0.15", "mlm-0.3", "vmlm-0.15-0.3")
+    corpus = tmp_path / "corpus"
+    for label, name, text in read_bbc_news(bbc_news_dir()):
+        folder = corpus / label
+        folder.mkdir(parents=True, exist_ok=True)
+        if len(list(folder.iterdir())) < 8:
+            (folder / Path(name).name).write_text(text)
+    out = tmp_path / "demo"
+    assert demo_main(["--corpus-dir", str(corpus), "--objectives", "mdlm", "bd3lm-4", "--tokens-per-objective",
+                      "1024", "--batch-size", "8", "--block-size", "64", "--vocab-size", "400",
+                      "--perplexity-documents", "2", "--output-dir", str(out), "--quiet", "--seeds", "0",
+                      "--no-baseline"]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["name"] for r in rows] == ["mdlm", "bd3lm-4"]
+    for r in rows:
+        assert r["perplexity_protocol"] == "elbo" and r["by_prefix_length"] == []
+        assert 1 < r["perplexity"] < 1e4 and r["perplexity_standard_error"] > 0 and 0 <= r["probe_accuracy"] <= 1
+    checkpoint = out / "seed-0" / "bd3lm-4"
+    model = AutoModelForPreTraining.from_pretrained(checkpoint).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer")
+    from hf_lookaround.demo import split_articles
+
+    test_texts = [a[2] for a in split_articles(read_bbc_news(corpus))["test"]][:2]
+    again = elbo_perplexity(model, tokenizer, test_texts, max_length=64, stride=32, batch_size=32,
+                            num_samples=ELBO_SAMPLES, seed=0)
+    assert rows[1]["perplexity"] == pytest.approx(again.perplexity, rel=1e-6)
+    assert "| ELBO (bound) |" in (out / "results.md").read_text()
+
+
 @pytest.mark.parametrize("objective", [("vmlm",), ("gvp", "--num_groups", "4")])
 def test_dropping_unread_content_rows_keeps_the_loss_curve(tokenizer_dir, tmp_path, objective, monkeypatch):
     import hf_lookaround.training.unread_content as modeling

@@ -13,7 +13,8 @@ On a fresh machine with no download at run time (a few minutes on 2 CPU cores):
    (AR and semi-AR models: one forward of ``LookAroundForPreTraining`` with the AR plan, whose query
    stream at ``k`` sees exactly the prefix; masked models: the masked-model protocol, the prefix one
    bidirectional rank-0 group as in their pretraining, ``k`` masked and nothing after it visible,
-   one forward per ``k``), and linear-probe topic accuracy (logistic regression on frozen mean-pooled
+   one forward per ``k``; diffusion models, mdlm and bd3lm: the negative ELBO per token, a bound on the NLL, as
+   BD3-LM's Table 3 scores them, ``ELBO_SAMPLES`` seeded Monte-Carlo draws), and linear-probe topic accuracy (logistic regression on frozen mean-pooled
    features; trained on the pretraining articles, ``C`` chosen on validation, accuracy on test).
    An untrained model of the same size is the reference row.
 
@@ -49,6 +50,7 @@ DEFAULT_OBJECTIVES = ("ar", "dar-t2", "mlm-0.15", "mlm-0.3", "vmlm-0.15-0.3")
 SPLITS = (0.6, 0.1, 0.3)
 PROBE_CS = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
 PREFIX_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+ELBO_SAMPLES = 16  # Monte-Carlo draws of the diffusion rows' ELBO (`perplexity --protocol elbo`'s default)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,6 +111,7 @@ class Row:
     objective_perplexity: float | None = None
     perplexity: float | None = None
     perplexity_protocol: str | None = None
+    perplexity_standard_error: float | None = None  # the ELBO's Monte-Carlo standard error (nats per token)
     bits_per_byte: float | None = None
     probe_accuracy: float | None = None
     probe_accuracy_se: float | None = None
@@ -179,20 +182,26 @@ def pretrain_one(name, args, tokenizer, train_blocks, eval_blocks, steps) -> tup
 
 
 def evaluate_one(model, tokenizer, splits, args, row: Row) -> Row:
-    from .evaluation.perplexity import bucket_by_prefix_length, masked_perplexity
+    from .evaluation.perplexity import bucket_by_prefix_length, elbo_perplexity, masked_perplexity
     from .evaluation.probing import extract_features, linear_probe
 
     model.eval()
     test_texts = [a[2] for a in splits["test"]][: args.perplexity_documents]
-    # p(x_k | x_<k) for every objective: the AR plan for ar/dar; for masked and GVP models the prefix is one
-    # bidirectional rank-0 group (as in their pretraining), x_k is masked and nothing after k is visible
     # evaluation batches are larger than training ones: no gradients, and fewer, larger forwards run faster
-    ppl = masked_perplexity(model, tokenizer, test_texts, max_length=args.block_size,
-                            stride=args.block_size // 2, batch_size=4 * args.batch_size, mode="auto",
-                            progress=not args.quiet)  # --quiet: no progress bars
-    row.perplexity_protocol = ppl.extra.get("masked_mode")
+    windows = dict(max_length=args.block_size, stride=args.block_size // 2, batch_size=4 * args.batch_size)
+    if row.objective in objectives.OBJECTIVES and objectives.get(row.objective).elbo_plan is not None:
+        # diffusion (mdlm, bd3lm): the negative ELBO, a bound on the NLL (BD3-LM's Table 3); a number per window,
+        # not per prefix length
+        ppl = elbo_perplexity(model, tokenizer, test_texts, **windows, num_samples=ELBO_SAMPLES, seed=row.seed)
+        row.perplexity_protocol, row.perplexity_standard_error = "elbo", ppl.standard_error
+    else:
+        # p(x_k | x_<k): the AR plan for ar/dar; for masked and GVP models the prefix is one bidirectional rank-0
+        # group (as in their pretraining), x_k is masked and nothing after k is visible
+        ppl = masked_perplexity(model, tokenizer, test_texts, **windows, mode="auto",
+                                progress=not args.quiet)  # --quiet: no progress bars
+        row.perplexity_protocol = ppl.extra.get("masked_mode")
+        row.by_prefix_length = bucket_by_prefix_length(ppl.nlls, ppl.prefix_lengths, PREFIX_BUCKETS)
     row.perplexity, row.bits_per_byte = ppl.perplexity, ppl.bits_per_byte
-    row.by_prefix_length = bucket_by_prefix_length(ppl.nlls, ppl.prefix_lengths, PREFIX_BUCKETS)
 
     features = {}
     for split, items in splits.items():
@@ -258,7 +267,8 @@ def _fmt(value, spec):
     return "–" if value is None else format(value, spec)
 
 
-PROTOCOL_NAMES = {"two_stream": "AR plan", "two_stream_prefix": "masked prefix", "mask_token": "[MASK] input"}
+PROTOCOL_NAMES = {"two_stream": "AR plan", "two_stream_prefix": "masked prefix", "mask_token": "[MASK] input",
+                  "elbo": "ELBO (bound)"}
 
 
 def results_table(summaries: list[Summary]) -> str:
@@ -327,6 +337,10 @@ def reading_guide(summaries: list[Summary], info: dict) -> str:
     if with_ppl:
         lines.append("- perplexity order (best first): " + " < ".join(s.name for s in with_ppl)
                      + ". Paper (a) Table 7 predicts AR < semi-AR < masked, and a higher mask ratio closer to AR.")
+        bounds = [s.name for s in with_ppl if s.runs[0].perplexity_protocol == "elbo"]
+        if bounds:
+            lines.append(f"- {', '.join(bounds)}: the ELBO perplexity, an upper bound on the model's perplexity (the "
+                         "model is at least this good); BD3-LM's Table 3 orders AR < BD3-LM (b = 4) < MDLM.")
     return "\n".join(lines)
 
 
@@ -353,7 +367,8 @@ def write_plots(summaries: list[Summary], output_dir: Path) -> dict[str, Path]:
     ax.set_ylabel("held-out perplexity p(x_k | x_<k)")
     ax.set_title(f"Perplexity against prefix length (seed {summaries[0].runs[0].seed}; lower is better)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.lines:  # diffusion rows have an ELBO per window, no curve
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(paths["perplexity"], dpi=120)
     plt.close(fig)
@@ -398,7 +413,9 @@ def write_results(rows, info, output_dir: Path) -> tuple[str, list[Summary]]:
         "- *held-out ppl*: p(x_k | x_<k) on test articles. Protocol *AR plan*: one forward of the two-stream model "
         "with g[i] = i (the query stream at k sees the prefix). Protocol *masked prefix*: the prefix is one "
         "bidirectional group of rank 0, x_k masked (rank 1), nothing after k visible (DESIGN.md, paper (a) Table 7). "
-        "Both condition on exactly x_<k, so the rows are comparable.\n"
+        "Both condition on exactly x_<k, so the rows are comparable. Protocol *ELBO (bound)* (mdlm, bd3lm): "
+        f"exp of the negative ELBO per token ({ELBO_SAMPLES} seeded draws of times and masks per window), an "
+        "upper bound on the model's perplexity, as BD3-LM's Table 3 reports diffusion models.\n"
         f"- *probe acc*: 5-topic accuracy of a logistic regression on frozen mean-pooled features "
         f"(first {info['probe_max_length']} tokens; trained on the pretraining split, C chosen on validation), one "
         "per seed; *gain*: the paired difference to the same seed's untrained model on the same test articles, "

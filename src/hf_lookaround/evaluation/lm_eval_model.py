@@ -7,7 +7,7 @@ line to lm-eval's own. Each request goes through the checkpoint's own likelihood
 
 - ``ar``: the exact ``log p(continuation | context)`` of the causal view, where the checkpoint has one (ar, dar in
   either form, mixtures with a look-ahead half, any ``AutoModelForCausalLM``): ``perplexity.ar_window_nlls``.
-- ``elbo``: diffusion checkpoints (mdlm, bd3lm): the seeded Monte-Carlo ELBO of the continuation given the
+- ``elbo``: diffusion checkpoints (mdlm, bd3lm; BD3-LM's one-stream ``x_t ⊕ x_0`` form too): the seeded Monte-Carlo ELBO of the continuation given the
   context, as LLaDA and dllm score them: ``mc_num`` draws of a time t and a mask of a fraction t of the
   continuation only, each token weighted by the schedule (1/t, linear), ``perplexity.draw_elbo_plan`` /
   ``elbo_plan_nlls``. The draws of a request are seeded by ``seed`` and the request's tokens, so a score depends
@@ -18,8 +18,8 @@ line to lm-eval's own. Each request goes through the checkpoint's own likelihood
 ``loglikelihood_rolling`` scores a document in the windows of ``hf-lookaround perplexity`` (``max_length``,
 default ``config.trained_block_size``; ``stride``, default half of it) through the same functions, so its total
 NLL is the command's. ``generate_until`` decodes with the checkpoint's own decoder (``decoder``, default
-:func:`default_decoder`): diffusion decoding for a checkpoint that records a diffusion plan (mdlm, bd3lm, a mixture
-with one; ``DiffusionDecoding``, what ``generate(diffusion_threshold=... | diffusion_steps=...)`` runs), group
+:func:`default_decoder`): diffusion decoding for a checkpoint that records a diffusion plan (mdlm, bd3lm in either
+form, a mixture with one; ``DiffusionDecoding``, what ``generate(diffusion_threshold=... | diffusion_steps=...)`` runs), group
 decoding on the ``ar`` path, else the package's infilling of ``max_gen_toks`` hidden tokens after the prompt.
 """
 
@@ -41,7 +41,7 @@ except ImportError as err:  # an optional extra: say which
 from tqdm.auto import tqdm
 
 from .. import objectives
-from ..decoding import DiffusionDecoding, is_one_stream_group_model
+from ..decoding import DiffusionDecoding, is_block_diffusion_model, is_one_stream_group_model
 from ..models.lookaround.diffusion_lookaround import is_diffusion_model
 from ..plans import Plan
 from . import perplexity as ppl
@@ -93,9 +93,10 @@ def likelihood_path(config) -> str:
 
 def default_decoder(config, path: str) -> str:
     """How ``generate_until`` decodes a checkpoint: ``diffusion`` where it records a diffusion plan
-    (``config.diffusion_block_size``) and predicts with the query stream, ``group`` on the ``ar`` path, else
-    ``infill`` (other masked checkpoints, and the ``[MASK]`` form of a diffusion one)."""
-    if is_diffusion_model(config) and getattr(config, "prediction_stream", None) != "content":
+    (``config.diffusion_block_size``) and predicts with the query stream or in BD3-LM's one-stream ``x_t ⊕ x_0``
+    layout, ``group`` on the ``ar`` path, else ``infill`` (other masked checkpoints, and mdlm's ``[MASK]`` form)."""
+    if is_diffusion_model(config) and (getattr(config, "prediction_stream", None) != "content"
+                                       or is_block_diffusion_model(config)):
         return "diffusion"
     return "group" if path == "ar" else "infill"
 
@@ -191,6 +192,11 @@ class LookAroundLM(TemplateLM):
         self.decoder = decoder or default_decoder(config, self.path)
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder={self.decoder!r}: choose one of {DECODERS}")
+        if is_block_diffusion_model(config) and (self.path, self.decoder) != ("elbo", "diffusion"):
+            # x_t ⊕ x_0 is its only input: no causal view, no [MASK]-only input for the masked prefix or infilling
+            raise ValueError(f"this checkpoint is BD3-LM's one-stream form (x_t ⊕ x_0): it is scored by path=elbo and "
+                             f"decoded by decoder=diffusion only, got path={self.path}, decoder={self.decoder}: drop "
+                             f"path and decoder from model_args")
         self.diffusion = None
         if self.decoder == "diffusion":  # checked now (knobs, the trained block), not at the first generation task
             self.diffusion = DiffusionDecoding(

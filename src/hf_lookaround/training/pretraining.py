@@ -607,7 +607,11 @@ class LookAroundTrainer(Trainer):
         from ..models.lookaround.masking_lookaround import annealing_revealed_keys
 
         tokens = inputs["input_ids"]
-        return {**inputs, "revealed_keys": annealing_revealed_keys(step / steps, *tokens.shape, device=tokens.device)}
+        # bd3lm's one-stream batch is x_t ⊕ x_0: a token's two copies are revealed together
+        config = getattr(self.accelerator.unwrap_model(model, keep_torch_compile=False), "config", None)
+        copies = 2 if is_block_diffusion_model(config) else 1
+        return {**inputs, "revealed_keys": annealing_revealed_keys(step / steps, *tokens.shape, device=tokens.device,
+                                                                   copies=copies)}
 
     def get_train_dataloader(self):
         # a stream that split_dataset_by_node already split per rank must not be split again by accelerate

@@ -53,14 +53,19 @@ def annealing_allows(row_position, key_position, key_revealed):
 
 
 def annealing_revealed_keys(progress: float, batch: int, num_keys: int, device=None,
-                            generator: torch.Generator | None = None) -> torch.Tensor:
+                            generator: torch.Generator | None = None, copies: int = 1) -> torch.Tensor:
     """(B, K) bool: the keys revealed at annealing progress ``p`` (0: causal, 1: the objective's mask).
 
     Each key of each sequence draws a threshold ``u ~ U[0, 1)`` and is revealed to every earlier row iff ``u < p``,
     so a fraction ``p`` of the later keys is visible in expectation. DiffuLLaMA draws a Bernoulli(p) per (row, key)
     pair instead; a threshold per key keeps the mask's state (B, K), which a FlexAttention ``mask_mod`` reads as it
-    reads the ranks, and has the same expected fraction."""
-    return torch.rand(batch, num_keys, device=device, generator=generator) < progress
+    reads the ranks, and has the same expected fraction.
+
+    ``copies``: the keys hold the sequence ``copies`` times, one copy after another (BD3-LM's ``x_t ⊕ x_0``: 2);
+    the copies of a token share its draw, as the two-stream form reveals a token's one key to every row."""
+    if copies < 1 or num_keys % copies:
+        raise ValueError(f"annealing: {num_keys} keys do not hold {copies} copies of a sequence")
+    return (torch.rand(batch, num_keys // copies, device=device, generator=generator) < progress).repeat(1, copies)
 
 
 def infilling_ranks(hidden: torch.Tensor, is_condition: torch.Tensor) -> torch.Tensor:

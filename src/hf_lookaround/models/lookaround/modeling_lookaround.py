@@ -992,14 +992,17 @@ class LookAroundForMaskedLM(LookAroundSingleOrTwoStreamLM):
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
 
-    def prepare_attention(self, input_ids=None, attention_mask=None, inputs_embeds=None, **unused):
+    def prepare_attention(self, input_ids=None, attention_mask=None, inputs_embeds=None, position_ids=None,
+                          revealed_keys=None, **unused):
         """BD3-LM's one-stream form: the masks of `forward(**batch, one_stream_layout=True)`, built now (outside a
-        compiled step; without padding, the static masks built once per shape). Other masked LMs take no plan."""
+        compiled step; without padding or annealing, the static masks built once per shape). Other masked LMs take
+        no plan."""
         if not is_block_diffusion_model(self.config):
             raise ValueError("prepare_attention is for BD3-LM's one-stream form (default_attention='block_diffusion'); "
                              "this masked LM builds its bidirectional mask in forward")
         return self.model.prepare_attention(input_ids=input_ids, attention_mask=attention_mask,
-                                            inputs_embeds=inputs_embeds, attention_pattern="block_diffusion")
+                                            inputs_embeds=inputs_embeds, position_ids=position_ids,
+                                            attention_pattern="block_diffusion", revealed_keys=revealed_keys)
 
     def _masked_plan_ranks(self, input_ids, attention_mask, is_target) -> torch.Tensor:
         """The ranks masked pretraining gave a BOS-prefixed block: BOS alone at rank 0, the visible tokens rank 1,

@@ -85,3 +85,35 @@ def test_lora_under_ddp_trains_saves_merged_once_and_resumes_after_a_kill(source
     assert again.keys() == final.keys()
     for name in final:
         torch.testing.assert_close(again[name], final[name], rtol=0, atol=1e-6)
+
+
+def trained(out):
+    """The run's final weights (merged) and its logged losses per step."""
+    return load_file(out / "model.safetensors"), losses(out)
+
+
+@pytest.mark.parametrize("objective,reentrant", [("dar_one_stream", False), ("vmlm", True)])
+def test_lora_with_gradient_checkpointing_trains_as_without(sources, tmp_path, monkeypatch, objective, reentrant):
+    """--gradient_checkpointing with --lora_r: the checkpointed layers recompute their activations and the adapters
+    get the same gradients, so a few steps log the losses and end at the weights of the run without it. Both of
+    torch's checkpoint kinds: with use_reentrant=True the frozen embeddings' output must require grad
+    (transformers' enable_input_require_grads), or the adapters inside a layer would get none."""
+    import transformers.modeling_utils as modeling_utils
+    from test_adaptation_pretrain import pretrain
+
+    calls = []
+    checkpoint = modeling_utils.checkpoint
+    monkeypatch.setattr(modeling_utils, "checkpoint", lambda *a, **k: calls.append(k) or checkpoint(*a, **k))
+    common = ("--lora_r", "4", "--learning_rate", "5e-2", "--max_steps", "3", "--logging_steps", "1", "--seed", "3")
+    assert pretrain(sources, tmp_path / "plain", "llama", objective, *common) == 0
+    assert not calls
+    assert pretrain(sources, tmp_path / "checkpointed", "llama", objective, *common, "--gradient_checkpointing",
+                    "true", "--gradient_checkpointing_kwargs", json.dumps({"use_reentrant": reentrant})) == 0
+    assert calls and all(k.get("use_reentrant") is reentrant for k in calls)  # checkpointing really ran, as asked
+    (plain, reference), (weights, curve) = trained(tmp_path / "plain"), trained(tmp_path / "checkpointed")
+    assert sorted(reference) == [1, 2, 3] and len(set(reference.values())) == 3
+    assert [curve[s] for s in (1, 2, 3)] == pytest.approx([reference[s] for s in (1, 2, 3)], rel=1e-5)
+    before = load_file(tmp_path / "plain" / "init_from" / "model.safetensors")
+    assert any(not torch.equal(before[k], weights[k]) for k in before)  # the adapters trained
+    for name in plain:
+        torch.testing.assert_close(weights[name], plain[name], rtol=1e-4, atol=1e-5)

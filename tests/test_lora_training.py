@@ -7,10 +7,15 @@ final weights, and killing itself where asked)."""
 
 import gzip
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
 from test_adaptation import save_source, source_texts
 from test_distributed import torchrun
 
@@ -117,3 +122,117 @@ def test_lora_with_gradient_checkpointing_trains_as_without(sources, tmp_path, m
     assert any(not torch.equal(before[k], weights[k]) for k in before)  # the adapters trained
     for name in plain:
         torch.testing.assert_close(weights[name], plain[name], rtol=1e-4, atol=1e-5)
+
+
+FSDP_WORKER = textwrap.dedent(
+    """
+    import copy, json, os, sys, torch, torch.distributed as dist
+    from types import SimpleNamespace
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+    import hf_lookaround as H
+    from hf_lookaround.adaptation import (LORA_STATE_NAME, is_sharded, load_lora_checkpoint, lora_checkpoint_state,
+                                          merge_lora, with_lora)
+    from hf_lookaround.objectives import make_plan
+
+    dist.init_process_group("gloo")
+    rank, out = dist.get_rank(), sys.argv[1]
+    lora = SimpleNamespace(lora_r=4, lora_alpha=None, lora_dropout=0.0, lora_target_modules=None)
+
+    def build():
+        torch.manual_seed(0)
+        return with_lora(H.LookAroundForPreTraining(H.LookAroundConfig.from_preset("tiny", vocab_size=100)), lora)
+
+    def shard(model):  # as examples/accelerate/fsdp.yaml: each LookAroundLayer a unit, the rest in the root
+        for layer in model.model.layers:
+            fully_shard(layer)
+        return fully_shard(model)
+
+    def full(model):  # the full state dict FULL_STATE_DICT gathers (on rank 0; the others get none)
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    model = build()
+    reference = copy.deepcopy(model)  # one process, unsharded, same batch: the same update
+    before = {k: v.clone() for k, v in reference.state_dict().items()}
+    shard(model)
+    ids = torch.randint(4, 100, (2, 12), generator=torch.Generator().manual_seed(1))  # every rank: the same batch
+    plan = make_plan("dar", [12, 12], 12, generator=torch.Generator().manual_seed(2), t=2)
+    batch = dict(input_ids=ids, group_ids=plan.group_ids, labels=torch.where(plan.is_target, ids, -100))
+    for net in (model, reference):
+        optimizer = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-2)
+        for _ in range(2):  # two steps: after the first, lora_B (zero at the start) is non-zero
+            net(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    result = {"sharded": is_sharded(model), "merged_in_place": merge_lora(model)}
+    state = full(model)
+    folder = os.path.join(out, "checkpoint-2")
+    if rank == 0:
+        expected = reference.state_dict()
+        result["trained_like_one_process"] = max(float((state[k] - expected[k]).abs().max()) for k in expected)
+        result["moved"] = sorted(k for k in before if not torch.equal(before[k], state[k]))
+        merged, adapters = lora_checkpoint_state(model, state)  # what LookAroundTrainer._save writes
+        merge_lora(reference)  # peft's merge, in place, on the unsharded model
+        result["merged_keys_equal"] = sorted(merged) == sorted(reference.state_dict())
+        result["merge_error"] = max(float((merged[k] - v).abs().max()) for k, v in reference.state_dict().items())
+        os.makedirs(folder)
+        save_file({k: v.contiguous() for k, v in merged.items()}, os.path.join(folder, "model.safetensors"))
+        save_file({k: v.contiguous() for k, v in adapters.items()}, os.path.join(folder, LORA_STATE_NAME))
+    dist.barrier()
+    fresh = shard(build())  # a resumed run: a new sharded model loads the checkpoint on every rank
+    load_lora_checkpoint(fresh, folder)
+    again = full(fresh)
+    if rank == 0:
+        result["resume_error"] = max(float((again[k] - state[k]).abs().max()) for k in state)
+        result["resume_keys_equal"] = sorted(again) == sorted(state)
+        json.dump(result, open(os.path.join(out, "result.json"), "w"))
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_lora_under_fsdp2_trains_saves_the_merge_and_resumes(tmp_path):
+    """accelerate enables FSDP only on accelerators, so this runs FSDP2 itself (`fully_shard`, as
+    examples/accelerate/fsdp.yaml wraps) on 2 CPU processes (gloo) with the pieces a LoRA run's Trainer calls: the
+    adapters train beside frozen weights in one unit as in one process, the checkpoint's merge computed from the
+    gathered full state dict equals peft's in-place merge, the in-place merge is skipped on shards, and a fresh
+    sharded model loads the checkpoint back on every rank."""
+    script = tmp_path / "worker.py"
+    script.write_text(FSDP_WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+           str(tmp_path)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HUNG_CHILD_SECONDS)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["sharded"] and result["merged_in_place"] is False
+    assert result["trained_like_one_process"] < 1e-5
+    assert result["moved"] and all(".lora_" in k for k in result["moved"]), result["moved"]  # frozen stayed frozen
+    assert result["merged_keys_equal"] and result["merge_error"] < 1e-6
+    assert result["resume_keys_equal"] and result["resume_error"] == 0
+
+
+def test_lora_under_fsdp1_is_refused_in_one_line():
+    """FSDP1's flat parameters mix the frozen weights and the adapters of a unit: refused, naming FSDP2 (the recipe)."""
+    from types import SimpleNamespace
+
+    from hf_lookaround import LookAroundConfig, LookAroundForPreTraining
+    from hf_lookaround.adaptation import check_lora_trainer, with_lora
+
+    base = LookAroundForPreTraining(LookAroundConfig.from_preset("tiny", vocab_size=100))
+    adapted = with_lora(LookAroundForPreTraining(LookAroundConfig.from_preset("tiny", vocab_size=100)),
+                        SimpleNamespace(lora_r=2, lora_alpha=None, lora_dropout=0.0, lora_target_modules=None))
+
+    def trainer(model, version, fsdp=True):
+        plugin = SimpleNamespace(fsdp_version=version)
+        return SimpleNamespace(model=model, is_fsdp_enabled=fsdp,
+                               accelerator=SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)))
+
+    with pytest.raises(ValueError, match="FSDP version 1") as error:
+        check_lora_trainer(trainer(adapted, 1))
+    assert "fsdp_version: 2" in str(error.value) and "\n" not in str(error.value)
+    check_lora_trainer(trainer(adapted, 2))  # FSDP2: supported
+    check_lora_trainer(trainer(adapted, 1, fsdp=False))  # DDP or one process
+    check_lora_trainer(trainer(base, 1))  # full fine-tuning under FSDP1 as before

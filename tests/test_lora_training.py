@@ -236,3 +236,73 @@ def test_lora_under_fsdp1_is_refused_in_one_line():
     check_lora_trainer(trainer(adapted, 2))  # FSDP2: supported
     check_lora_trainer(trainer(adapted, 1, fsdp=False))  # DDP or one process
     check_lora_trainer(trainer(base, 1))  # full fine-tuning under FSDP1 as before
+
+
+def test_lora_model_compiles_in_one_graph_with_the_eager_loss_and_gradients():
+    """The adapters (peft's LoRA Linear, dropout on) add no graph break to the compiled training step, which gives
+    the eager loss and gradients (`aot_eager`: dynamo's whole trace and AOTAutograd's graphs, without inductor's
+    minutes of CPU code generation; see tests/test_compile.py)."""
+    from types import SimpleNamespace
+
+    import hf_lookaround as H
+    from hf_lookaround import objectives
+    from hf_lookaround.adaptation import with_lora
+    from hf_lookaround.objectives import make_plan
+
+    torch.manual_seed(0)
+    config = H.LookAroundConfig.from_preset("tiny", vocab_size=100, attn_implementation="sdpa")
+    model = with_lora(H.LookAroundForPreTraining(config), SimpleNamespace(
+        lora_r=4, lora_alpha=None, lora_dropout=0.1, lora_target_modules=None)).train()
+    with torch.no_grad():  # lora_B starts at zero: give the adapters a visible effect
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    ids = torch.randint(4, 100, (2, 16))
+    plan = make_plan("dar", [16, 16], 16, generator=torch.Generator().manual_seed(2), t=2)
+    batch = dict(input_ids=ids, group_ids=plan.group_ids, labels=torch.where(plan.is_target, ids, -100),
+                 target_positions=plan.target_positions(pad_to=objectives.max_targets("dar", 16, t=2)))
+    prepared = model.prepare_attention(**batch)
+
+    def step(net):
+        model.zero_grad()
+        torch.manual_seed(5)  # the same dropout draws
+        loss = net(**batch, prepared_attention=prepared).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+            got, got_grads = step(torch.compile(model, fullgraph=True, dynamic=False, backend="aot_eager"))
+    finally:
+        torch._dynamo.reset()
+    want, want_grads = step(model)
+    assert want_grads and all("lora_" in name for name in want_grads)  # the adapters alone train
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert got_grads.keys() == want_grads.keys()
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_lora_run_under_torch_compile_logs_the_eager_losses(sources, tmp_path):
+    """`pretrain --lora_r --torch_compile` (backend aot_eager on the CPU): the Trainer's compiled model trains the
+    adapters to the losses and merged weights of the eager run."""
+    from torch._dynamo.utils import counters
+    from test_adaptation_pretrain import pretrain
+
+    common = ("--lora_r", "4", "--learning_rate", "5e-2", "--max_steps", "3", "--logging_steps", "1", "--seed", "3")
+    assert pretrain(sources, tmp_path / "eager", "llama", "vmlm", *common) == 0
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        assert pretrain(sources, tmp_path / "compiled", "llama", "vmlm", *common, "--torch_compile", "true",
+                        "--torch_compile_backend", "aot_eager") == 0
+        assert counters["stats"]["unique_graphs"] > 0  # dynamo really compiled the step
+    finally:
+        torch._dynamo.reset()
+    (eager, reference), (weights, curve) = trained(tmp_path / "eager"), trained(tmp_path / "compiled")
+    assert sorted(reference) == [1, 2, 3] and len(set(reference.values())) == 3
+    assert [curve[s] for s in (1, 2, 3)] == pytest.approx([reference[s] for s in (1, 2, 3)], rel=1e-5)
+    assert weights.keys() == eager.keys() and not any("lora_" in k for k in weights)  # merged, as eager
+    for name in eager:
+        torch.testing.assert_close(weights[name], eager[name], rtol=1e-4, atol=1e-5)

@@ -306,3 +306,20 @@ def test_lora_run_under_torch_compile_logs_the_eager_losses(sources, tmp_path):
     assert weights.keys() == eager.keys() and not any("lora_" in k for k in weights)  # merged, as eager
     for name in eager:
         torch.testing.assert_close(weights[name], eager[name], rtol=1e-4, atol=1e-5)
+
+
+def test_lora_run_under_bf16_autocast_trains_near_fp32_and_saves_fp32_merged_weights(sources, tmp_path):
+    """`--bf16 true` (autocast; the adapters and weights stay fp32): the losses follow the fp32 run's to bf16's
+    precision, and the merged checkpoint is fp32, moved in the adapted projections only."""
+    from test_adaptation_pretrain import pretrain
+
+    common = ("--lora_r", "4", "--learning_rate", "5e-2", "--max_steps", "3", "--logging_steps", "1", "--seed", "3")
+    assert pretrain(sources, tmp_path / "fp32", "llama", "dar_one_stream", *common) == 0
+    assert pretrain(sources, tmp_path / "bf16", "llama", "dar_one_stream", *common, "--bf16", "true") == 0
+    (_, reference), (weights, curve) = trained(tmp_path / "fp32"), trained(tmp_path / "bf16")
+    assert curve != reference  # autocast really ran in bf16
+    assert [curve[s] for s in (1, 2, 3)] == pytest.approx([reference[s] for s in (1, 2, 3)], rel=2e-2)
+    before = load_file(tmp_path / "bf16" / "init_from" / "model.safetensors")
+    assert all(v.dtype == torch.float32 for v in weights.values())
+    moved = {k for k in before if not torch.equal(before[k], weights[k])}
+    assert moved and all(k.rsplit(".", 2)[-2].endswith("_proj") for k in moved), moved

@@ -1,9 +1,12 @@
-"""LoRA adaptation (`pretrain --init_from SRC --lora_r R`, issue 39) under DDP: two processes on the CPU (torchrun,
-gloo) train the adapters, keep the replicas equal, save a merged plain checkpoint from rank 0 only, and a run killed
-on both ranks resumes from its last checkpoint to the uninterrupted run's losses and weights.
+"""LoRA adaptation (`pretrain --init_from SRC --lora_r R`, issue 39) under the training setups a full run has:
 
-The runs go through ``tests/dist_worker.py pretrain`` (the command unchanged, recording each rank's batches, saves and
-final weights, and killing itself where asked)."""
+- DDP, two processes on the CPU (torchrun, gloo): the adapters train, the replicas stay equal, rank 0 alone saves a
+  merged plain checkpoint, and a run killed on both ranks resumes from its last checkpoint to the uninterrupted
+  run's losses and weights (that run with gradient checkpointing, which changes neither). The runs go through
+  ``tests/dist_worker.py pretrain`` (the command unchanged, recording each rank's batches, saves and final weights,
+  and killing itself where asked);
+- gradient checkpointing, bf16 autocast and torch.compile in one process, against the plain run;
+- FSDP2 (``fully_shard`` on 2 CPU processes: accelerate enables FSDP only on accelerators), and FSDP1's refusal."""
 
 import gzip
 import json
@@ -77,12 +80,14 @@ def test_lora_under_ddp_trains_saves_merged_once_and_resumes_after_a_kill(source
     model = AutoModelForCausalLM.from_pretrained(straight).eval()
     assert model.generate(torch.tensor([[1, 5, 6]]), max_new_tokens=2, do_sample=False, group_size=2).shape == (1, 5)
 
-    # 2. the same run killed on both ranks before step 4, then resumed from its last checkpoint (checkpoint-2)
+    # 2. the same run killed on both ranks before step 4, then resumed from its last checkpoint (checkpoint-2); this
+    # one with (reentrant) gradient checkpointing under DDP, which must change no loss or weight either
     out = tmp_path / "killed"
-    proc = torchrun(*lora_args(sources, out), env={"LOOKAROUND_TEST_KILL": "train:3"}, check=False)
+    checkpointed = ("--gradient_checkpointing", "true", "--gradient_checkpointing_kwargs", '{"use_reentrant": true}')
+    proc = torchrun(*lora_args(sources, out, *checkpointed), env={"LOOKAROUND_TEST_KILL": "train:3"}, check=False)
     assert proc.returncode != 0 and not (out / "trainer_state.json").exists()
     assert checkpointing.last_complete_checkpoint(out) == out / "checkpoint-2"
-    torchrun(*lora_args(sources, out, "--resume_from_checkpoint", "last"))
+    torchrun(*lora_args(sources, out, *checkpointed, "--resume_from_checkpoint", "last"))
     reference, curve = losses(straight), losses(out)
     assert sorted(reference) == [1, 2, 3, 4] and len(set(reference.values())) > 2
     assert [curve[s] for s in (3, 4)] == pytest.approx([reference[s] for s in (3, 4)], abs=1e-5)

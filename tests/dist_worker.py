@@ -6,7 +6,8 @@
 ``pretrain`` runs ``hf-lookaround pretrain`` (``hf_lookaround.cli.pretrain.main``) unchanged, except that its Trainer
 records what each rank trained on, and can SIGKILL itself at a chosen moment:
 
-- ``LOOKAROUND_TEST_RECORD=DIR``: every rank appends its batches to ``DIR/rank{r}.jsonl``;
+- ``LOOKAROUND_TEST_RECORD=DIR``: every rank appends its batches to ``DIR/rank{r}.jsonl`` and, when training ends,
+  writes a digest of its model's final weights to ``DIR/weights{r}.json`` (replicas must agree);
 - ``LOOKAROUND_TEST_KILL=train:N``: every rank kills itself (SIGKILL) when about to run step N+1;
 - ``LOOKAROUND_TEST_KILL=save:N``: every rank kills itself in the middle of saving checkpoint-N
   (the weights are written, the optimizer, RNG states and trainer state are not).
@@ -52,11 +53,24 @@ def pretrain(argv):
                     "find_unused_parameters": getattr(model, "find_unused_parameters", None),
                     "epoch": self.data_collator.epoch,
                     "input_ids": inputs["input_ids"].tolist(),
-                    "group_ids": inputs["group_ids"].tolist(),
+                    # a one-stream form built once per shape (dar's block-causal mask) has no group ids per batch
+                    "group_ids": inputs["group_ids"].tolist() if "group_ids" in inputs else None,
                 }
                 with open(Path(record_dir) / f"rank{rank}.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")
             return super().training_step(model, inputs, num_items_in_batch)
+
+        def train(self, *args, **kwargs):
+            result = super().train(*args, **kwargs)
+            if record_dir:  # every rank's own weights after training (a LoRA run's merged at its end)
+                import hashlib
+
+                rank = dist.get_rank() if dist.is_initialized() else 0
+                state = self.accelerator.unwrap_model(self.model).state_dict()
+                digest = {name: hashlib.sha256(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
+                                               .tobytes()).hexdigest() for name, t in state.items()}
+                (Path(record_dir) / f"weights{rank}.json").write_text(json.dumps(digest))
+            return result
 
         def _save_optimizer_and_scheduler(self, output_dir):
             if where == "save" and self.state.global_step == kill_step:

@@ -527,12 +527,27 @@ def lora_checkpoint_state(model, state_dict: dict | None = None) -> tuple[dict, 
             plain = f"{owner}.{rest[len('base_layer.'):]}"
             merged[plain] = value
             if rest == "base_layer.weight":  # W + (B A) * scale of each active adapter, as LoraLayer.merge adds
-                module = modules[owner]
                 merged[plain] = value.detach().clone()
-                for adapter in module.active_adapters:
-                    if adapter in module.lora_A:
-                        merged[plain] += module.get_delta_weight(adapter).detach().to(value.dtype).to(value.device)
+                for adapter in modules[owner].active_adapters:
+                    delta = lora_delta(modules[owner], adapter, state, owner)
+                    if delta is not None:
+                        merged[plain] += delta.to(value.dtype).to(value.device)
     return merged, lora
+
+
+def lora_delta(module, adapter: str, state: dict, owner: str):
+    """``(B A) * scale`` of one adapter, as peft's ``Linear.get_delta_weight`` computes it, but from the tensors of
+    ``state`` (a full state dict) rather than the module's own: under FSDP the module holds shards of A and B."""
+    import torch
+
+    a, b = state.get(f"{owner}.lora_A.{adapter}.weight"), state.get(f"{owner}.lora_B.{adapter}.weight")
+    if a is None or b is None:
+        return None
+    a, b = a.detach(), b.detach()
+    if a.device.type == "cpu" and a.dtype in (torch.float16, torch.bfloat16):  # as peft: no half matmul on the CPU
+        a, b = a.float(), b.float()
+    delta = b @ a
+    return (delta.T if module.fan_in_fan_out else delta) * module.scaling[adapter]
 
 
 def load_lora_checkpoint(model, folder) -> object | None:
@@ -553,7 +568,32 @@ def load_lora_checkpoint(model, folder) -> object | None:
     lora = load_file(path)
     plain = {k: v for k, v in load_file(os.path.join(folder, "model.safetensors")).items()
              if not any(k.startswith(name + ".") for name in modules)}
-    return model.load_state_dict({**plain, **lora}, strict=False)
+    if not is_sharded(model):
+        return model.load_state_dict({**plain, **lora}, strict=False)
+    # FSDP2: every rank hands its full copy to torch, which keeps each parameter's own shard
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    return set_model_state_dict(model, {**plain, **lora}, options=StateDictOptions(full_state_dict=True,
+                                                                                     strict=False))
+
+
+def is_sharded(model) -> bool:
+    """Whether FSDP2 (``fully_shard``) holds the model's parameters as shards (DTensors)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(param, DTensor) for param in model.parameters())
+
+
+def check_lora_trainer(trainer) -> None:
+    """Refuse, in one line, a LoRA run under a setup whose adapters this package does not handle: FSDP1 (its flat
+    parameters mix frozen and trained weights; peft needs ``use_orig_params=True`` there, and the merge would
+    act on flat shards). FSDP2, the recipe's (``examples/accelerate/fsdp.yaml``), keeps each parameter apart."""
+    if not lora_modules(trainer.model) or not getattr(trainer, "is_fsdp_enabled", False):
+        return
+    version = getattr(trainer.accelerator.state.fsdp_plugin, "fsdp_version", 1)
+    if version != 2:
+        raise ValueError(f"--lora_r under FSDP version {version} is not supported: use FSDP2 (fsdp_version: 2 "
+                         "in the accelerate config, as examples/accelerate/fsdp.yaml does)")
 
 
 def merge_lora(model) -> bool:
@@ -561,6 +601,10 @@ def merge_lora(model) -> bool:
     the plain LookAround names); returns whether there was any."""
     from peft.tuners.lora import LoraLayer
 
+    if is_sharded(model):
+        # FSDP2: the adapters and weights are shards; the final save gathers the full state dict and writes the
+        # merge computed from it (lora_checkpoint_state), so the saved model is merged all the same
+        return False
     merged = False
     for name, module in list(model.named_modules()):
         if isinstance(module, LoraLayer):
@@ -578,4 +622,4 @@ def merge_lora(model) -> bool:
 __all__ = ["SUPPORTED_TYPES", "MASK_TOKEN", "ConversionError", "convert", "convert_folder", "lookaround_config",
            "export", "export_family", "family_config", "to_lookaround_weights", "from_lookaround_weights",
            "prepare_init", "with_lora", "merge_lora", "LORA_STATE_NAME", "lora_checkpoint_state",
-           "load_lora_checkpoint"]
+           "load_lora_checkpoint", "check_lora_trainer"]

@@ -545,10 +545,13 @@ class LookAroundTrainer(Trainer):
             return super()._save(output_dir, state_dict)
         merged, lora = parts
         super()._save(output_dir, merged)
+        folder = output_dir or self.args.output_dir
+        if not os.path.basename(os.path.normpath(folder)).startswith(PREFIX_CHECKPOINT_DIR):
+            return  # the final model (under FSDP2 its adapters are not merged in place): plain, no adapter file
         from safetensors.torch import save_file
 
         save_file({k: v.detach().contiguous().cpu() for k, v in lora.items()},
-                  os.path.join(output_dir or self.args.output_dir, LORA_STATE_NAME), metadata={"format": "pt"})
+                  os.path.join(folder, LORA_STATE_NAME), metadata={"format": "pt"})
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         from ..adaptation import load_lora_checkpoint
@@ -1227,6 +1230,9 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
                                                                          training_args)
     trainer = build_trainer(config, model_args, objective_args, training_args, tokenizer, train_blocks, eval_blocks,
                             block_size=block_size, callbacks=callbacks, run_settings={"block_size": block_size})
+    from ..adaptation import check_lora_trainer
+
+    check_lora_trainer(trainer)  # --lora_r under a setup its adapters cannot run in (FSDP1): one line
 
     metrics: dict = {}
     decision = checkpointing.decide_resume(training_args, trainer.model.config, trainer.run_settings)

@@ -147,12 +147,13 @@ class AttentionPlan:
 
     def dense(self) -> torch.Tensor:
         """Boolean mask (B, 1, L, K), built on the device from the ranks."""
+        noised = () if self.key_is_noised is None else (self.key_is_noised[:, None, :],)
         allowed = may_attend(
             self.query_rank[:, :, None],
             self.key_rank[:, None, :],
             self.query_is_strict[:, :, None],
             self.key_valid[:, None, :],
-            None if self.key_is_noised is None else self.key_is_noised[:, None, :],
+            *noised,
         )
         if self.annealed:
             allowed = allowed & annealing_allows(self.row_position[:, :, None], self.key_position[:, None, :],
@@ -194,9 +195,9 @@ class AttentionPlan:
 
         def mask_mod(b, h, q_idx, kv_idx):
             b = 0 if broadcast else b
-            noised = None if k_noised is None else k_noised[b, kv_idx] != 0
+            noised = () if k_noised is None else (k_noised[b, kv_idx] != 0,)
             allowed = may_attend(q_rank[b, q_idx], k_rank[b, kv_idx], strict[b, q_idx] != 0, k_valid[b, kv_idx] != 0,
-                                 noised)
+                                 *noised)
             if annealed:
                 allowed = allowed & annealing_allows(row_pos[b, q_idx], key_pos[b, kv_idx], revealed[b, kv_idx] != 0)
             return allowed

@@ -271,8 +271,10 @@ class _DiffusionRun:
             attention_pattern="bidirectional", past_key_values=self.cache, use_cache=self.cache is not None,
             prepared=PreparedInputs(attention=masks),
         )
-        if self.cache is not None:  # keep the clean rows, drop the noised ones
-            self.cache.crop(start)
+        if self.cache is not None:  # keep the clean rows, drop the noised ones (crop takes a negative count in 5.x)
+            drop = self.cache.get_seq_length() - start
+            if drop > 0:
+                self.cache.crop(-drop)
             self.cached = start
         return self.model.lm_head(out.last_hidden_state[:, start - past:]).float()
 

@@ -10,7 +10,8 @@
 #   bash study/c1_device_call.sh 1 c1p1c3 --finished_from .devdata/c1/bundles/*.json.gz   # after a lost machine
 #   bash study/c1_device_call.sh 2 c1p2c1 --with_optional # the mixture (budget.mixture_rule)
 # Each task's three fine-tuning rates run at once, one process each (RATE_PROCESSES, default 3; the scores do not
-# depend on it: study/tests/test_study_c1.py). The bundle of every record so far: $OUT/curves__part<P>__<label>.json.gz
+# depend on it: study/tests/test_study_c1.py). A cell starts its evaluation only if 1.2 x EVAL_MINUTES_GUESS (default 1;
+# the C1 probes took 25-34 s) fits before the deadline. The bundle of every record so far: $OUT/curves__part<P>__<label>.json.gz
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PART=$1; LABEL=$2; shift 2
@@ -25,7 +26,7 @@ if [ "${STUDY_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null &&
 fi
 # records and checkpoints live on the machine's disk (outputs/c1), kept while the machine stays warm
 python3 study/study_curves.py run --protocol study/study_protocol_c1.json --stamp .devdata/c1/code_commit.json \
-    --part "$PART" --command_label "$LABEL" --minutes "${MINUTES:-9}" --bundle_dir "$OUT" --rate_processes "${RATE_PROCESSES:-3}" \
+    --part "$PART" --command_label "$LABEL" --minutes "${MINUTES:-9}" --bundle_dir "$OUT" --rate_processes "${RATE_PROCESSES:-3}" --eval_minutes_guess "${EVAL_MINUTES_GUESS:-1}" \
     --records_dir outputs/c1/records --work_dir outputs/c1/work \
     --corpus_dir .devdata/c1/gutenberg --data_root /tmp/c1data --bbc_dir /tmp/c1data/bbcnews/data "$@"
 status=$?

@@ -413,9 +413,20 @@ def plan(args, cells_done: dict, decoding_done: bool, work: Path) -> list[dict]:
         jobs.append(dict(name=name, kind="cell", cell=cell, seed=seed, needs=[], exclusive=False,
                          rerun_for_decoding=name in cells_done))
     if args.decode and not decoding_done:
+        # it waits for every one of its cells to end, and starts if the two it cannot do without finished (a failed
+        # one-stream cell only leaves its rows out)
         jobs.append(dict(name="decoding", kind="decode", needs=[cell_name(c, 0) for c in decode_needs(args.cells)],
+                         required=[cell_name(c, 0) for c in DECODE_NEEDS],
                          exclusive=True))
     return jobs
+
+
+def needs_met(job: dict, done: dict, waiting: set) -> bool:
+    """Every cell the job needs has ended (none still to run or running: a rerun of an earlier call's cell counts),
+    and the ones it requires finished (exit 0); ``done``: cell -> exit code."""
+    if any(n not in done or n in waiting for n in job["needs"]):
+        return False
+    return all(done[n] == 0 for n in job.get("required", job["needs"]))
 
 
 def run_pool(args, jobs, settings, prep, work: Path, out: Path, state: dict) -> None:
@@ -433,9 +444,10 @@ def run_pool(args, jobs, settings, prep, work: Path, out: Path, state: dict) -> 
     while pending or running:
         now = time.time()
         for job in list(pending):
-            if any(done.get(n, None) not in (0,) for n in job["needs"]):
+            if not needs_met(job, done, waiting=set(running) | {j["name"] for j in pending}):
                 continue
-            if job["kind"] == "decode" and not all(Path(m, "model.safetensors").is_file() for m in models.values()):
+            if job["kind"] == "decode" and not all(Path(models[c], "model.safetensors").is_file()
+                                                   for c in DECODE_NEEDS):
                 continue  # its models are not on this machine yet (their cells are rerun above)
             left = deadline - now
             if left < (args.decode_min_s if job["kind"] == "decode" else args.cell_min_s):
@@ -453,7 +465,8 @@ def run_pool(args, jobs, settings, prep, work: Path, out: Path, state: dict) -> 
                 exclusive.add(gpu)
             folder = work / ("cells/" + job["name"] if job["kind"] == "cell" else job["name"])
             folder.mkdir(parents=True, exist_ok=True)
-            spec = dict(job, gpu=gpu, folder=str(folder), settings=settings, prep=prep, models=models)
+            have = {c: m for c, m in models.items() if c in DECODE_NEEDS or Path(m, "model.safetensors").is_file()}
+            spec = dict(job, gpu=gpu, folder=str(folder), settings=settings, prep=prep, models=have)
             (folder / "spec.json").write_text(json.dumps(spec, indent=1))
             job_env = env if gpu == "cpu" else dict(env, CUDA_VISIBLE_DEVICES=gpu)
             log = open(folder / "job_log.txt", "a")

@@ -44,6 +44,18 @@ def test_plan_skips_finished_cells_and_reruns_a_decoding_model_missing_here(tmp_
     assert [j["name"] for j in bench.plan(_args(seeds=[0, 1]), done, decoding_done=True, work=tmp_path)] == []
 
 
+def test_decoding_starts_without_a_failed_one_stream_cell_but_never_without_ar_or_bd3lm(tmp_path):
+    (job,) = [j for j in bench.plan(_args(), {}, decoding_done=False, work=tmp_path) if j["name"] == "decoding"]
+    ok = {"ar__s0": 0, "bd3lm-b4__s0": 0}
+    assert not bench.needs_met(job, ok, waiting={"bd3lm-b4-1s__s0"})  # the one-stream cell still runs: wait
+    assert not bench.needs_met(job, {**ok, "bd3lm-b4-1s__s0": 0}, waiting={"bd3lm-b4-1s__s0"})  # rerun pending
+    assert bench.needs_met(job, {**ok, "bd3lm-b4-1s__s0": 0}, waiting=set())
+    assert bench.needs_met(job, {**ok, "bd3lm-b4-1s__s0": 1}, waiting=set())  # failed: decode without its rows
+    assert not bench.needs_met(job, {**ok, "bd3lm-b4-1s__s0": 0, "ar__s0": -9}, waiting=set())  # ar killed
+    cell = {"needs": []}
+    assert bench.needs_met(cell, {}, waiting=set())
+
+
 def test_decoding_target_against_the_faster_compiled_ar_row():
     rows = [dict(decoder="ar a", kind="baseline", mode="greedy", batch=1, new_tokens_per_s=100.0, gen_ppl=10.0),
             dict(decoder="ar b", kind="baseline", mode="greedy", batch=1, new_tokens_per_s=200.0, gen_ppl=12.0),

@@ -15,6 +15,9 @@ Two subcommands; benchmarks/adapt_device_call.sh runs the whole measurement with
         --out runs/adapt/source
     python benchmarks/adapt_bench.py eval --source runs/adapt/source --eval_file V --out result.json \
         --checkpoint adapted_dar_40M=runs/adapt/dar_40M ...
+    # the CPU smoke run: adapt_device_call.sh end to end (every stage, 3b's annealing arm included) at the sizes of
+    # SMOKE_RUN (`tiny`, a few steps) on synthetic text, with DEVICE_SMOKE=1 (source and eval get --smoke)
+    PYTHONPATH=src python benchmarks/adapt_bench.py --smoke --out /tmp/adapt_smoke
 """
 
 from __future__ import annotations

@@ -157,3 +157,12 @@ def test_the_diffusion_call_and_every_cell_command_parse(tmp_path, monkeypatch):
             perplexity_parser().parse_args(argv)
     one_stream = next(c for c in commands if c[3] == "pretrain" and "single_stream" in c and "bd3lm" in c)
     assert ("--masked_form", "single_stream") in zip(one_stream, one_stream[1:])
+
+
+def test_adapt_bench_smoke_sizes_give_way_to_the_command_line():
+    argv = ["eval", "--source", "s", "--eval_file", "v", "--out", "o"]
+    args = adapt_bench.parse_args([*argv, "--smoke", "--prompts", "5"])
+    assert args.prompts == 5 and args.new_tokens == adapt_bench.SMOKE_EVAL["new_tokens"] != 128
+    assert adapt_bench.parse_args(argv).new_tokens == 128
+    with pytest.raises(SystemExit):  # neither a subcommand nor --smoke --out
+        adapt_bench.parse_args(["--smoke"])

@@ -15,6 +15,9 @@ Two subcommands; benchmarks/adapt_device_call.sh runs the whole measurement with
         --out runs/adapt/source
     python benchmarks/adapt_bench.py eval --source runs/adapt/source --eval_file V --out result.json \
         --checkpoint adapted_dar_40M=runs/adapt/dar_40M ...
+    # the CPU smoke run: adapt_device_call.sh end to end (every stage, 3b's annealing arm included) at the sizes of
+    # SMOKE_RUN (`tiny`, a few steps) on synthetic text, with DEVICE_SMOKE=1 (source and eval get --smoke)
+    PYTHONPATH=src python benchmarks/adapt_bench.py --smoke --out /tmp/adapt_smoke
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ def read_texts(path: str, limit: int | None = None) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------------ source
+BASE_LLAMA = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+SMOKE_LLAMA = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)  # `tiny`'s
+
+
 def packed_blocks(texts, tokenizer, block_size: int) -> torch.Tensor:
     """BOS + block_size - 1 tokens per block, documents joined by EOS (the package's packing, data/text.py)."""
     stream: list[int] = []
@@ -80,9 +87,9 @@ def train_source(args) -> None:
         def __getitem__(self, i):
             return {"input_ids": blocks[i], "labels": blocks[i]}
 
+    size = SMOKE_LLAMA if args.smoke else BASE_LLAMA
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-        intermediate_size=3072, max_position_embeddings=args.max_positions, rms_norm_eps=1e-6,
+        vocab_size=len(tokenizer), **size, max_position_embeddings=args.max_positions, rms_norm_eps=1e-6,
         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
@@ -213,9 +220,47 @@ def evaluate(args) -> None:
     print("\n".join(rows))
 
 
-def main(argv=None) -> int:
+# ------------------------------------------------------------------------------------------------------ smoke
+# the CPU smoke run: adapt_device_call.sh end to end, every stage (3b's annealing arm included), at these sizes
+SMOKE_RUN = dict(NGPU="1", BLOCK="64", BATCH="4", PRESET="tiny", VOCAB="512", SOURCE_TOKENS="1024",
+                 ADAPT_TOKENS="1024 2048", ANNEAL_TOKENS="2048", ANNEAL_SHARE="2", SCRATCH_TOKENS="2048",
+                 SCRATCH_EVERY="1024")
+SMOKE_EVAL = dict(documents=2, chars_per_document=4000, semi_ar_blocks=4, prompts=2, prompt_tokens=8, new_tokens=8)
+
+
+def smoke(out: str) -> int:
+    """Synthetic books (diffusion_bench's), then the device script with DEVICE_SMOKE=1; checks every row came."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    here = Path(__file__).resolve().parent
+    spec = importlib.util.spec_from_file_location("diffusion_bench", here / "diffusion_bench.py")
+    diffusion_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diffusion_bench)
+    out = Path(out).resolve()
+    corpus = diffusion_bench.synthetic_corpus(out / "corpus")
+    env = dict(os.environ, **SMOKE_RUN, DEVICE_SMOKE="1", OUT=str(out), R=str(out / "runs"),
+               TRAIN=str(corpus / "train.jsonl.gz"), VALID=str(corpus / "validation.jsonl.gz"),
+               TOK=str(out / "runs" / "tok"), PATH=os.pathsep.join([str(Path(sys.executable).parent),
+                                                                   os.environ.get("PATH", "")]))
+    rc = subprocess.run(["bash", str(here / "adapt_device_call.sh")], env=env).returncode
+    rows = json.loads((out / "adapt_bench.json").read_text()) if (out / "adapt_bench.json").is_file() else {}
+    expected = ["source_llama", "converted_step0"] + [
+        f"{objective}_{run}" for objective in ("dar", "mixture")
+        for run in ("adapt_1k", "adapt_2k", "adapt_2k_annealed", "scratch_1k", "scratch_2k")]
+    missing = [name for name in expected if name not in rows]
+    print(f"adapt smoke: exit {rc}; {len(rows)} rows; missing: {missing or 'none'}", flush=True)
+    return rc or (1 if missing else 0)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--smoke", action="store_true", help="CPU: the device script end to end at tiny sizes "
+                        "on synthetic text (with --out DIR and no subcommand)")
+    parser.add_argument("--out", default=None, help="--smoke's folder")
+    commands = parser.add_subparsers(dest="command")
     source = commands.add_parser("source", help="train the plain-transformers Llama (under torchrun)")
     source.add_argument("--train_file", required=True)
     source.add_argument("--tokenizer", required=True)
@@ -226,6 +271,7 @@ def main(argv=None) -> int:
     source.add_argument("--lr", type=float, default=6e-4)
     source.add_argument("--warmup_steps", type=int, default=200)
     source.add_argument("--out", required=True)
+    source.add_argument("--smoke", action="store_true", help="a tiny Llama (the smoke run)")
     ev = commands.add_parser("eval", help="score checkpoints on held-out books")
     ev.add_argument("--source", required=True, help="the source Llama: the scorer of generations, and the tokenizer")
     ev.add_argument("--eval_file", required=True)
@@ -238,7 +284,21 @@ def main(argv=None) -> int:
     ev.add_argument("--prompts", type=int, default=32)
     ev.add_argument("--prompt_tokens", type=int, default=64)
     ev.add_argument("--new_tokens", type=int, default=128)
+    ev.add_argument("--smoke", action="store_true", help="the smoke run's sizes, except where given")
     args = parser.parse_args(argv)
+    if args.command is None and not (args.smoke and args.out):
+        parser.error("give a subcommand (source or eval), or --smoke --out DIR")
+    if args.command == "eval" and args.smoke:
+        for key, value in SMOKE_EVAL.items():
+            if getattr(args, key) == ev.get_default(key):
+                setattr(args, key, value)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.command is None:
+        return smoke(args.out)
     (train_source if args.command == "source" else evaluate)(args)
     return 0
 

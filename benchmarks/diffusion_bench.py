@@ -18,22 +18,24 @@ preset, block, batch, schedule and number of tokens (``--tokens``) on the same G
 | dar-t2-1s | ``--objective dar --group_size 2 --dar_form single_stream`` (SAT, rate 2e-3: C1's) | ``--protocol ar`` on its one-stream layout (semi-AR perplexity: each token read from the row that saw every earlier token) |
 | mdlm | ``--objective mdlm`` | ``--protocol elbo`` (ELBO perplexity, an upper bound, with its standard error) |
 | bd3lm-b4, bd3lm-b16 | ``--objective bd3lm --diffusion_block 4`` / ``16`` | ``--protocol elbo`` (BD3-LM's bound) |
+| bd3lm-b4-1s | ``--objective bd3lm --diffusion_block 4 --masked_form single_stream`` (the paper's one-stream ``x_t ⊕ x_0``) | ``--protocol elbo`` |
 | vmlm | ``--objective vmlm`` | ``--protocol masked`` (masked-prefix perplexity, ``two_stream_prefix``) |
 
 **2. Decoding** on the bd3lm-b4 checkpoint of seed 0: ``generate(diffusion_threshold=p)`` for each threshold of
 ``--thresholds`` and ``generate(diffusion_steps=s)`` for each of ``--steps``, all with the static cache (one compiled
-graph per step on CUDA), against compiled AR t = 1 on the ar checkpoint of seed 0 (``group_size=1`` with its static
+graph per step on CUDA); on the bd3lm-b4-1s checkpoint of seed 0 (when that cell is in ``--cells``) the same
+decoders at batch 1 only, with a dynamic cache (the one-stream form's only one), against compiled AR t = 1 on the ar checkpoint of seed 0 (``group_size=1`` with its static
 cache, and transformers' own ``generate()`` with it; the faster is the baseline), in the same job, at batch 1 and 8:
 ``--new_tokens`` new tokens after ``--prompt_tokens``-token prompts from held-out passages; greedy and sampled
 (temperature 1). New tokens/s (median of ``--repeats`` after a warm-up on the same shapes), forwards, tokens per
 forward, and the generative perplexity of each continuation under the ar checkpoint (fp32). The target: >= 2.5x the
 baseline's tokens/s at a generative perplexity within 10 % of the baseline's, stated either way.
 
-**Budget.** 6 cells x 3 seeds = 18 pretraining runs of 40 M tokens each (``--tokens``; batch 64 x 256 = 2442
+**Budget.** 7 cells x 3 seeds = 21 pretraining runs of 40 M tokens each (``--tokens``; batch 64 x 256 = 2442
 steps): the C1 protocol's length, about 1.6 passes over the slice's ~25 M tokens (8k BPE). ``small`` trained at
 about 370 k tokens/s alone on an H100 (docs/results/c1_finetune_timing.json), so a cell is ~2-3 min of training at
 two per GPU, plus ~1 min of start-up, compilation and scoring (the first wave of a fresh machine also tokenizes
-the slice, ~1-2 min): ~4-5 min a cell, eight at a time on 4 GPUs, so ~12 min for the 18; decoding alone on one GPU
+the slice, ~1-2 min): ~4-5 min a cell, eight at a time on 4 GPUs, so ~14 min for the 21; decoding alone on one GPU
 ~4-5 min (mostly compiling its graphs). That is 2 calls of <= 9.5 min when the machine stays warm between them, 3
 when it does not (a fresh machine retrains the decoding job's two cells, ~5 min, before decoding).
 
@@ -71,10 +73,17 @@ CELLS = {
     "mdlm": (["--objective", "mdlm"], 1e-3, ["--protocol", "elbo"], "ELBO (<=)"),
     "bd3lm-b4": (["--objective", "bd3lm", "--diffusion_block", "4"], 1e-3, ["--protocol", "elbo"], "ELBO (<=)"),
     "bd3lm-b16": (["--objective", "bd3lm", "--diffusion_block", "16"], 1e-3, ["--protocol", "elbo"], "ELBO (<=)"),
+    "bd3lm-b4-1s": (["--objective", "bd3lm", "--diffusion_block", "4", "--masked_form", "single_stream"], 1e-3,
+                    ["--protocol", "elbo"], "ELBO (<=), one stream x_t ⊕ x_0"),
     "vmlm": (["--objective", "vmlm"], 1e-3, ["--protocol", "masked", "--masked_mode", "two_stream_prefix"],
              "masked prefix"),
 }
 DECODE_NEEDS = ("ar", "bd3lm-b4")  # the decoding job reads these cells' seed-0 models
+DECODE_ONE_STREAM = "bd3lm-b4-1s"  # and this one's too, when it is in --cells (batch 1, dynamic cache)
+
+
+def decode_needs(cells) -> tuple[str, ...]:
+    return DECODE_NEEDS + ((DECODE_ONE_STREAM,) if DECODE_ONE_STREAM in cells else ())
 TARGET_SPEEDUP, TARGET_GEN_PPL = 2.5, 0.10
 
 
@@ -270,12 +279,13 @@ def decode_job(spec: dict) -> int:
             rows.append([bos] + ids + ids[-1:] * (s["prompt_tokens"] - 1 - len(ids)))
         return torch.tensor(rows, device=device)
 
-    def decoder(model, **kwargs):
+    def decoder(model, static=True, **kwargs):
         def decode(x, sample):
             torch.manual_seed(0)
             extra = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if sample else dict(do_sample=False)
+            cache = dict(cache_implementation="static") if static else {}
             out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=s["new_tokens"],
-                                 cache_implementation="static", return_dict_in_generate=True, **extra, **kwargs)
+                                 return_dict_in_generate=True, **cache, **extra, **kwargs)
             return out.sequences, getattr(out, "num_forwards", None)
         return decode
 
@@ -285,6 +295,15 @@ def decode_job(spec: dict) -> int:
         table[f"bd3lm b=4 threshold={p:g}"] = ("diffusion", decoder(bd, diffusion_threshold=p))
     for k in s["steps_per_block"]:
         table[f"bd3lm b=4 steps={k}"] = ("diffusion", decoder(bd, diffusion_steps=k))
+    one_stream = {}  # the one-stream form's decoders: batch 1 only (a dynamic cache, eager)
+    if DECODE_ONE_STREAM in spec["models"]:
+        bd1 = causal(spec["models"][DECODE_ONE_STREAM])
+        for p in s["thresholds"]:
+            one_stream[f"bd3lm-1s b=4 threshold={p:g} (dynamic)"] = (
+                "diffusion", decoder(bd1, static=False, diffusion_threshold=p))
+        for k in s["steps_per_block"]:
+            one_stream[f"bd3lm-1s b=4 steps={k} (dynamic)"] = (
+                "diffusion", decoder(bd1, static=False, diffusion_steps=k))
     rows = []
     record = {"started_utc": utc_now(), "models": spec["models"], "rows": rows,
                         "device": torch.cuda.get_device_name() if s["cuda"] else platform.processor() or "cpu",
@@ -293,7 +312,7 @@ def decode_job(spec: dict) -> int:
     for mode in s["decode_modes"]:
         for batch in s["decode_batches"]:
             x = prompts(batch)
-            for name, (kind, decode) in table.items():
+            for name, (kind, decode) in {**table, **(one_stream if batch == 1 else {})}.items():
                 row = {"decoder": name, "kind": kind, "mode": mode, "batch": batch}
                 try:
                     decode(x, mode == "sample")  # warm-up on the timed shapes (compiles)
@@ -380,22 +399,34 @@ def plan(args, cells_done: dict, decoding_done: bool, work: Path) -> list[dict]:
     """The jobs still to run, in the order a free slot takes them: the decoding job's two cells first (seed 0),
     then seed by seed (a cut call leaves whole seeds), the decoding job once its models exist."""
     jobs = []
-    order = [cell_name(c, 0) for c in DECODE_NEEDS] + [cell_name(c, seed) for seed in args.seeds for c in args.cells]
+    order = [cell_name(c, 0) for c in decode_needs(args.cells)]
+    order += [cell_name(c, seed) for seed in args.seeds for c in args.cells]
     for name in dict.fromkeys(order):
         cell, seed = name.split("__s")[0], int(name.split("__s")[1])
         if cell not in args.cells or seed not in args.seeds:
             continue
         model_here = (work / "cells" / name / "model" / "model.safetensors").is_file()
-        needed_for_decoding = (not decoding_done and args.decode and seed == 0 and cell in DECODE_NEEDS
+        needed_for_decoding = (not decoding_done and args.decode and seed == 0 and cell in decode_needs(args.cells)
                                and not model_here)
         if name in cells_done and not needed_for_decoding:
             continue
         jobs.append(dict(name=name, kind="cell", cell=cell, seed=seed, needs=[], exclusive=False,
                          rerun_for_decoding=name in cells_done))
     if args.decode and not decoding_done:
-        jobs.append(dict(name="decoding", kind="decode", needs=[cell_name(c, 0) for c in DECODE_NEEDS],
+        # it waits for every one of its cells to end, and starts if the two it cannot do without finished (a failed
+        # one-stream cell only leaves its rows out)
+        jobs.append(dict(name="decoding", kind="decode", needs=[cell_name(c, 0) for c in decode_needs(args.cells)],
+                         required=[cell_name(c, 0) for c in DECODE_NEEDS],
                          exclusive=True))
     return jobs
+
+
+def needs_met(job: dict, done: dict, waiting: set) -> bool:
+    """Every cell the job needs has ended (none still to run or running: a rerun of an earlier call's cell counts),
+    and the ones it requires finished (exit 0); ``done``: cell -> exit code."""
+    if any(n not in done or n in waiting for n in job["needs"]):
+        return False
+    return all(done[n] == 0 for n in job.get("required", job["needs"]))
 
 
 def run_pool(args, jobs, settings, prep, work: Path, out: Path, state: dict) -> None:
@@ -409,13 +440,14 @@ def run_pool(args, jobs, settings, prep, work: Path, out: Path, state: dict) -> 
                    os.pathsep) if p]))
     pending, running = list(jobs), {}
     done = {name: 0 for name in state["cells"]}  # finished in earlier calls count as done for the needs
-    models = {c: str(work / "cells" / cell_name(c, 0) / "model") for c in DECODE_NEEDS}
+    models = {c: str(work / "cells" / cell_name(c, 0) / "model") for c in decode_needs(args.cells)}
     while pending or running:
         now = time.time()
         for job in list(pending):
-            if any(done.get(n, None) not in (0,) for n in job["needs"]):
+            if not needs_met(job, done, waiting=set(running) | {j["name"] for j in pending}):
                 continue
-            if job["kind"] == "decode" and not all(Path(m, "model.safetensors").is_file() for m in models.values()):
+            if job["kind"] == "decode" and not all(Path(models[c], "model.safetensors").is_file()
+                                                   for c in DECODE_NEEDS):
                 continue  # its models are not on this machine yet (their cells are rerun above)
             left = deadline - now
             if left < (args.decode_min_s if job["kind"] == "decode" else args.cell_min_s):
@@ -433,7 +465,8 @@ def run_pool(args, jobs, settings, prep, work: Path, out: Path, state: dict) -> 
                 exclusive.add(gpu)
             folder = work / ("cells/" + job["name"] if job["kind"] == "cell" else job["name"])
             folder.mkdir(parents=True, exist_ok=True)
-            spec = dict(job, gpu=gpu, folder=str(folder), settings=settings, prep=prep, models=models)
+            have = {c: m for c, m in models.items() if c in DECODE_NEEDS or Path(m, "model.safetensors").is_file()}
+            spec = dict(job, gpu=gpu, folder=str(folder), settings=settings, prep=prep, models=have)
             (folder / "spec.json").write_text(json.dumps(spec, indent=1))
             job_env = env if gpu == "cpu" else dict(env, CUDA_VISIBLE_DEVICES=gpu)
             log = open(folder / "job_log.txt", "a")

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Issue 40's GPU benchmark (benchmarks/diffusion_bench.py) as one call on a lent 4-GPU machine; 2-3 calls finish it:
+# Issue 40's GPU benchmark (benchmarks/diffusion_bench.py) as one call on a lent 4-GPU machine; 2-3 calls finish it
+# (7 cells x 3 seeds = 21 trainings, ~14 min at eight at a time, then ~5 min of decoding on one GPU):
 #   run(command="bash benchmarks/diffusion_device_call.sh", kind="nvidia-h100-x4", timeout_s=590,
 #       carry=[".devdata/c1/gutenberg", ".devdata/whl", ".devdata/diffbench"])
+# The cells: ar, dar-t2-1s, mdlm, bd3lm-b4, bd3lm-b16, bd3lm-b4-1s (BD3-LM's one-stream form), vmlm; fewer with
+# e.g. --cells ar bd3lm-b4 mdlm (the decoding job needs ar and bd3lm-b4, and bd3lm-b4-1s when it is listed).
 # Carried (git-ignored; copy them from /work/main/.devdata before the first call):
 #   .devdata/c1/gutenberg/{train,test}.jsonl.gz   the Gutenberg slice of docs/gutenberg.md (train sha256 c10faa1c...)
 #   .devdata/whl/*.whl                             datasets and the packages it needs beyond the machine's image
@@ -17,6 +20,8 @@
 # Writes $OUT/diffbench/{diffusion_bench.md,diffusion_bench.json,cells/,
 # decoding.json} (rewritten after every job) and $OUT/diffbench/logs.txt (the tails of every job's log).
 # Extra arguments go to diffusion_bench.py (e.g. --seeds 0 1 2 3, --tokens 20000000, --minutes 8.5).
+# CPU smoke of this script (no wheels, no card; diffusion_bench's tiny sizes and synthetic text):
+#   DEVICE_SMOKE=1 OUT=/tmp/dd bash benchmarks/diffusion_device_call.sh --smoke (python3 on PATH: the project's venv)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True

@@ -23,17 +23,37 @@ def test_plan_skips_finished_cells_and_reruns_a_decoding_model_missing_here(tmp_
     done = {bench.cell_name(c, s): {} for c in bench.CELLS for s in (0, 1)}
     jobs = bench.plan(_args(), done, decoding_done=False, work=tmp_path)
     names = [j["name"] for j in jobs]
-    # seed 2 of every cell, the decoding job's two seed-0 cells again (their models are not on this machine)
-    assert names[:2] == ["ar__s0", "bd3lm-b4__s0"] and all(j["rerun_for_decoding"] for j in jobs[:2])
-    assert sorted(names[2:-1]) == sorted(bench.cell_name(c, 2) for c in bench.CELLS)
+    # seed 2 of every cell, the decoding job's seed-0 cells again (their models are not on this machine): ar,
+    # bd3lm-b4 and, since it is in the cells, BD3-LM's one-stream form
+    needs = bench.decode_needs(bench.CELLS)
+    assert needs == ("ar", "bd3lm-b4", "bd3lm-b4-1s")
+    assert names[:3] == ["ar__s0", "bd3lm-b4__s0", "bd3lm-b4-1s__s0"] and all(j["rerun_for_decoding"] for j in jobs[:3])
+    assert sorted(names[3:-1]) == sorted(bench.cell_name(c, 2) for c in bench.CELLS)
     assert names[-1] == "decoding" and jobs[-1]["exclusive"]
-    for cell in bench.DECODE_NEEDS:  # the models are here: nothing is rerun
+    assert jobs[-1]["needs"] == ["ar__s0", "bd3lm-b4__s0", "bd3lm-b4-1s__s0"]
+    two_stream_only = [c for c in bench.CELLS if c != "bd3lm-b4-1s"]  # without the one-stream cell: the two
+    jobs = bench.plan(_args(cells=two_stream_only), done, decoding_done=False, work=tmp_path)
+    assert [j["name"] for j in jobs[:2]] == ["ar__s0", "bd3lm-b4__s0"] and jobs[2]["name"] == "ar__s2"
+    assert jobs[-1]["needs"] == ["ar__s0", "bd3lm-b4__s0"]
+    for cell in needs:  # the models are here: nothing is rerun
         model = tmp_path / "cells" / bench.cell_name(cell, 0) / "model"
         model.mkdir(parents=True)
         (model / "model.safetensors").write_bytes(b"")
     names = [j["name"] for j in bench.plan(_args(), done, decoding_done=False, work=tmp_path)]
     assert "ar__s0" not in names and "decoding" in names
     assert [j["name"] for j in bench.plan(_args(seeds=[0, 1]), done, decoding_done=True, work=tmp_path)] == []
+
+
+def test_decoding_starts_without_a_failed_one_stream_cell_but_never_without_ar_or_bd3lm(tmp_path):
+    (job,) = [j for j in bench.plan(_args(), {}, decoding_done=False, work=tmp_path) if j["name"] == "decoding"]
+    ok = {"ar__s0": 0, "bd3lm-b4__s0": 0}
+    assert not bench.needs_met(job, ok, waiting={"bd3lm-b4-1s__s0"})  # the one-stream cell still runs: wait
+    assert not bench.needs_met(job, {**ok, "bd3lm-b4-1s__s0": 0}, waiting={"bd3lm-b4-1s__s0"})  # rerun pending
+    assert bench.needs_met(job, {**ok, "bd3lm-b4-1s__s0": 0}, waiting=set())
+    assert bench.needs_met(job, {**ok, "bd3lm-b4-1s__s0": 1}, waiting=set())  # failed: decode without its rows
+    assert not bench.needs_met(job, {**ok, "bd3lm-b4-1s__s0": 0, "ar__s0": -9}, waiting=set())  # ar killed
+    cell = {"needs": []}
+    assert bench.needs_met(cell, {}, waiting=set())
 
 
 def test_decoding_target_against_the_faster_compiled_ar_row():

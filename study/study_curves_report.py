@@ -66,6 +66,9 @@ def choose_runs(copies: dict[str, list[dict]], protocol: dict) -> tuple[dict[str
     by_cell: dict[str, dict[str, dict[str, dict]]] = {}
     for name, r in flat:
         by_cell.setdefault(r.get("key"), {}).setdefault(r.get("cell_run"), {})[name] = r
+    # issue 42's protocols (explicit tests.rules) count a cell only whole: its checkpoints and its fine-tuning from
+    # one run (rule_for_failed_or_killed_cells); issue 32's counted an unfinished cell at the checkpoints it reached
+    whole_cells_only = "rules" in protocol.get("tests", {})
     kept, excluded = {}, []
     for key, runs in sorted(by_cell.items()):
         def finished(run):
@@ -73,6 +76,10 @@ def choose_runs(copies: dict[str, list[dict]], protocol: dict) -> tuple[dict[str
 
         expected = set(cell_record_names(key, protocol))
         complete = [run for run, named in runs.items() if expected <= set(named)]
+        if whole_cells_only and not complete:
+            excluded += [(name, "its cell has no complete run (the protocol counts a cell only with every checkpoint "
+                                "and its fine-tuning from one run)") for named in runs.values() for name in sorted(named)]
+            continue
         chosen = (min(complete, key=finished) if complete else
                   max(runs, key=lambda run: (len(runs[run]), -finished(run))))
         for run, named in sorted(runs.items(), key=lambda kv: str(kv[0])):

@@ -86,9 +86,8 @@ def test_the_recompute_and_the_report_agree_when_a_cell_lacks_its_fine_tuning(tm
         json.dump(bundle, handle)
     mine = rc.recompute([str(lost)], C1_PROTOCOL, n_boot=200)
     assert mine["cells"] == 23
-    # the protocol's rule drops a cell without its fine-tuning from everything, its probes too (the recompute's n 7);
-    # the report still probes that cell's checkpoint (n 8): the descriptive rows differ there, so they are not compared
-    _assert_same(mine, _report_analysis([str(lost)], n_boot=200), boot_tolerance=3e-3, descriptive_too=False)
+    # the protocol's rule drops a cell without its fine-tuning from everything, its probes too (n 7 in both)
+    _assert_same(mine, _report_analysis([str(lost)], n_boot=200), boot_tolerance=3e-3)
     assert [r["n"] for r in mine["descriptive"]] == [7, 7, 8, 8]
     assert mine["verdicts"]["C1"] == "no data" and mine["verdicts"]["P"] == "no data"
     assert [r["n"] for r in mine["tests"]] == [7, 8, 7]

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
 
 from hf_lookaround.cli.pretrain import parse_args as pretrain_parse_args
 from hf_lookaround.cli.perplexity import _parser as perplexity_parser
@@ -82,7 +83,7 @@ def _run_script(tmp_path, script, env, *args):
     full_env = {k: v for k, v in os.environ.items() if k != "DEVICE_SMOKE"}
     full_env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls), OUT=str(tmp_path / "out"), **env)
     done = subprocess.run(["bash", str(BENCH / script), *args], env=full_env, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=HUNG_CHILD_SECONDS)
     assert done.returncode == 0, done.stdout + done.stderr
     return [c for c in map(json.loads, calls.read_text().splitlines()) if c[:2] != ["-m", "pip"]]
 

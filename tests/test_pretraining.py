@@ -164,6 +164,16 @@ def test_clear_errors(tokenizer_dir, tmp_path):
         parse_args(args(tokenizer_dir, tmp_path / "o", "--objective", "vmlm", "--mask_ratio_range", "0.4", "0.2"))
 
 
+def _corpus_slice(articles, corpus: Path, per_topic: int) -> Path:
+    """The first ``per_topic`` articles of each topic of the real corpus, in the demo's folder layout."""
+    for label, name, text in articles:
+        folder = corpus / label
+        folder.mkdir(parents=True, exist_ok=True)
+        if len(list(folder.iterdir())) < per_topic:
+            (folder / Path(name).name).write_text(text)
+    return corpus
+
+
 def test_demo_runs_on_a_small_labelled_corpus(tmp_path):
     from hf_lookaround.demo import bbc_news_dir, read_bbc_news, split_articles
     from hf_lookaround.cli.demo import main as demo_main
@@ -175,13 +185,7 @@ def test_demo_runs_on_a_small_labelled_corpus(tmp_path):
     assert [len(v) for v in splits.values()] == [1336, 223, 666]  # 60 / 10 / 30 per topic
     assert not {a[1] for a in splits["train"]} & {a[1] for a in splits["test"]}
     assert split_articles(articles) == splits  # deterministic
-    # a slice of the real corpus (12 articles per topic) keeps the end-to-end run short
-    corpus = tmp_path / "corpus"
-    for label, name, text in articles:
-        folder = corpus / label
-        folder.mkdir(parents=True, exist_ok=True)
-        if len(list(folder.iterdir())) < 12:
-            (folder / Path(name).name).write_text(text)
+    corpus = _corpus_slice(articles, tmp_path / "corpus", per_topic=12)  # keeps the end-to-end run short
     out = tmp_path / "demo"
     assert demo_main(["--corpus-dir", str(corpus), "--objectives", "ar", "vmlm-0.15-0.3", "--tokens-per-objective",
                       "2048", "--batch-size", "8", "--block-size", "64", "--vocab-size", "400",
@@ -228,12 +232,7 @@ def test_the_demo_offers_the_diffusion_objectives_and_scores_them_by_their_elbo(
     choices = next(a.choices for a in _parser()._actions if a.dest == "objectives")
     assert {"mdlm", "bd3lm-4", "bd3lm-16"} <= set(choices)
     assert DEFAULT_OBJECTIVES == ("ar", "dar-t2", "mlm-0.15", "mlm-0.3", "vmlm-0.15-0.3")
-    corpus = tmp_path / "corpus"
-    for label, name, text in read_bbc_news(bbc_news_dir()):
-        folder = corpus / label
-        folder.mkdir(parents=True, exist_ok=True)
-        if len(list(folder.iterdir())) < 8:
-            (folder / Path(name).name).write_text(text)
+    corpus = _corpus_slice(read_bbc_news(bbc_news_dir()), tmp_path / "corpus", per_topic=8)
     out = tmp_path / "demo"
     assert demo_main(["--corpus-dir", str(corpus), "--objectives", "mdlm", "bd3lm-4", "--tokens-per-objective",
                       "1024", "--batch-size", "8", "--block-size", "64", "--vocab-size", "400",

@@ -169,8 +169,8 @@ def test_attention_annealing_reaches_the_model_for_its_steps_and_is_refused_wher
     seen = []
     original = LookAroundTrainer.with_attention_annealing
 
-    def spy(self, model, inputs):
-        out = original(self, model, inputs)
+    def spy(self, training, config, inputs):
+        out = original(self, training, config, inputs)
         seen.append((self.state.global_step, out.get("revealed_keys")))
         return out
 

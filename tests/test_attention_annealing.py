@@ -298,8 +298,8 @@ def test_pretrain_anneals_bd3lm_one_stream_revealing_both_copies_of_a_token(bbc_
     seen = []
     original = LookAroundTrainer.with_attention_annealing
 
-    def spy(self, model, inputs):
-        out = original(self, model, inputs)
+    def spy(self, training, config, inputs):
+        out = original(self, training, config, inputs)
         seen.append((self.state.global_step, inputs["input_ids"].shape, out.get("revealed_keys")))
         return out
 

@@ -583,9 +583,9 @@ class LookAroundTrainer(Trainer):
         return super()._get_num_items_in_batch(samples, device)
 
     def compute_loss(self, model, inputs, *args, **kwargs):
-        inputs = self.with_attention_annealing(model, inputs)
         inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
         config = getattr(inner, "config", None)
+        inputs = self.with_attention_annealing(model.training, config, inputs)
         if is_one_stream_group_model(config) or is_block_diffusion_model(config):
             # dar's and bd3lm's one-stream batches are laid out by the collator; without the flag the causal LM would
             # read them as plain token ids (its next-token view), and bd3lm's masked LM refuses them
@@ -598,20 +598,19 @@ class LookAroundTrainer(Trainer):
                 inputs = {**inputs, "prepared_attention": inner.prepare_attention(**inputs)}
         return super().compute_loss(model, inputs, *args, **kwargs)
 
-    def with_attention_annealing(self, model, inputs: dict) -> dict:
+    def with_attention_annealing(self, training: bool, config, inputs: dict) -> dict:
         """--attention_annealing_steps N: during the first N training steps the batch carries the keys revealed at
         progress ``p = global_step / N`` (``masking_lookaround.annealing_revealed_keys``), which the model's mask
         rule applies on top of the plan's. The Trainer holds the step, so the progress enters here, per batch (a
         collator in a worker process cannot see it); evaluation and steps from N on use the plain objective."""
         steps = getattr(self.args, "attention_annealing_steps", 0) or 0
         step = self.state.global_step
-        if steps <= 0 or step >= steps or not model.training or "revealed_keys" in inputs:
+        if steps <= 0 or step >= steps or not training or "revealed_keys" in inputs:
             return inputs
         from ..models.lookaround.masking_lookaround import annealing_revealed_keys
 
         tokens = inputs["input_ids"]
         # bd3lm's one-stream batch is x_t ⊕ x_0: a token's two copies are revealed together
-        config = getattr(self.accelerator.unwrap_model(model, keep_torch_compile=False), "config", None)
         copies = 2 if is_block_diffusion_model(config) else 1
         return {**inputs, "revealed_keys": annealing_revealed_keys(step / steps, *tokens.shape, device=tokens.device,
                                                                    copies=copies)}

@@ -29,10 +29,10 @@ STEPS, SAVE_EVERY = 10, 3  # 24 blocks, 2 per rank and step: 6 steps per epoch, 
 CHECKPOINTS = [3, 6, 9, 10]  # every SAVE_EVERY steps, and at the end
 
 
-def torchrun(*args, env=None, check=True, timeout=HUNG_CHILD_SECONDS):
+def torchrun(*args, env=None, check=True, timeout=HUNG_CHILD_SECONDS, script=WORKER):
     environ = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "HF_DATASETS_OFFLINE": "1", **(env or {})}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER), *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
     proc = subprocess.run(cmd, env=environ, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0 and "address already in use" in (proc.stdout + proc.stderr).lower():
         # the free port torchrun picked was taken by another process meanwhile: launch again, once

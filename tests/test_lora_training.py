@@ -10,15 +10,11 @@
 
 import gzip
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from conftest import HUNG_CHILD_SECONDS  # a guard against a hung child, not a speed test
 from test_adaptation import save_source, source_texts
 from test_distributed import torchrun
 
@@ -206,10 +202,8 @@ def test_lora_under_fsdp2_trains_saves_the_merge_and_resumes(tmp_path):
     sharded model loads the checkpoint back on every rank."""
     script = tmp_path / "worker.py"
     script.write_text(FSDP_WORKER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-           str(tmp_path)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HUNG_CHILD_SECONDS)
+    # the shared launcher: it launches again, once, when another test took torchrun's free port meanwhile
+    done = torchrun(str(tmp_path), script=script, env={"CUDA_VISIBLE_DEVICES": ""}, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["sharded"] and result["merged_in_place"] is False

@@ -176,6 +176,9 @@ def test_the_tokenizer_of_a_conversion_loads_as_convert_says_without_a_prompt_or
     assert cli.main(["convert", str(tmp_path / "src"), "-o", str(out)]) == 0
     said = capsys.readouterr().out
     assert "AutoTokenizer.from_pretrained" in said and said.count("trust_remote_code=True") == 1
+    # how convert loaded the source (a local folder, offline) is not saved as the conversion's own settings
+    saved = json.loads((out / "tokenizer_config.json").read_text())
+    assert "local_files_only" not in saved and "is_local" not in saved and saved["mask_token"]
     asked, warned = "contains custom code", "to instantiate a model of type ``"
     for plain in (True, False):
         result = run_without_package(textwrap.dedent(f"""

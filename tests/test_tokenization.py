@@ -37,6 +37,24 @@ def test_unicode_and_unseen_bytes_round_trip(tmp_path):
     assert AutoTokenizer.from_pretrained(tmp_path)(weird)["input_ids"] == tok(weird)["input_ids"]
 
 
+def test_a_loaded_tokenizer_saves_again_without_how_it_was_loaded(tmp_path):
+    """transformers 5.17 keeps ``is_local`` and ``local_files_only`` (how from_pretrained found the files) among the
+    arguments ``save_pretrained`` writes; every checkpoint the Trainer saved then carried ``local_files_only: true``
+    to whoever downloads it. ``auto_tokenizer``, what the commands load with, drops both."""
+    from hf_lookaround.data.tokenization import auto_tokenizer
+
+    train_tokenizer(["hello world"] * 50, vocab_size=300, output_dir=tmp_path / "trained")
+    AutoTokenizer.from_pretrained(tmp_path / "trained", local_files_only=True).save_pretrained(tmp_path / "plain")
+    plain = json.loads((tmp_path / "plain" / "tokenizer_config.json").read_text())
+    assert plain["local_files_only"] is True and plain["is_local"] is True  # the cause, shown
+    tokenizer = auto_tokenizer(tmp_path / "trained", local_files_only=True)
+    tokenizer.save_pretrained(tmp_path / "ours")
+    ours = json.loads((tmp_path / "ours" / "tokenizer_config.json").read_text())
+    assert "local_files_only" not in ours and "is_local" not in ours
+    assert {k: v for k, v in plain.items() if k not in ("local_files_only", "is_local")} == ours
+    assert auto_tokenizer(tmp_path / "ours")("hello world")["input_ids"] == tokenizer("hello world")["input_ids"]
+
+
 def test_errors():
     with pytest.raises(ValueError, match="empty"):
         train_tokenizer(["", "  "], vocab_size=500)

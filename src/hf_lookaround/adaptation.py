@@ -184,7 +184,9 @@ def lookaround_config(source, max_length: int | None = None):
 # ----------------------------------------------------------------------------------------------------------------
 def read_source(src) -> tuple:
     """(config, tokenizer) of a local causal LM folder, checked: a supported type, valid safetensors weights."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
+
+    from .data.tokenization import auto_tokenizer
 
     from .hub.files import read_json
     from .hub.weights import check_weights
@@ -203,7 +205,7 @@ def read_source(src) -> tuple:
     check_weights(folder)
     try:
         config = AutoConfig.from_pretrained(folder)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = auto_tokenizer(folder)
     except (OSError, ValueError, TypeError) as err:
         raise ConversionError(f"cannot read the config or tokenizer of {src}: {str(err).splitlines()[0]}") from None
     return config, tokenizer
@@ -375,7 +377,9 @@ def family_config(config, family: str):
 
 def export(checkpoint, dst) -> str:
     """`hf-lookaround export CKPT -o OUT`: write the checkpoint in its family's format; returns the family."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from .data.tokenization import auto_tokenizer
 
     from .hub.load import load_pretrained
 
@@ -399,7 +403,7 @@ def export(checkpoint, dst) -> str:
     target.tie_weights()
     target.save_pretrained(out)
     try:
-        AutoTokenizer.from_pretrained(checkpoint).save_pretrained(out)
+        auto_tokenizer(checkpoint).save_pretrained(out)
     except (OSError, ValueError):
         pass  # a checkpoint without a tokenizer exports its weights alone
     return family

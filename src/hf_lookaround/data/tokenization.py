@@ -44,9 +44,12 @@ VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.mode
                     "sentencepiece.bpe.model")
 
 
+LOAD_ONLY_ARGUMENTS = ("is_local", "local_files_only")
+
+
 def auto_tokenizer(name_or_path, **kwargs):
     """``AutoTokenizer.from_pretrained``; a local folder that holds no vocabulary (no tokenizer.json) is refused
-    with one line that says which file is missing."""
+    with one line that says which file is missing. What the tokenizer saves again omits how it was loaded."""
     from transformers import AutoTokenizer
 
     folder = Path(name_or_path)
@@ -55,7 +58,7 @@ def auto_tokenizer(name_or_path, **kwargs):
         raise ValueError(f"{folder} holds no tokenizer: tokenizer.json is missing (found {found}); give the folder "
                          "that hf-lookaround train-tokenizer or pretrain wrote, or copy its tokenizer.json here")
     try:
-        return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     except Exception:
         if folder.is_dir():  # a cut tokenizer.json or tokenizer_config.json: tokenizers' message names no file
             from .records import load_json_file
@@ -64,6 +67,11 @@ def auto_tokenizer(name_or_path, **kwargs):
                 if (folder / name).is_file():
                     load_json_file(folder / name)
         raise
+    # transformers records how this copy was loaded (from a local folder, offline) among the arguments it saves
+    # again: a checkpoint uploaded to the Hub would then tell its users' loads `local_files_only: true`
+    for key in LOAD_ONLY_ARGUMENTS:
+        tokenizer.init_kwargs.pop(key, None)
+    return tokenizer
 
 
 # the most tokens a byte-level BPE may have: past this the trainer allocates tens of GB (1e9 aborted allocating 70 GB)

@@ -40,7 +40,6 @@ from pathlib import Path
 
 from transformers import (
     AutoConfig,
-    AutoTokenizer,
     ProgressCallback,
     Trainer,
     TrainerCallback,
@@ -53,6 +52,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from .. import objectives
 from ..data.collators import PlanCollator
 from ..data.subsets import seeded_sample
+from ..data.tokenization import auto_tokenizer
 from ..data.text import (
     build_blocks,
     is_split_by_node,
@@ -657,8 +657,6 @@ def load_tokenizer(model_args: ModelArguments, train_texts=None, save_dir=None, 
     name = model_args.tokenizer_name or model_args.model_name_or_path
     if name is None:
         raise ValueError("give a tokenizer (--tokenizer_name DIR_OR_HUB_NAME) or pass --train_tokenizer to train one")
-    from ..data.tokenization import auto_tokenizer
-
     tokenizer = auto_tokenizer(name)
     if tokenizer.pad_token is None:
         # blocks all have the same length, so padding never reaches the loss; collators still need an id
@@ -682,7 +680,7 @@ def prepare_tokenizer(model_args: ModelArguments, data_args: DataArguments, trai
     if saved and training_args.resume_from_checkpoint:
         logger.info("resuming: the tokenizer trained by the first run is reused from %s", save_dir)
     # every rank (the main one too) loads the saved files, so all hold the very same tokenizer
-    return AutoTokenizer.from_pretrained(save_dir)
+    return auto_tokenizer(save_dir)
 
 
 def check_tokenizer(tokenizer, objective_args: ObjectiveArguments) -> None:

@@ -21,7 +21,6 @@ set -uo pipefail
 label=${1:-ddp_ab}
 source "$(dirname "$0")/device_env.sh"
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
 budget=${AB_BUDGET_S:-535}
 text=.devdata/text/brown/train.jsonl.gz
 tripled=/tmp/ddp_ab_text.jsonl.gz  # 3 x 980 blocks: enough for 16 x 35 per rank on 4 ranks

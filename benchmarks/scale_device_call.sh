@@ -21,7 +21,6 @@ set -uo pipefail
 label=${1:-scale41}
 source "$(dirname "$0")/device_env.sh"
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
 budget=${SCALE_BUDGET_S:-535}
 python3 -c 'import torch; print("GPUs:", torch.cuda.device_count(), "torch", torch.__version__)'
 timeout $((budget - SECONDS + 5)) python3 benchmarks/cli_bench.py --train_file .devdata/text/brown/train.jsonl.gz \

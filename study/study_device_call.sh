@@ -5,18 +5,9 @@
 #   bash study/study_device_call.sh --sweep --run_label sweep1 --cells_per_gpu 12 --max_minutes 8
 set -uo pipefail
 source "$(dirname "$0")/../benchmarks/device_env.sh"  # sets up the lent machine, cd to the repository root
-if [ "${STUDY_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d 2>/dev/null; then
-    # keep MPS only if a CUDA process still works under it
-    if python3 -c "import torch; x = torch.ones(4, device='cuda'); assert float(x.sum()) == 4" 2>/dev/null; then
-        echo "MPS: on"
-    else
-        echo quit | nvidia-cuda-mps-control; echo "MPS: failed a CUDA check, off"
-    fi
-else
-    echo "MPS: off"
-fi
+mps_start
 python3 study/study.py --corpus_dir .studydata/gutenberg --data_root .devdata \
     --results_dir docs/results/study18 --copy_to "$OUT/study" "$@"
 status=$?
-echo quit | nvidia-cuda-mps-control 2>/dev/null
+mps_stop
 exit $status

@@ -88,9 +88,12 @@ def _run_script(tmp_path, script, env, *args):
     return [c for c in map(json.loads, calls.read_text().splitlines()) if c[:2] != ["-m", "pip"]]
 
 
-@pytest.mark.parametrize("script", ["adapt_device_call.sh", "diffusion_device_call.sh", "device_env.sh"])
+DEVICE_SCRIPTS = sorted([*BENCH.glob("*.sh"), *(BENCH.parent / "study").glob("*.sh")])
+
+
+@pytest.mark.parametrize("script", DEVICE_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_the_device_scripts_are_valid_bash(script):
-    done = subprocess.run(["bash", "-n", str(BENCH / script)], capture_output=True, text=True)
+    done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
 

@@ -6,7 +6,8 @@
   ``tests/dist_worker.py pretrain`` (the command unchanged, recording each rank's batches, saves and final weights,
   and killing itself where asked);
 - gradient checkpointing, bf16 autocast and torch.compile in one process, against the plain run;
-- FSDP2 (``fully_shard`` on 2 CPU processes: accelerate enables FSDP only on accelerators), and FSDP1's refusal."""
+- FSDP2 (``fully_shard`` on 2 CPU processes: accelerate enables FSDP only on accelerators), with full and with
+  sharded state dicts, and FSDP1's refusal."""
 
 import gzip
 import json
@@ -314,6 +315,32 @@ def test_lora_under_fsdp2_sharded_state_dict_saves_merged_and_resumes(tmp_path):
     assert result["merge_error"] < 1e-6 and result["checkpoint_error"] < 1e-6
     assert result["load_error"] == 0  # the adapters (and every weight) came back on every rank
     assert result["went_on"] and result["resume_error"] < 1e-6
+
+
+def test_only_a_lora_run_under_sharded_state_dict_gathers_its_own_state():
+    """What LookAroundTrainer.save_model hands to _save beside Trainer's own save: nothing without FSDP or under
+    FULL_STATE_DICT (Trainer gathers there), and, under SHARDED_STATE_DICT, the state of a model that no training
+    sharded (a LoRA run's final model written again from its checkpoint, merged in place) as it is."""
+    from types import SimpleNamespace
+
+    from torch.distributed.fsdp import StateDictType
+
+    from hf_lookaround import LookAroundConfig, LookAroundForPreTraining
+    from hf_lookaround.adaptation import lora_state_for_sharded_save, merge_lora, with_lora
+
+    model = with_lora(LookAroundForPreTraining(LookAroundConfig.from_preset("tiny", vocab_size=100)),
+                      SimpleNamespace(lora_r=2, lora_alpha=None, lora_dropout=0.0, lora_target_modules=None))
+
+    def trainer(kind, fsdp=True):
+        state = SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=2, state_dict_type=kind) if fsdp else None)
+        return SimpleNamespace(model=model, is_fsdp_enabled=fsdp,
+                               accelerator=SimpleNamespace(state=state, unwrap_model=lambda m: m))
+
+    assert lora_state_for_sharded_save(trainer(None, fsdp=False)) is None
+    assert lora_state_for_sharded_save(trainer(StateDictType.FULL_STATE_DICT)) is None
+    assert merge_lora(model)
+    state = lora_state_for_sharded_save(trainer(StateDictType.SHARDED_STATE_DICT))
+    assert state.keys() == model.state_dict().keys() and not any("lora_" in k for k in state)
 
 
 def test_lora_under_fsdp1_is_refused_in_one_line():

@@ -6,7 +6,8 @@
   ``tests/dist_worker.py pretrain`` (the command unchanged, recording each rank's batches, saves and final weights,
   and killing itself where asked);
 - gradient checkpointing, bf16 autocast and torch.compile in one process, against the plain run;
-- FSDP2 (``fully_shard`` on 2 CPU processes: accelerate enables FSDP only on accelerators), and FSDP1's refusal."""
+- FSDP2 (``fully_shard`` on 2 CPU processes: accelerate enables FSDP only on accelerators), with full and with
+  sharded state dicts, and FSDP1's refusal."""
 
 import gzip
 import json
@@ -211,6 +212,135 @@ def test_lora_under_fsdp2_trains_saves_the_merge_and_resumes(tmp_path):
     assert result["moved"] and all(".lora_" in k for k in result["moved"]), result["moved"]  # frozen stayed frozen
     assert result["merged_keys_equal"] and result["merge_error"] < 1e-6
     assert result["resume_keys_equal"] and result["resume_error"] == 0
+
+
+SHARDED_WORKER = textwrap.dedent(
+    """
+    import copy, json, os, sys, torch, torch.distributed as dist
+    from types import SimpleNamespace
+    from safetensors.torch import load_file
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp.fully_sharded_data_parallel import StateDictType
+    from transformers import TrainingArguments
+    import hf_lookaround as H
+    from hf_lookaround.adaptation import LORA_STATE_NAME, full_state_dict, merge_lora, with_lora
+    from hf_lookaround.objectives import make_plan
+    from hf_lookaround.training.pretraining import LookAroundTrainer
+
+    dist.init_process_group("gloo")
+    rank, out = dist.get_rank(), sys.argv[1]
+    lora = SimpleNamespace(lora_r=4, lora_alpha=None, lora_dropout=0.0, lora_target_modules=None)
+
+    def build(seed):
+        torch.manual_seed(seed)
+        return with_lora(H.LookAroundForPreTraining(H.LookAroundConfig.from_preset("tiny", vocab_size=100)), lora)
+
+    def shard(model):  # as examples/accelerate/fsdp.yaml: each LookAroundLayer a unit, the rest in the root
+        for layer in model.model.layers:
+            fully_shard(layer)
+        return fully_shard(model)
+
+    def train(net, steps, seed):  # every rank: the same batches
+        optimizer = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-2)
+        for step in range(steps):
+            ids = torch.randint(4, 100, (2, 12), generator=torch.Generator().manual_seed(seed + step))
+            plan = make_plan("dar", [12, 12], 12, generator=torch.Generator().manual_seed(seed + step), t=2)
+            net(input_ids=ids, group_ids=plan.group_ids, labels=torch.where(plan.is_target, ids, -100)).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def trainer(model, kind):
+        # the real LookAroundTrainer; accelerate enables FSDP only on accelerators, so its FSDP2 plugin is set here
+        args = TrainingArguments(output_dir=out, use_cpu=True, report_to="none")
+        t = LookAroundTrainer(model=model, args=args)
+        t.is_fsdp_enabled = True
+        t.accelerator.state.fsdp_plugin = SimpleNamespace(fsdp_version=2, state_dict_type=kind)
+        return t
+
+    model = shard(build(0))
+    train(model, 2, 1)  # after the first step lora_B (zero at the start) is non-zero
+    saver = trainer(model, StateDictType.SHARDED_STATE_DICT)
+    checkpoint = os.path.join(out, "checkpoint-2")
+    saver.save_model(checkpoint, _internal_call=True)  # every rank, as Trainer._save_checkpoint calls it
+    merge_lora(model)  # the end of training (skipped on shards), then the final save
+    saver.save_model()
+    state = full_state_dict(model)  # what the files must hold
+    result = {}
+    if rank == 0:
+        peft = build(0)  # peft's in-place merge of the same trained state, in one process
+        peft.load_state_dict(state)
+        merge_lora(peft)
+        expected = peft.state_dict()
+        final, saved = load_file(os.path.join(out, "model.safetensors")), load_file(os.path.join(checkpoint, "model.safetensors"))
+        result["final_keys_equal"] = sorted(final) == sorted(expected)
+        result["merge_error"] = max(float((final[k] - v).abs().max()) for k, v in expected.items())
+        result["checkpoint_error"] = max(float((saved[k] - v).abs().max()) for k, v in expected.items())
+        result["moved"] = any(not torch.equal(v, state[k.replace(".weight", ".base_layer.weight")])
+                              for k, v in expected.items() if k.replace(".weight", ".base_layer.weight") in state)
+        result["files"] = sorted(os.listdir(out)), sorted(os.listdir(checkpoint))
+    # a resumed run: a new sharded model (other adapters) loads the checkpoint through the trainer on every rank,
+    # then it and the original go on for two steps
+    fresh = shard(build(7))
+    trainer(fresh, StateDictType.SHARDED_STATE_DICT)._load_from_checkpoint(checkpoint)
+    loaded = full_state_dict(fresh)
+    train(model, 2, 10)
+    train(fresh, 2, 10)
+    ahead, resumed = full_state_dict(model), full_state_dict(fresh)
+    if rank == 0:
+        result["load_error"] = max(float((loaded[k] - v).abs().max()) for k, v in state.items())
+        result["resume_error"] = max(float((resumed[k] - v).abs().max()) for k, v in ahead.items())
+        result["went_on"] = any(not torch.equal(ahead[k], state[k]) for k in state)
+        json.dump(result, open(os.path.join(out, "result.json"), "w"))
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_lora_under_fsdp2_sharded_state_dict_saves_merged_and_resumes(tmp_path):
+    """FSDP's SHARDED_STATE_DICT, where Trainer.save_model writes no weights: LookAroundTrainer.save_model, called
+    on both ranks of a sharded LoRA model (2 CPU processes, gloo, `fully_shard` as the recipe wraps), gathers the
+    full state dict on every rank and writes the merged model, equal to peft's in-place merge of the same state, in
+    a checkpoint (with its adapter file) and as the final model (without); a fresh sharded model with other
+    adapters loads the checkpoint through the trainer and goes on exactly as the run it came from."""
+    script = tmp_path / "worker.py"
+    script.write_text(SHARDED_WORKER)
+    done = torchrun(str(tmp_path), script=script, env={"CUDA_VISIBLE_DEVICES": ""}, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    final_files, checkpoint_files = result["files"]
+    assert "model.safetensors" in final_files and LORA_STATE_NAME not in final_files
+    assert {"model.safetensors", "config.json", LORA_STATE_NAME} <= set(checkpoint_files)
+    assert result["final_keys_equal"] and result["moved"]  # plain names; the adapters changed the weights
+    assert result["merge_error"] < 1e-6 and result["checkpoint_error"] < 1e-6
+    assert result["load_error"] == 0  # the adapters (and every weight) came back on every rank
+    assert result["went_on"] and result["resume_error"] < 1e-6
+
+
+def test_only_a_lora_run_under_sharded_state_dict_gathers_its_own_state():
+    """What LookAroundTrainer.save_model hands to _save beside Trainer's own save: nothing without FSDP or under
+    FULL_STATE_DICT (Trainer gathers there), and, under SHARDED_STATE_DICT, the state of a model that no training
+    sharded (a LoRA run's final model written again from its checkpoint, merged in place) as it is."""
+    from types import SimpleNamespace
+
+    from torch.distributed.fsdp import StateDictType
+
+    from hf_lookaround import LookAroundConfig, LookAroundForPreTraining
+    from hf_lookaround.adaptation import lora_state_for_sharded_save, merge_lora, with_lora
+
+    model = with_lora(LookAroundForPreTraining(LookAroundConfig.from_preset("tiny", vocab_size=100)),
+                      SimpleNamespace(lora_r=2, lora_alpha=None, lora_dropout=0.0, lora_target_modules=None))
+
+    def trainer(kind, fsdp=True):
+        state = SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=2, state_dict_type=kind) if fsdp else None)
+        return SimpleNamespace(model=model, is_fsdp_enabled=fsdp,
+                               accelerator=SimpleNamespace(state=state, unwrap_model=lambda m: m))
+
+    assert lora_state_for_sharded_save(trainer(None, fsdp=False)) is None
+    assert lora_state_for_sharded_save(trainer(StateDictType.FULL_STATE_DICT)) is None
+    assert merge_lora(model)
+    state = lora_state_for_sharded_save(trainer(StateDictType.SHARDED_STATE_DICT))
+    assert state.keys() == model.state_dict().keys() and not any("lora_" in k for k in state)
 
 
 def test_lora_under_fsdp1_is_refused_in_one_line():

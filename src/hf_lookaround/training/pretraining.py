@@ -562,8 +562,16 @@ class LookAroundTrainer(Trainer):
         self._issue_warnings_after_load(result)
 
     def save_model(self, output_dir=None, _internal_call=False):
+        from ..adaptation import lora_state_for_sharded_save
+
         with checkpointing.save_failure_is_one_line(output_dir or self.args.output_dir):
-            return super().save_model(output_dir, _internal_call)
+            # FSDP's SHARDED_STATE_DICT: Trainer writes no weights here (a checkpoint's shards come later, with the
+            # adapters apart), so a LoRA run gathers the full state dict (on every rank: collectives) and writes the
+            # merged model and a checkpoint's adapter file through _save, as under FULL_STATE_DICT
+            state = lora_state_for_sharded_save(self)
+            if state is not None and self.args.should_save:
+                self._save(output_dir, state_dict=state)
+            return super().save_model(output_dir, _internal_call)  # under SHARDED_STATE_DICT: writes no weights
 
     # private: the dynamo plugin is built here, and TrainingArguments has no option for its `dynamic`
     def _build_accelerator_args(self, **kwargs):

@@ -150,7 +150,7 @@ def test_annealed_masks_are_built_per_batch_not_cached(tiny_model, leak_audit):
     assert torch.equal(prepared.mask[:, 0], causal.expand(2, T, T))
 
 
-def test_flex_attention_block_mask_applies_annealing(tiny_model):
+def test_flex_attention_block_mask_applies_annealing(static_flex_shapes, tiny_model):
     """FlexAttention: the BlockMask's mask_mod applies the same rule (compared with the dense mask of the plan)."""
     from hf_lookaround.models.lookaround.masking_lookaround import AttentionPlan
 
@@ -178,7 +178,7 @@ def test_revealed_keys_fraction_follows_progress():
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "flex_attention"])
-def test_masks_prepared_outside_the_step_equal_the_forwards_own(tiny_model, impl):
+def test_masks_prepared_outside_the_step_equal_the_forwards_own(static_flex_shapes, tiny_model, impl):
     """--torch_compile builds the masks before the step (`prepare_attention`): with revealed keys they must be the
     forward's own; FlexAttention's BlockMask gives the logits of SDPA's dense mask."""
     batch, _ = two_stream_batch("mdlm")
@@ -262,7 +262,7 @@ def test_bd3lm_one_stream_progress_zero_is_causal_over_both_copies_and_one_is_th
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "flex_attention"])
-def test_bd3lm_one_stream_prepared_masks_keep_the_annealing(tiny_model, impl):
+def test_bd3lm_one_stream_prepared_masks_keep_the_annealing(static_flex_shapes, tiny_model, impl):
     """--torch_compile builds the masks before the step (`prepare_attention`): they must be the annealed ones."""
     from hf_lookaround.models.lookaround.masking_lookaround import annealing_revealed_keys
 

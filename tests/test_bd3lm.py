@@ -176,7 +176,7 @@ def test_a_masked_token_reads_its_noised_block_and_the_clean_blocks_before_it(ti
         assert reach[i, row, p] > 0 and reach[i, row, T + p] == 0
 
 
-def test_the_mask_rule_is_one_for_every_kernel_and_flex_gives_the_same_forward(tiny_model):
+def test_the_mask_rule_is_one_for_every_kernel_and_flex_gives_the_same_forward(static_flex_shapes, tiny_model):
     from torch.nn.attention.flex_attention import create_mask
 
     from hf_lookaround.models.lookaround import masking_lookaround as masking

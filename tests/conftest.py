@@ -17,10 +17,8 @@ import json
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,18 +26,6 @@ import pytest
 import torch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-# Each pytest process (the xdist controller and each worker, with the children a test starts) builds its own
-# inductor kernels. With the machine-wide /tmp/torchinductor_$USER shared by two workers and by earlier runs, g++
-# once failed on a CPU FlexAttention kernel in CI (tests/test_bd3lm.py) and passed on every rerun here. A cache
-# directory the user chose is kept; one a parent pytest process made (the workers inherit it) is not.
-_OWN_INDUCTOR_CACHE = None
-if os.environ.get("HF_LOOKAROUND_TEST_INDUCTOR_OWNER", str(os.getpid())) != str(os.getpid()) or (
-    "TORCHINDUCTOR_CACHE_DIR" not in os.environ
-):
-    _OWN_INDUCTOR_CACHE = tempfile.mkdtemp(prefix="hf-lookaround-inductor-")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _OWN_INDUCTOR_CACHE
-    os.environ["HF_LOOKAROUND_TEST_INDUCTOR_OWNER"] = str(os.getpid())
-
 # Subprocesses in tests get this many seconds: a guard against a child that hangs (a deadlock, a prompt nobody
 # answers), not a speed test. Generous, because `make test` runs files in parallel and a loaded or slow machine
 # took more than 300 s for a fresh interpreter that imports torch and transformers (issue 30, section 4 item 6).
@@ -365,8 +351,3 @@ def copy(finished_run, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(finished_run, out)
     return out
-
-
-def pytest_unconfigure(config):
-    if _OWN_INDUCTOR_CACHE:
-        shutil.rmtree(_OWN_INDUCTOR_CACHE, ignore_errors=True)

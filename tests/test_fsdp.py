@@ -74,3 +74,132 @@ def test_fsdp2_full_state_dict_saves_our_remote_code_and_reloads(tmp_path):
     assert set(reloaded.state_dict()) == set(expected), set(reloaded.state_dict()) ^ set(expected)
     for name, tensor in reloaded.state_dict().items():
         assert torch.equal(tensor, expected[name]), name
+
+
+SHARDED_RUN_WORKER = textwrap.dedent(
+    """
+    import json, os, sys, torch, torch.distributed as dist
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from safetensors.torch import load_file
+    from torch.distributed.fsdp import fully_shard
+    from transformers import TrainingArguments, get_constant_schedule
+    import hf_lookaround as H
+    from hf_lookaround.objectives import make_plan
+    from hf_lookaround.training import checkpointing
+    from hf_lookaround.training.checkpointing import full_state_dict
+    from hf_lookaround.training.pretraining import LookAroundTrainer
+
+    dist.init_process_group("gloo")
+    rank, out = dist.get_rank(), sys.argv[1]
+
+    def build(seed, shard=True):
+        torch.manual_seed(seed)
+        model = H.LookAroundForPreTraining(H.LookAroundConfig.from_preset("tiny", vocab_size=100))
+        if shard:  # as examples/accelerate/fsdp.yaml: each LookAroundLayer a unit, the rest in the root
+            for layer in model.model.layers:
+                fully_shard(layer)
+            fully_shard(model)
+        return model
+
+    def train(t, steps, first):  # each rank its own batch, as a DistributedSampler gives
+        for step in range(first, first + steps):
+            seed = 100 * step + rank
+            ids = torch.randint(4, 100, (2, 12), generator=torch.Generator().manual_seed(seed))
+            plan = make_plan("dar", [12, 12], 12, generator=torch.Generator().manual_seed(seed), t=2)
+            t.model(input_ids=ids, group_ids=plan.group_ids, labels=torch.where(plan.is_target, ids, -100)).loss.backward()
+            t.optimizer.step()
+            t.lr_scheduler.step()
+            t.optimizer.zero_grad()
+        t.state.global_step = first + steps - 1
+
+    def trainer(model, **kwargs):
+        # the real LookAroundTrainer and accelerate's FSDP2 plugin under SHARDED_STATE_DICT; accelerate enables FSDP
+        # only on accelerators, so the model is sharded above and the plugin set here
+        args = TrainingArguments(output_dir=out, use_cpu=True, report_to="none", do_train=True, max_steps=4, **kwargs)
+        t = LookAroundTrainer(model=model, args=args)
+        t.is_fsdp_enabled = True
+        t.accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=2, state_dict_type="SHARDED_STATE_DICT", reshard_after_forward=True)
+        t.model_wrapped, t.current_flos = model, 0
+        t.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        t.lr_scheduler = get_constant_schedule(t.optimizer)
+        return t
+
+    result = {}
+    run = trainer(build(0))
+    train(run, 2, 1)
+    run._save_checkpoint(run.model, trial=None)  # what Trainer calls at save_steps, on every rank
+    at_checkpoint = full_state_dict(run.model)
+    train(run, 2, 3)
+    run.save_model()  # the final save, on every rank, as save_final_model calls it
+    ahead = full_state_dict(run.model)
+
+    # a resumed run: `last` through the resume checks, then the weights and optimizer through the trainer (accelerate
+    # reads the shards), and the same two steps
+    resumed = trainer(build(7), resume_from_checkpoint="last")
+    decision = checkpointing.decide_resume(resumed.args, resumed.model.config, None)
+    resumed._load_from_checkpoint(decision.checkpoint, resumed.model_wrapped)
+    resumed._load_optimizer_and_scheduler(decision.checkpoint)
+    loaded = full_state_dict(resumed.model)
+    train(resumed, 2, 3)
+    went_on = full_state_dict(resumed.model)
+
+    # a final model written again from the checkpoint (an unsharded model reads the shards in full on every rank)
+    again = trainer(build(9, shard=False))
+    again._load_from_checkpoint(decision.checkpoint)
+    again.save_model(os.path.join(out, "again"))
+    if rank == 0:
+        final = load_file(os.path.join(out, "model.safetensors"))
+        rewritten = load_file(os.path.join(out, "again", "model.safetensors"))
+        error = lambda got, want: max(float((v - want[k]).abs().max()) for k, v in got.items())
+        tied = set(again.model._tied_weights_keys or {})  # save_pretrained leaves out a weight tied to another
+        result.update(
+            decision=[os.path.basename(decision.checkpoint), decision.action],
+            files=sorted(os.listdir(out)), checkpoint_files=sorted(os.listdir(decision.checkpoint)),
+            final_keys_equal=sorted(final) == sorted(ahead), final_error=error(final, ahead),
+            moved=any(not torch.equal(ahead[k], v) for k, v in at_checkpoint.items()),
+            load_error=error(loaded, at_checkpoint), resume_error=error(went_on, ahead),
+            rewritten_keys_equal=set(rewritten) <= set(at_checkpoint) and set(at_checkpoint) - set(rewritten) <= tied,
+            rewritten_error=error(rewritten, at_checkpoint))
+        torch.save(ahead, os.path.join(out, "expected.pt"))
+        json.dump(result, open(os.path.join(out, "result.json"), "w"))
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_sharded_state_dict_checkpoints_resume_exactly_and_the_final_model_is_full(tmp_path):
+    """FSDP2 under SHARDED_STATE_DICT without LoRA (2 CPU processes, gloo, `fully_shard`; the real LookAroundTrainer
+    with accelerate's plugin): a checkpoint keeps Trainer's shards and gets config.json but no gathered weights;
+    `last` passes the resume checks, and the weights and optimizer read back through the trainer go on for two
+    steps exactly as the run did; the final model is the gathered full state dict, loadable with
+    AutoModelForCausalLM; a final model written again from the checkpoint holds the checkpoint's weights."""
+    from test_distributed import torchrun
+
+    script = tmp_path / "worker.py"
+    script.write_text(SHARDED_RUN_WORKER)
+    out = tmp_path / "out"
+    done = torchrun(str(out), script=script, env={"CUDA_VISIBLE_DEVICES": ""}, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["decision"] == ["checkpoint-2", "train"]
+    checkpoint = set(result["checkpoint_files"])
+    assert {"config.json", "pytorch_model_fsdp_0", "optimizer_0", "scheduler.pt", "checkpoint_complete.json"} <= checkpoint
+    assert "model.safetensors" not in checkpoint  # no gather at a checkpoint: the shards are its weights
+    assert {"config.json", "model.safetensors"} <= set(result["files"])
+    assert result["final_keys_equal"] and result["final_error"] == 0
+    assert result["moved"] and result["load_error"] == 0 and result["resume_error"] < 1e-6
+    assert result["rewritten_keys_equal"] and result["rewritten_error"] == 0
+
+    from transformers import AutoModelForCausalLM
+
+    import hf_lookaround  # noqa: F401  (registers the Auto classes)
+
+    expected = torch.load(out / "expected.pt")
+    model = AutoModelForCausalLM.from_pretrained(out)
+    state = model.state_dict()
+    shared = [k for k in expected if k in state]
+    assert len(shared) > 10
+    for name in shared:
+        assert torch.equal(state[name], expected[name]), name

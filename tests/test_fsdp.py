@@ -203,3 +203,47 @@ def test_sharded_state_dict_checkpoints_resume_exactly_and_the_final_model_is_fu
     assert len(shared) > 10
     for name in shared:
         assert torch.equal(state[name], expected[name]), name
+
+
+def test_sharded_state_dict_under_fsdp1_is_refused_in_one_line():
+    """FSDP1's flat parameters cannot be gathered into the final model here: refused up front, naming FSDP2 and
+    FULL_STATE_DICT; FSDP2, FULL_STATE_DICT and runs without FSDP pass."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from hf_lookaround.training.checkpointing import check_sharded_saving
+
+    def trainer(version, kind, fsdp=True):
+        plugin = SimpleNamespace(fsdp_version=version, state_dict_type=kind)
+        return SimpleNamespace(is_fsdp_enabled=fsdp, accelerator=SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)))
+
+    with pytest.raises(ValueError, match="FSDP version 1") as error:
+        check_sharded_saving(trainer(1, "StateDictType.SHARDED_STATE_DICT"))
+    assert "FULL_STATE_DICT" in str(error.value) and "fsdp_version: 2" in str(error.value)
+    assert "\n" not in str(error.value)
+    check_sharded_saving(trainer(2, "StateDictType.SHARDED_STATE_DICT"))
+    check_sharded_saving(trainer(1, "StateDictType.FULL_STATE_DICT"))
+    check_sharded_saving(trainer(1, "StateDictType.SHARDED_STATE_DICT", fsdp=False))
+
+
+def test_a_sharded_checkpoint_without_readable_shards_is_refused_and_loaders_name_the_merge(tmp_path):
+    """A checkpoint whose FSDP shards have no readable metadata (a cut save) is refused in one line before any
+    load; a loader given a sharded checkpoint (no model.safetensors) says how to merge the shards."""
+    import pytest
+
+    from hf_lookaround.hub.weights import SHARDED_MODEL_DIR, check_weights
+    from hf_lookaround.training.checkpointing import check_sharded_weights, sharded_weights
+
+    folder = tmp_path / "checkpoint-2"
+    (folder / SHARDED_MODEL_DIR).mkdir(parents=True)
+    (folder / SHARDED_MODEL_DIR / "__0_0.distcp").write_bytes(b"\0" * 8)  # the shards, without their .metadata
+    assert sharded_weights(folder) == folder / SHARDED_MODEL_DIR
+    with pytest.raises(ValueError, match="model shards") as error:
+        check_sharded_weights(folder)
+    assert "\n" not in str(error.value) and "another checkpoint" in str(error.value)
+    with pytest.raises(ValueError, match="accelerate merge-weights") as error:
+        check_weights(folder)
+    assert "\n" not in str(error.value)
+    (folder / "model.safetensors").write_bytes(b"")  # full weights beside the shards: those are read
+    assert sharded_weights(folder) is None

@@ -758,12 +758,11 @@ def check_training_state(checkpoint, training_args) -> None:
 # FSDP2 under SHARDED_STATE_DICT: what each save writes
 # ---------------------------------------------------------------------------------------------
 # Trainer.save_model writes weights only under FULL_STATE_DICT. Under SHARDED_STATE_DICT a checkpoint's weights are
-# the shards Trainer writes beside the optimizer's (FSDP_MODEL_DIR, read back by accelerate on resume), and nothing
-# else: no config.json, which the resume checks read. So a checkpoint gets the config, generation config and
-# tokenizer but no gathered copy of the weights (gathering at every save is what SHARDED_STATE_DICT avoids); a LoRA
-# run's checkpoint still gathers (its merged weights and adapter file are what it resumes from); and the final
-# model is always gathered, a full model.safetensors as FULL_STATE_DICT writes.
-FSDP_MODEL_DIR = "pytorch_model_fsdp_0"  # accelerate's folder of model shards (FSDP_MODEL_NAME, model index 0)
+# the shards Trainer writes beside the optimizer's (hub.weights.SHARDED_MODEL_DIR, which accelerate reads on
+# resume), and nothing else: no config.json, which the resume checks read. So a checkpoint gets the config,
+# generation config and tokenizer but no gathered copy of the weights (gathering at every save is what
+# SHARDED_STATE_DICT avoids); a LoRA run's checkpoint still gathers (its merged weights and adapter file are what it
+# resumes from); and the final model is always gathered, a full model.safetensors as FULL_STATE_DICT writes.
 
 
 def is_sharded(model) -> bool:
@@ -814,10 +813,12 @@ def state_for_sharded_save(trainer, output_dir, adapters: bool = False) -> dict 
 
 
 def sharded_weights(checkpoint) -> Path | None:
-    """The folder of model shards (:data:`FSDP_MODEL_DIR`) of a checkpoint saved under SHARDED_STATE_DICT that
+    """The folder of model shards (``hub.weights.SHARDED_MODEL_DIR``) of a checkpoint saved under SHARDED_STATE_DICT that
     holds no full weights, or None."""
+    from ..hub.weights import SHARDED_MODEL_DIR
+
     folder = Path(checkpoint)
-    shards = folder / FSDP_MODEL_DIR
+    shards = folder / SHARDED_MODEL_DIR
     if not shards.is_dir() or (folder / "model.safetensors").is_file() or \
             (folder / "model.safetensors.index.json").is_file():
         return None

@@ -148,6 +148,10 @@ SHARDED_RUN_WORKER = textwrap.dedent(
     again = trainer(build(9, shard=False))
     again._load_from_checkpoint(decision.checkpoint)
     again.save_model(os.path.join(out, "again"))
+    # a finished run evaluated again: the final model (no FSDP files) read into a model no training sharded
+    finished = trainer(build(11, shard=False))
+    finished._load_from_checkpoint(out)
+    reread = finished.model.state_dict()
     if rank == 0:
         final = load_file(os.path.join(out, "model.safetensors"))
         rewritten = load_file(os.path.join(out, "again", "model.safetensors"))
@@ -160,7 +164,7 @@ SHARDED_RUN_WORKER = textwrap.dedent(
             moved=any(not torch.equal(ahead[k], v) for k, v in at_checkpoint.items()),
             load_error=error(loaded, at_checkpoint), resume_error=error(went_on, ahead),
             rewritten_keys_equal=set(rewritten) <= set(at_checkpoint) and set(at_checkpoint) - set(rewritten) <= tied,
-            rewritten_error=error(rewritten, at_checkpoint))
+            rewritten_error=error(rewritten, at_checkpoint), reread_error=error(reread, ahead))
         torch.save(ahead, os.path.join(out, "expected.pt"))
         json.dump(result, open(os.path.join(out, "result.json"), "w"))
     dist.barrier()
@@ -174,7 +178,8 @@ def test_sharded_state_dict_checkpoints_resume_exactly_and_the_final_model_is_fu
     with accelerate's plugin): a checkpoint keeps Trainer's shards and gets config.json but no gathered weights;
     `last` passes the resume checks, and the weights and optimizer read back through the trainer go on for two
     steps exactly as the run did; the final model is the gathered full state dict, loadable with
-    AutoModelForCausalLM; a final model written again from the checkpoint holds the checkpoint's weights."""
+    AutoModelForCausalLM; a final model written again from the checkpoint holds the checkpoint's weights, and a
+    finished run evaluated again reads the final model back."""
     from test_distributed import torchrun
 
     script = tmp_path / "worker.py"
@@ -191,6 +196,7 @@ def test_sharded_state_dict_checkpoints_resume_exactly_and_the_final_model_is_fu
     assert result["final_keys_equal"] and result["final_error"] == 0
     assert result["moved"] and result["load_error"] == 0 and result["resume_error"] < 1e-6
     assert result["rewritten_keys_equal"] and result["rewritten_error"] == 0
+    assert result["reread_error"] == 0
 
     from transformers import AutoModelForCausalLM
 

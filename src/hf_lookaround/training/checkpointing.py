@@ -812,6 +812,15 @@ def state_for_sharded_save(trainer, output_dir, adapters: bool = False) -> dict 
     return full_state_dict(model)
 
 
+def full_weights_for_unwrapped_fsdp_model(trainer, model, folder) -> bool:
+    """Whether ``folder`` (a final model: ``model.safetensors``, no FSDP files) is to be read into ``model`` under FSDP
+    as without it: no training sharded the model (a finished run evaluated again), and Trainer's FSDP load would look
+    for files a final model does not hold (``pytorch_model_fsdp.bin`` or the shards)."""
+    folder = Path(folder)
+    return bool(getattr(trainer, "is_fsdp_enabled", False) and not is_sharded(model)
+                and (folder / "model.safetensors").is_file() and not list(folder.glob("pytorch_model_fsdp*")))
+
+
 def sharded_weights(checkpoint) -> Path | None:
     """The folder of model shards (``hub.weights.SHARDED_MODEL_DIR``) of a checkpoint saved under SHARDED_STATE_DICT that
     holds no full weights, or None."""

@@ -556,7 +556,15 @@ class LookAroundTrainer(Trainer):
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         from ..adaptation import load_lora_checkpoint
 
-        result = load_lora_checkpoint(model if model is not None else self.model, resume_from_checkpoint)
+        target = model if model is not None else self.model
+        result = load_lora_checkpoint(target, resume_from_checkpoint)
+        if result is None and checkpointing.full_weights_for_unwrapped_fsdp_model(self, target, resume_from_checkpoint):
+            # a finished FSDP run evaluated again: the final model holds full weights, no FSDP files, and no
+            # training wrapped the model, so it loads them as Trainer does without FSDP (Trainer would look for shards)
+            from safetensors.torch import load_file
+
+            result = target.load_state_dict(load_file(os.path.join(resume_from_checkpoint, "model.safetensors")),
+                                            strict=False)
         if result is None:
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
         self._issue_warnings_after_load(result)

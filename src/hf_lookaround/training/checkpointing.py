@@ -47,6 +47,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -765,6 +766,10 @@ def check_training_state(checkpoint, training_args) -> None:
 # resumes from); and the final model is always gathered, a full model.safetensors as FULL_STATE_DICT writes.
 
 
+# what state_for_sharded_save answers for a checkpoint whose weights are Trainer's shards (compared by identity)
+WEIGHTS_ARE_SHARDS = MappingProxyType({})
+
+
 def is_sharded(model) -> bool:
     """Whether FSDP2 (``fully_shard``) holds the model's parameters as shards (DTensors)."""
     from torch.distributed.tensor import DTensor
@@ -797,10 +802,10 @@ def check_sharded_saving(trainer) -> None:
 
 def state_for_sharded_save(trainer, output_dir, adapters: bool = False) -> dict | None:
     """What ``LookAroundTrainer.save_model`` writes into ``output_dir`` beside Trainer's own save, under FSDP's
-    SHARDED_STATE_DICT (see the note above): None where Trainer saves as usual (no FSDP, FULL_STATE_DICT); an
-    empty dict for a checkpoint that gets config and tokenizer but no weights (a run without ``adapters``: its
-    weights are Trainer's shards); else the full state dict to write as ``model.safetensors`` (the final model,
-    a LoRA run's checkpoint), gathered on every rank. Call it on every rank."""
+    SHARDED_STATE_DICT (see the note above): None where Trainer saves as usual (no FSDP, FULL_STATE_DICT);
+    :data:`WEIGHTS_ARE_SHARDS` for a checkpoint that gets config and tokenizer but no weights (a run without
+    ``adapters``); else the full state dict to write as ``model.safetensors`` (the final model, a LoRA run's
+    checkpoint), gathered on every rank (only rank 0's holds the tensors). Call it on every rank."""
     if not saves_sharded_state_dict(trainer):
         return None
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -808,7 +813,7 @@ def state_for_sharded_save(trainer, output_dir, adapters: bool = False) -> dict 
         # no training wrapped it: a final model written again from its checkpoint (loaded in full on every rank)
         return model.state_dict()
     if _CHECKPOINT_RE.match(Path(output_dir).name) and not adapters:
-        return {}
+        return WEIGHTS_ARE_SHARDS
     return full_state_dict(model)
 
 

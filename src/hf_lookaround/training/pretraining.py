@@ -580,10 +580,10 @@ class LookAroundTrainer(Trainer):
                 bool(lora_modules(self.accelerator.unwrap_model(self.model)))
             state = checkpointing.state_for_sharded_save(self, folder, adapters=adapters)
             if state is not None and self.args.should_save:
-                if state:  # the final model, a LoRA run's checkpoint: the full weights, as FULL_STATE_DICT writes
-                    self._save(folder, state_dict=state)
-                else:  # a checkpoint: its weights are Trainer's shards; the config and tokenizer the checks read
+                if state is checkpointing.WEIGHTS_ARE_SHARDS:  # the config and tokenizer the resume checks read
                     self._save_without_weights(folder)
+                elif state:  # the final model, a LoRA run's checkpoint: full weights, as FULL_STATE_DICT writes
+                    self._save(folder, state_dict=state)
             return super().save_model(output_dir, _internal_call)  # under SHARDED_STATE_DICT: writes no weights
 
     def _save_without_weights(self, output_dir) -> None:

@@ -1,4 +1,5 @@
-"""FSDP2 (`fully_shard`, what examples/accelerate/fsdp.yaml does) on the CPU, one process with gloo.
+"""FSDP2 (`fully_shard`, what examples/accelerate/fsdp.yaml does) on the CPU with gloo: one process, and two for
+SHARDED_STATE_DICT's saves and resume.
 
 fully_shard swaps the model's class for a subclass `FSDP<Name>` defined in torch. A full state dict saved
 from the sharded model must still carry our remote code and an `auto_map` naming our classes, and the
@@ -82,7 +83,9 @@ SHARDED_RUN_WORKER = textwrap.dedent(
     from accelerate.utils import FullyShardedDataParallelPlugin
     from safetensors.torch import load_file
     from torch.distributed.fsdp import fully_shard
-    from transformers import TrainingArguments, get_constant_schedule
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast, TrainingArguments, get_constant_schedule
     import hf_lookaround as H
     from hf_lookaround.objectives import make_plan
     from hf_lookaround.training import checkpointing
@@ -112,11 +115,14 @@ SHARDED_RUN_WORKER = textwrap.dedent(
             t.optimizer.zero_grad()
         t.state.global_step = first + steps - 1
 
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 100)}}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="[UNK]")))
+
     def trainer(model, **kwargs):
         # the real LookAroundTrainer and accelerate's FSDP2 plugin under SHARDED_STATE_DICT; accelerate enables FSDP
         # only on accelerators, so the model is sharded above and the plugin set here
         args = TrainingArguments(output_dir=out, use_cpu=True, report_to="none", do_train=True, max_steps=4, **kwargs)
-        t = LookAroundTrainer(model=model, args=args)
+        t = LookAroundTrainer(model=model, args=args, processing_class=tokenizer)
         t.is_fsdp_enabled = True
         t.accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(
             fsdp_version=2, state_dict_type="SHARDED_STATE_DICT", reshard_after_forward=True)
@@ -175,9 +181,9 @@ SHARDED_RUN_WORKER = textwrap.dedent(
 
 def test_sharded_state_dict_checkpoints_resume_exactly_and_the_final_model_is_full(tmp_path):
     """FSDP2 under SHARDED_STATE_DICT without LoRA (2 CPU processes, gloo, `fully_shard`; the real LookAroundTrainer
-    with accelerate's plugin): a checkpoint keeps Trainer's shards and gets config.json but no gathered weights;
-    `last` passes the resume checks, and the weights and optimizer read back through the trainer go on for two
-    steps exactly as the run did; the final model is the gathered full state dict, loadable with
+    with accelerate's plugin): a checkpoint keeps Trainer's shards and gets config.json and the tokenizer but no
+    gathered weights; `last` passes the resume checks, and the weights and optimizer read back through the trainer
+    go on for two steps exactly as the run did; the final model is the gathered full state dict, loadable with
     AutoModelForCausalLM; a final model written again from the checkpoint holds the checkpoint's weights, and a
     finished run evaluated again reads the final model back."""
     from test_distributed import torchrun
@@ -190,7 +196,8 @@ def test_sharded_state_dict_checkpoints_resume_exactly_and_the_final_model_is_fu
     result = json.loads((out / "result.json").read_text())
     assert result["decision"] == ["checkpoint-2", "train"]
     checkpoint = set(result["checkpoint_files"])
-    assert {"config.json", "pytorch_model_fsdp_0", "optimizer_0", "scheduler.pt", "checkpoint_complete.json"} <= checkpoint
+    assert {"config.json", "tokenizer.json", "pytorch_model_fsdp_0", "optimizer_0", "scheduler.pt",
+            "checkpoint_complete.json"} <= checkpoint
     assert "model.safetensors" not in checkpoint  # no gather at a checkpoint: the shards are its weights
     assert {"config.json", "model.safetensors"} <= set(result["files"])
     assert result["final_keys_equal"] and result["final_error"] == 0

@@ -90,7 +90,7 @@ SHARDED_RUN_WORKER = textwrap.dedent(
     from hf_lookaround.objectives import make_plan
     from hf_lookaround.training import checkpointing
     from hf_lookaround.training.checkpointing import full_state_dict
-    from hf_lookaround.training.pretraining import LookAroundTrainer
+    from hf_lookaround.training.pretraining import DataArguments, LookAroundTrainer, ObjectiveArguments, save_final_model
 
     dist.init_process_group("gloo")
     rank, out = dist.get_rank(), sys.argv[1]
@@ -137,7 +137,7 @@ SHARDED_RUN_WORKER = textwrap.dedent(
     run._save_checkpoint(run.model, trial=None)  # what Trainer calls at save_steps, on every rank
     at_checkpoint = full_state_dict(run.model)
     train(run, 2, 3)
-    run.save_model()  # the final save, on every rank, as save_final_model calls it
+    save_final_model(run, ObjectiveArguments(), DataArguments(dataset_name="made-up"))  # pretrain's, every rank
     ahead = full_state_dict(run.model)
 
     # a resumed run: `last` through the resume checks, then the weights and optimizer through the trainer (accelerate
@@ -165,6 +165,7 @@ SHARDED_RUN_WORKER = textwrap.dedent(
         tied = set(again.model._tied_weights_keys or {})  # save_pretrained leaves out a weight tied to another
         result.update(
             decision=[os.path.basename(decision.checkpoint), decision.action],
+            final_problems=checkpointing.final_model_problems(out),
             files=sorted(os.listdir(out)), checkpoint_files=sorted(os.listdir(decision.checkpoint)),
             final_keys_equal=sorted(final) == sorted(ahead), final_error=error(final, ahead),
             moved=any(not torch.equal(ahead[k], v) for k, v in at_checkpoint.items()),
@@ -199,7 +200,9 @@ def test_sharded_state_dict_checkpoints_resume_exactly_and_the_final_model_is_fu
     assert {"config.json", "tokenizer.json", "pytorch_model_fsdp_0", "optimizer_0", "scheduler.pt",
             "checkpoint_complete.json"} <= checkpoint
     assert "model.safetensors" not in checkpoint  # no gather at a checkpoint: the shards are its weights
-    assert {"config.json", "model.safetensors"} <= set(result["files"])
+    assert {"config.json", "model.safetensors", "modeling_lookaround.py", "README.md",
+            "final_model_complete.json"} <= set(result["files"])
+    assert result["final_problems"] == []  # the final model's marker lists what was written
     assert result["final_keys_equal"] and result["final_error"] == 0
     assert result["moved"] and result["load_error"] == 0 and result["resume_error"] < 1e-6
     assert result["rewritten_keys_equal"] and result["rewritten_error"] == 0

@@ -90,7 +90,8 @@ SHARDED_RUN_WORKER = textwrap.dedent(
     from hf_lookaround.objectives import make_plan
     from hf_lookaround.training import checkpointing
     from hf_lookaround.training.checkpointing import full_state_dict
-    from hf_lookaround.training.pretraining import DataArguments, LookAroundTrainer, ObjectiveArguments, save_final_model
+    from hf_lookaround.training.pretraining import (DataArguments, LookAroundTrainer, ObjectiveArguments,
+                                                    save_final_model)
 
     dist.init_process_group("gloo")
     rank, out = dist.get_rank(), sys.argv[1]
@@ -109,7 +110,8 @@ SHARDED_RUN_WORKER = textwrap.dedent(
             seed = 100 * step + rank
             ids = torch.randint(4, 100, (2, 12), generator=torch.Generator().manual_seed(seed))
             plan = make_plan("dar", [12, 12], 12, generator=torch.Generator().manual_seed(seed), t=2)
-            t.model(input_ids=ids, group_ids=plan.group_ids, labels=torch.where(plan.is_target, ids, -100)).loss.backward()
+            labels = torch.where(plan.is_target, ids, -100)
+            t.model(input_ids=ids, group_ids=plan.group_ids, labels=labels).loss.backward()
             t.optimizer.step()
             t.lr_scheduler.step()
             t.optimizer.zero_grad()
@@ -232,7 +234,8 @@ def test_sharded_state_dict_under_fsdp1_is_refused_in_one_line():
 
     def trainer(version, kind, fsdp=True):
         plugin = SimpleNamespace(fsdp_version=version, state_dict_type=kind)
-        return SimpleNamespace(is_fsdp_enabled=fsdp, accelerator=SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)))
+        state = SimpleNamespace(fsdp_plugin=plugin)
+        return SimpleNamespace(is_fsdp_enabled=fsdp, accelerator=SimpleNamespace(state=state))
 
     with pytest.raises(ValueError, match="FSDP version 1") as error:
         check_sharded_saving(trainer(1, "StateDictType.SHARDED_STATE_DICT"))

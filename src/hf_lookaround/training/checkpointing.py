@@ -827,8 +827,8 @@ def full_weights_for_unwrapped_fsdp_model(trainer, model, folder) -> bool:
 
 
 def sharded_weights(checkpoint) -> Path | None:
-    """The folder of model shards (``hub.weights.SHARDED_MODEL_DIR``) of a checkpoint saved under SHARDED_STATE_DICT that
-    holds no full weights, or None."""
+    """The folder of model shards (``hub.weights.SHARDED_MODEL_DIR``) of a checkpoint saved under
+    SHARDED_STATE_DICT that holds no full weights, or None."""
     from ..hub.weights import SHARDED_MODEL_DIR
 
     folder = Path(checkpoint)

@@ -134,8 +134,8 @@ FSDP_WORKER = textwrap.dedent(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
     import hf_lookaround as H
-    from hf_lookaround.adaptation import (LORA_STATE_NAME, is_sharded, load_lora_checkpoint, lora_checkpoint_state,
-                                          merge_lora, with_lora)
+    from hf_lookaround.adaptation import LORA_STATE_NAME, load_lora_checkpoint, lora_checkpoint_state, merge_lora, with_lora
+    from hf_lookaround.training.checkpointing import is_sharded
     from hf_lookaround.objectives import make_plan
 
     dist.init_process_group("gloo")
@@ -223,7 +223,8 @@ SHARDED_WORKER = textwrap.dedent(
     from torch.distributed.fsdp.fully_sharded_data_parallel import StateDictType
     from transformers import TrainingArguments
     import hf_lookaround as H
-    from hf_lookaround.adaptation import LORA_STATE_NAME, full_state_dict, merge_lora, with_lora
+    from hf_lookaround.adaptation import LORA_STATE_NAME, merge_lora, with_lora
+    from hf_lookaround.training.checkpointing import full_state_dict
     from hf_lookaround.objectives import make_plan
     from hf_lookaround.training.pretraining import LookAroundTrainer
 
@@ -326,7 +327,11 @@ def test_only_a_lora_run_under_sharded_state_dict_gathers_its_own_state():
     from torch.distributed.fsdp import StateDictType
 
     from hf_lookaround import LookAroundConfig, LookAroundForPreTraining
-    from hf_lookaround.adaptation import lora_state_for_sharded_save, merge_lora, with_lora
+    from hf_lookaround.adaptation import merge_lora, with_lora
+    from hf_lookaround.training.checkpointing import state_for_sharded_save
+
+    def lora_state_for_sharded_save(trainer):  # what LookAroundTrainer.save_model asks for a LoRA run's final save
+        return state_for_sharded_save(trainer, "out", adapters=True)
 
     model = with_lora(LookAroundForPreTraining(LookAroundConfig.from_preset("tiny", vocab_size=100)),
                       SimpleNamespace(lora_r=2, lora_alpha=None, lora_dropout=0.0, lora_target_modules=None))

@@ -572,6 +572,8 @@ def load_lora_checkpoint(model, folder) -> object | None:
     lora = load_file(path)
     plain = {k: v for k, v in load_file(os.path.join(folder, "model.safetensors")).items()
              if not any(k.startswith(name + ".") for name in modules)}
+    from .training.checkpointing import is_sharded
+
     if not is_sharded(model):
         return model.load_state_dict({**plain, **lora}, strict=False)
     # FSDP2: every rank hands its full copy to torch, which keeps each parameter's own shard
@@ -579,13 +581,6 @@ def load_lora_checkpoint(model, folder) -> object | None:
 
     return set_model_state_dict(model, {**plain, **lora}, options=StateDictOptions(full_state_dict=True,
                                                                                      strict=False))
-
-
-def is_sharded(model) -> bool:
-    """Whether FSDP2 (``fully_shard``) holds the model's parameters as shards (DTensors)."""
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(param, DTensor) for param in model.parameters())
 
 
 def check_lora_trainer(trainer) -> None:
@@ -600,35 +595,12 @@ def check_lora_trainer(trainer) -> None:
                          "in the accelerate config, as examples/accelerate/fsdp.yaml does)")
 
 
-def full_state_dict(model) -> dict:
-    """The full state dict of a model FSDP2 shards, gathered onto rank 0's CPU (the other ranks get an empty dict).
-    A collective: every rank must call it (on rank 0 alone it waits for the others for ever)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def lora_state_for_sharded_save(trainer) -> dict | None:
-    """The state dict a LoRA run's save hands to ``LookAroundTrainer._save`` under FSDP's ``SHARDED_STATE_DICT``,
-    where ``Trainer.save_model`` writes no weights of its own (only the checkpoints' shards, whose adapters stand
-    apart from the weights): the full state dict, gathered on every rank, from which ``_save`` writes the merged
-    model (and a checkpoint's adapter file) as under ``FULL_STATE_DICT``. None where ``Trainer`` saves as usual
-    (no FSDP, ``FULL_STATE_DICT``, a sharded model without adapters). Call it on every rank."""
-    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
-    if not getattr(trainer, "is_fsdp_enabled", False) or plugin is None or \
-            "FULL_STATE_DICT" in str(plugin.state_dict_type):
-        return None
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    if not is_sharded(model):
-        # no training wrapped it: a LoRA run's final model written again from its checkpoint, merged in place
-        return model.state_dict()
-    return full_state_dict(model) if lora_modules(model) else None
-
-
 def merge_lora(model) -> bool:
     """Fold every LoRA adapter into its base weight and put the base layer back in place (so the state dict has
     the plain LookAround names); returns whether there was any."""
     from peft.tuners.lora import LoraLayer
+
+    from .training.checkpointing import is_sharded
 
     if is_sharded(model):
         # FSDP2: the adapters and weights are shards; the final save gathers the full state dict (under either
@@ -651,4 +623,4 @@ def merge_lora(model) -> bool:
 __all__ = ["SUPPORTED_TYPES", "MASK_TOKEN", "ConversionError", "convert", "convert_folder", "lookaround_config",
            "export", "export_family", "family_config", "to_lookaround_weights", "from_lookaround_weights",
            "prepare_init", "with_lora", "merge_lora", "LORA_STATE_NAME", "lora_checkpoint_state",
-           "load_lora_checkpoint", "check_lora_trainer", "full_state_dict", "lora_state_for_sharded_save"]
+           "load_lora_checkpoint", "check_lora_trainer", "lora_modules"]

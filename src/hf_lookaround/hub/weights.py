@@ -19,6 +19,8 @@ from .files import read_json, unfinished_run
 logger = logging.getLogger(__name__)
 
 WEIGHTS_NAME, WEIGHTS_INDEX_NAME = "model.safetensors", "model.safetensors.index.json"
+# accelerate's folder of model shards in a checkpoint saved under FSDP's SHARDED_STATE_DICT (FSDP_MODEL_NAME, index 0)
+SHARDED_MODEL_DIR = "pytorch_model_fsdp_0"
 
 
 def _check_safetensors(path: Path, where: str) -> None:
@@ -66,6 +68,9 @@ def check_weights(folder, where: str | None = None) -> list[Path]:
         pickled = [p.name for p in folder.glob("*.bin")]
         hint = (f" (found {', '.join(pickled)}: re-save with save_pretrained, which writes safetensors)"
                 if pickled else "")
+        if (folder / SHARDED_MODEL_DIR).is_dir():  # a checkpoint of a run under FSDP's SHARDED_STATE_DICT
+            hint = (f" (it holds FSDP shards, {SHARDED_MODEL_DIR}/: resume from it, or write them as one file with "
+                    f"`accelerate merge-weights {folder / SHARDED_MODEL_DIR} {folder}`)")
         raise ValueError(f"no weights in {where}: expected {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}{hint}")
     for path in files:
         _check_safetensors(path, where)

@@ -47,6 +47,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -679,10 +680,16 @@ def decide_resume(training_args, model_config, run_settings: dict | None = None)
             set_aside_later_checkpoints(training_args.output_dir, checkpoint)
     if checkpoint is None:
         return ResumeDecision(None, TRAIN)
-    from ..hub.weights import check_local_checkpoint
+    from ..hub.weights import check_kind, check_local_checkpoint
 
-    # Trainer loads a checkpoint's weights non-strictly: missing, unexpected or NaN tensors are refused here
-    check_local_checkpoint(checkpoint, "hf-lookaround pretrain --resume_from_checkpoint", finite=True)
+    command = "hf-lookaround pretrain --resume_from_checkpoint"
+    if sharded_weights(checkpoint) is not None:
+        # SHARDED_STATE_DICT: the weights are shards, which DCP loads strictly (names and shapes); not read here
+        check_kind(checkpoint, command)
+        check_sharded_weights(checkpoint)
+    else:
+        # Trainer loads a checkpoint's weights non-strictly: missing, unexpected or NaN tensors are refused here
+        check_local_checkpoint(checkpoint, command, finite=True)
     check_resume_compatible(checkpoint, model_config, training_args.world_size, run=run_settings)
     if not finished_training(checkpoint, training_args):
         check_training_state(checkpoint, training_args)
@@ -746,3 +753,103 @@ def check_training_state(checkpoint, training_args) -> None:
         )
     logger.warning("--resume_weights_only: resuming from the weights of %s; not restored, started fresh: %s",
                    checkpoint, "; ".join(missing))
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2 under SHARDED_STATE_DICT: what each save writes
+# ---------------------------------------------------------------------------------------------
+# Trainer.save_model writes weights only under FULL_STATE_DICT. Under SHARDED_STATE_DICT a checkpoint's weights are
+# the shards Trainer writes beside the optimizer's (hub.weights.SHARDED_MODEL_DIR, which accelerate reads on
+# resume), and nothing else: no config.json, which the resume checks read. So a checkpoint gets the config,
+# generation config and tokenizer but no gathered copy of the weights (gathering at every save is what
+# SHARDED_STATE_DICT avoids); a LoRA run's checkpoint still gathers (its merged weights and adapter file are what it
+# resumes from); and the final model is always gathered, a full model.safetensors as FULL_STATE_DICT writes.
+
+
+# what state_for_sharded_save answers for a checkpoint whose weights are Trainer's shards (compared by identity)
+WEIGHTS_ARE_SHARDS = MappingProxyType({})
+
+
+def is_sharded(model) -> bool:
+    """Whether FSDP2 (``fully_shard``) holds the model's parameters as shards (DTensors)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(param, DTensor) for param in model.parameters())
+
+
+def full_state_dict(model) -> dict:
+    """The full state dict of a model FSDP2 shards, gathered onto rank 0's CPU (the other ranks get an empty dict).
+    A collective: every rank must call it (on rank 0 alone it waits for the others for ever)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def saves_sharded_state_dict(trainer) -> bool:
+    """Whether ``trainer`` runs FSDP with a state dict type other than FULL_STATE_DICT (SHARDED_STATE_DICT)."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    return bool(getattr(trainer, "is_fsdp_enabled", False) and plugin is not None
+                and "FULL_STATE_DICT" not in str(plugin.state_dict_type))
+
+
+def check_sharded_saving(trainer) -> None:
+    """Refuse, in one line, FSDP1 with SHARDED_STATE_DICT: its flat parameters are no DTensors, so the final
+    model cannot be gathered here (FSDP2, the recipe's, or FULL_STATE_DICT can)."""
+    if saves_sharded_state_dict(trainer) and getattr(trainer.accelerator.state.fsdp_plugin, "fsdp_version", 1) != 2:
+        raise ValueError("fsdp_state_dict_type SHARDED_STATE_DICT under FSDP version 1 is not supported: use FSDP2 "
+                         "(fsdp_version: 2, as examples/accelerate/fsdp.yaml does) or FULL_STATE_DICT")
+
+
+def state_for_sharded_save(trainer, output_dir, adapters: bool = False) -> dict | None:
+    """What ``LookAroundTrainer.save_model`` writes into ``output_dir`` beside Trainer's own save, under FSDP's
+    SHARDED_STATE_DICT (see the note above): None where Trainer saves as usual (no FSDP, FULL_STATE_DICT);
+    :data:`WEIGHTS_ARE_SHARDS` for a checkpoint that gets config and tokenizer but no weights (a run without
+    ``adapters``); else the full state dict to write as ``model.safetensors`` (the final model, a LoRA run's
+    checkpoint), gathered on every rank (only rank 0's holds the tensors). Call it on every rank."""
+    if not saves_sharded_state_dict(trainer):
+        return None
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if not is_sharded(model):
+        # no training wrapped it: a final model written again from its checkpoint (loaded in full on every rank)
+        return model.state_dict()
+    if _CHECKPOINT_RE.match(Path(output_dir).name) and not adapters:
+        return WEIGHTS_ARE_SHARDS
+    return full_state_dict(model)
+
+
+def full_weights_for_unwrapped_fsdp_model(trainer, model, folder) -> bool:
+    """Whether ``folder`` (a final model: ``model.safetensors``, no FSDP files) is to be read into ``model`` under FSDP
+    as without it: no training sharded the model (a finished run evaluated again), and Trainer's FSDP load would look
+    for files a final model does not hold (``pytorch_model_fsdp.bin`` or the shards)."""
+    folder = Path(folder)
+    return bool(getattr(trainer, "is_fsdp_enabled", False) and not is_sharded(model)
+                and (folder / "model.safetensors").is_file() and not list(folder.glob("pytorch_model_fsdp*")))
+
+
+def sharded_weights(checkpoint) -> Path | None:
+    """The folder of model shards (``hub.weights.SHARDED_MODEL_DIR``) of a checkpoint saved under
+    SHARDED_STATE_DICT that holds no full weights, or None."""
+    from ..hub.weights import SHARDED_MODEL_DIR
+
+    folder = Path(checkpoint)
+    shards = folder / SHARDED_MODEL_DIR
+    if not shards.is_dir() or (folder / "model.safetensors").is_file() or \
+            (folder / "model.safetensors.index.json").is_file():
+        return None
+    return shards
+
+
+def check_sharded_weights(checkpoint) -> None:
+    """Refuse, in one line, a checkpoint whose model shards torch cannot read (their ``.metadata`` missing or
+    cut). Names and shapes are checked against the model when the shards load (DCP's load is strict)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    shards = sharded_weights(checkpoint)
+    try:
+        metadata = FileSystemReader(str(shards)).read_metadata()
+    except Exception as err:  # noqa: BLE001 - torch raises several types for a missing or cut file
+        raise ValueError(f"cannot resume from {checkpoint}: its model shards ({shards.name}) are unreadable "
+                         f"({type(err).__name__}); resume from another checkpoint") from None
+    if not any(key.startswith("model.") for key in metadata.state_dict_metadata):
+        raise ValueError(f"cannot resume from {checkpoint}: its model shards ({shards.name}) hold no model "
+                         "weights; resume from another checkpoint")

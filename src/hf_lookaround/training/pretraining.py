@@ -556,22 +556,49 @@ class LookAroundTrainer(Trainer):
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         from ..adaptation import load_lora_checkpoint
 
-        result = load_lora_checkpoint(model if model is not None else self.model, resume_from_checkpoint)
+        target = model if model is not None else self.model
+        result = load_lora_checkpoint(target, resume_from_checkpoint)
+        if result is None and checkpointing.full_weights_for_unwrapped_fsdp_model(self, target, resume_from_checkpoint):
+            # a finished FSDP run evaluated again: the final model holds full weights, no FSDP files, and no
+            # training wrapped the model, so it loads them as Trainer does without FSDP (Trainer would look for shards)
+            from safetensors.torch import load_file
+
+            result = target.load_state_dict(load_file(os.path.join(resume_from_checkpoint, "model.safetensors")),
+                                            strict=False)
         if result is None:
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
         self._issue_warnings_after_load(result)
 
     def save_model(self, output_dir=None, _internal_call=False):
-        from ..adaptation import lora_state_for_sharded_save
+        from ..adaptation import lora_modules
 
-        with checkpointing.save_failure_is_one_line(output_dir or self.args.output_dir):
-            # FSDP's SHARDED_STATE_DICT: Trainer writes no weights here (a checkpoint's shards come later, with the
-            # adapters apart), so a LoRA run gathers the full state dict (on every rank: collectives) and writes the
-            # merged model and a checkpoint's adapter file through _save, as under FULL_STATE_DICT
-            state = lora_state_for_sharded_save(self)
+        folder = output_dir or self.args.output_dir
+        with checkpointing.save_failure_is_one_line(folder):
+            # FSDP's SHARDED_STATE_DICT: Trainer writes no weights and no config here (a checkpoint's shards come
+            # later); checkpointing.state_for_sharded_save says what to write instead (on every rank: collectives)
+            adapters = checkpointing.saves_sharded_state_dict(self) and \
+                bool(lora_modules(self.accelerator.unwrap_model(self.model)))
+            state = checkpointing.state_for_sharded_save(self, folder, adapters=adapters)
             if state is not None and self.args.should_save:
-                self._save(output_dir, state_dict=state)
+                if state is checkpointing.WEIGHTS_ARE_SHARDS:  # the config and tokenizer the resume checks read
+                    self._save_without_weights(folder)
+                elif state:  # the final model, a LoRA run's checkpoint: full weights, as FULL_STATE_DICT writes
+                    self._save(folder, state_dict=state)
             return super().save_model(output_dir, _internal_call)  # under SHARDED_STATE_DICT: writes no weights
+
+    def _save_without_weights(self, output_dir) -> None:
+        """What ``_save`` writes besides the weights: config, generation config, tokenizer, training arguments."""
+        import torch
+        from transformers.trainer import TRAINING_ARGS_NAME
+
+        os.makedirs(output_dir, exist_ok=True)
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        model.config.save_pretrained(output_dir)
+        if model.can_generate() and getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(output_dir)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
 
     # private: the dynamo plugin is built here, and TrainingArguments has no option for its `dynamic`
     def _build_accelerator_args(self, **kwargs):
@@ -1238,6 +1265,7 @@ def _run(model_args: ModelArguments, data_args: DataArguments, objective_args: O
     from ..adaptation import check_lora_trainer
 
     check_lora_trainer(trainer)  # --lora_r under a setup its adapters cannot run in (FSDP1): one line
+    checkpointing.check_sharded_saving(trainer)  # SHARDED_STATE_DICT under FSDP1: one line
 
     metrics: dict = {}
     decision = checkpointing.decide_resume(training_args, trainer.model.config, trainer.run_settings)

@@ -99,3 +99,39 @@ def test_the_command_reports_samples_and_standard_error(tiny_model, tokenizer_di
                   "--protocol", "elbo", "--max_length", "32", "--max_documents", "1", "--output_dir",
                   str(tmp_path / "x"), "--device", "cpu"]) != 0
     assert "needs a checkpoint trained with a diffusion objective" in capsys.readouterr().err
+
+
+def test_the_command_scores_a_mixture_by_its_diffusion_components_bound(tiny_model, tokenizer_dir, bbc_text_dir,
+                                                                         tmp_path, capsys):
+    """`perplexity --protocol elbo` on an mdlm + vmlm mixture is the ELBO of its mdlm component with that component's
+    parameters: the same number as the same weights recorded as an mdlm checkpoint with those parameters, another
+    than with mdlm's defaults. A mixture of two diffusion objectives is refused in one line."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model = tiny_model(H.LookAroundForPreTraining, vocab_size=len(tokenizer))
+    component = {"noise_schedule": "cosine", "eps": 0.05, "low_discrepancy": False}
+    configs = {
+        "mixture": ("mixture", {"mixture": {"mdlm": 0.5, "vmlm": 0.5}, "components": {"mdlm": component, "vmlm": {}}}),
+        "mdlm": ("mdlm", component),
+        "mdlm-defaults": ("mdlm", {}),
+        "two": ("mixture", {"mixture": {"mdlm": 0.5, "bd3lm": 0.5}, "components": {"bd3lm": {"diffusion_block": 4}}}),
+    }
+
+    def run(name):
+        model.config.objective, model.config.plan_params = configs[name]
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+        code = cli_main(["perplexity", "--model_name_or_path", str(tmp_path / name), "--dataset", str(bbc_text_dir),
+                         "--protocol", "elbo", "--max_length", "32", "--max_documents", "1", "--num_samples", "3",
+                         "--output_dir", str(tmp_path / f"out-{name}"), "--device", "cpu"])
+        return json.loads((tmp_path / f"out-{name}" / "perplexity.json").read_text()) if code == 0 else None
+
+    mixture, mdlm = run("mixture"), run("mdlm")
+    assert (mixture["objective"], mixture["elbo_objective"]) == ("mixture", "mdlm")
+    assert mixture["nll_per_token"] == mdlm["nll_per_token"] and mixture["standard_error"] == mdlm["standard_error"]
+    assert mixture["nll_per_token"] != pytest.approx(run("mdlm-defaults")["nll_per_token"], rel=1e-3)
+    capsys.readouterr()
+    assert run("two") is None
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "this mixture has 2 diffusion components ['bd3lm', 'mdlm']" in err and "--protocol" in err

@@ -44,6 +44,22 @@ def _trained(objective, form=None, **plan_params) -> dict:
     return dict(objective=objective, **({"plan_params": plan_params} if plan_params else {}), **params.config_fields())
 
 
+def _mixture(**components) -> dict:
+    """The config fields pretraining records for ``--objective mixture`` with these components, ``{name: (weight,
+    the component's flags)}``: its plan parameters (each component's own), its weights and what they record."""
+    parts = {name: objectives.get(name).Params(**flags) for name, (_, flags) in components.items()}
+    params = objectives.get("mixture").Params(
+        mixture=[f"{name}={weight}" for name, (weight, _) in components.items()],
+        components={name: p.plan_params() for name, p in parts.items()},
+        component_collators={name: p.collator_params() for name, p in parts.items()},
+        component_fields={name: p.config_fields() for name, p in parts.items()})
+    plan_params = params.plan_params()
+    return dict(objective="mixture", plan_params=plan_params, mixture=dict(plan_params["mixture"]),
+                default_attention=objectives.default_attention("mixture", plan_params), **params.config_fields())
+
+
+# mdlm's flags in the mixtures: not its defaults, so that a score drawn with the defaults would differ
+MIXED_MDLM = dict(noise_schedule="cosine", diffusion_eps=0.05, low_discrepancy=False)
 # kind -> (class, config fields)
 KINDS = {
     "ar": (LookAroundForCausalLM, dict(objective="ar", prediction_stream="content", default_attention="causal")),
@@ -60,9 +76,12 @@ KINDS = {
         _trained("bd3lm", "single_stream", diffusion_block=4), prediction_stream="content",
         architectures=["LookAroundForMaskedLM"])),
     "vmlm": (LookAroundForPreTraining, dict(objective="vmlm")),
+    # mixtures with a diffusion component: scored by its bound, unless a look-ahead component gives a causal view
+    "mdlm+vmlm": (LookAroundForPreTraining, _mixture(mdlm=(0.5, MIXED_MDLM), vmlm=(0.5, {}))),
+    "dar+mdlm": (LookAroundForPreTraining, _mixture(dar=(0.5, {}), mdlm=(0.5, MIXED_MDLM))),
 }
 PATH_OF = {"gpt2": "ar", "ar": "ar", "dar": "ar", "dar-one-stream": "ar", "mdlm": "elbo", "bd3lm": "elbo", "mdlm-mask": "elbo",
-           "bd3lm-one-stream": "elbo", "vmlm": "masked"}
+           "bd3lm-one-stream": "elbo", "vmlm": "masked", "mdlm+vmlm": "elbo", "dar+mdlm": "ar"}
 
 
 @pytest.fixture(autouse=True)
@@ -71,19 +90,24 @@ def offline(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
 
 
+def _save(folder, cls, fields, tokenizer):
+    """A tiny random checkpoint of ``cls`` with these config fields, and the tokenizer, in ``folder``."""
+    torch.manual_seed(0)
+    config = LookAroundConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=POSITIONS, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        mask_token_id=tokenizer.mask_token_id, **fields)
+    cls(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, tokenizer_dir):
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     root = tmp_path_factory.mktemp("lookaround_lm")
     for kind, (cls, fields) in KINDS.items():
-        torch.manual_seed(0)
-        config = LookAroundConfig.from_preset(
-            "tiny", vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=2, intermediate_size=64,
-            max_position_embeddings=POSITIONS, pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-            mask_token_id=tokenizer.mask_token_id, **fields)
-        cls(config).save_pretrained(root / kind)
-        tokenizer.save_pretrained(root / kind)
+        _save(root / kind, cls, fields, tokenizer)
     # a causal LM of another type: the ar path through its own forward and generate()
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -207,6 +231,60 @@ def test_the_elbo_path_agrees_with_perplexity_elbo_within_the_standard_errors(ki
     same = elbo_perplexity(lm.model, tokenizer, [SHORT], max_length=lm.max_length, stride=lm.max_length // 2,
                            num_samples=64, seed=1)
     assert -_rolling(lm, [SHORT])[0] == pytest.approx(same.nlls.sum(), rel=1e-9)
+
+
+def test_a_mixture_is_scored_by_its_diffusion_components_bound_with_that_components_parameters(harness):
+    """mdlm + vmlm: the ELBO of its mdlm component, computed directly with mdlm's elbo_plan, the component's own
+    parameters (cosine schedule, eps 0.05, independent times) and the request's seed; mdlm's default parameters give
+    another number, so the assertion tells them apart."""
+    from hf_lookaround.evaluation import perplexity as ppl
+    from hf_lookaround.objectives import mdlm
+
+    lm = harness("mdlm+vmlm", 4, seed=5)
+    assert (lm.path, lm.elbo_objective) == ("elbo", "mdlm")
+    (context, continuation), tokenizer = CHOICES[3], lm.tokenizer
+    ctx = tokenizer(context, add_special_tokens=False)["input_ids"]
+    row = [tokenizer.bos_token_id] + tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
+    first = 1 + len(ctx)
+
+    def direct(**params):
+        generator = torch.Generator().manual_seed(lm_eval_model.request_seed(5, row))
+        plan = mdlm.elbo_plan(torch.full((lm.mc_num,), len(row)), len(row), num_condition_tokens=first,
+                              generator=generator, **params)
+        ids = torch.tensor([row] * lm.mc_num)
+        with torch.no_grad():
+            return -float(ppl.elbo_plan_nlls(lm.model, ids, torch.ones_like(ids), plan, first).mean())
+
+    (score, greedy), = _loglikelihood(lm, [(context, continuation)])
+    assert score == pytest.approx(direct(noise_schedule="cosine", eps=0.05, low_discrepancy=False), rel=1e-9)
+    assert score != pytest.approx(direct(), rel=1e-3)  # mdlm's defaults: another draw, another number
+    assert greedy is False
+
+
+@pytest.mark.parametrize("kind", ["mdlm+vmlm", "dar+mdlm"])
+def test_path_elbo_is_accepted_on_a_mixture_with_a_diffusion_component(kind, harness):
+    """Given explicitly, path=elbo scores the diffusion component's bound, also where a look-ahead component makes
+    ar the default; it is the same number as the default path of the mixture without one (same weights, seed)."""
+    lm = harness(kind, 2, path="elbo", seed=7)
+    assert (lm.path, lm.elbo_objective) == ("elbo", "mdlm")
+    scores = _loglikelihood(lm, CHOICES[:2])
+    assert all(math.isfinite(x) and x < 0 for x, _ in scores)
+    assert scores == _loglikelihood(harness("mdlm+vmlm", 2, seed=7), CHOICES[:2])
+
+
+def test_a_mixture_of_two_diffusion_objectives_is_refused_in_one_line(tokenizer_dir, tmp_path):
+    """mdlm + bd3lm (a hand-written config: pretrain refuses the mixture, whose components record different blocks):
+    two bounds, none the checkpoint's, so the elbo path refuses and names the path to take; path=masked scores it."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    plan_params = {"mixture": {"mdlm": 0.5, "bd3lm": 0.5}, "components": {"mdlm": {}, "bd3lm": {"diffusion_block": 4}}}
+    _save(tmp_path / "two", LookAroundForPreTraining, dict(objective="mixture", plan_params=plan_params), tokenizer)
+    for kwargs in ({}, {"path": "elbo"}):
+        with pytest.raises(ValueError, match=r"path=elbo: this mixture has 2 diffusion components \['bd3lm', "
+                                             r"'mdlm'\].*use path=masked$") as err:
+            LookAroundLM(pretrained=str(tmp_path / "two"), device="cpu", **kwargs)
+        assert "\n" not in str(err.value)
+    lm = LookAroundLM(pretrained=str(tmp_path / "two"), device="cpu", path="masked")
+    assert all(math.isfinite(x) and x < 0 for x, _ in _loglikelihood(lm, CHOICES[:1]))
 
 
 def test_generate_until_honours_until_and_max_gen_toks(harness, monkeypatch):

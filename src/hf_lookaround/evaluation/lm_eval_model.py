@@ -7,12 +7,17 @@ line to lm-eval's own. Each request goes through the checkpoint's own likelihood
 
 - ``ar``: the exact ``log p(continuation | context)`` of the causal view, where the checkpoint has one (ar, dar in
   either form, mixtures with a look-ahead half, any ``AutoModelForCausalLM``): ``perplexity.ar_window_nlls``.
-- ``elbo``: diffusion checkpoints (mdlm, bd3lm; BD3-LM's one-stream ``x_t ⊕ x_0`` form too): the seeded Monte-Carlo ELBO of the continuation given the
+- ``elbo``: diffusion checkpoints (mdlm, bd3lm; BD3-LM's one-stream ``x_t ⊕ x_0`` form too; a mixture without a
+  look-ahead component but with one diffusion component, e.g. mdlm + vmlm, by that component's bound and
+  parameters: ``perplexity.elbo_objective``): the seeded Monte-Carlo ELBO of the continuation given the
   context, as LLaDA and dllm score them: ``mc_num`` draws of a time t and a mask of a fraction t of the
   continuation only, each token weighted by the schedule (1/t, linear), ``perplexity.draw_elbo_plan`` /
   ``elbo_plan_nlls``. The draws of a request are seeded by ``seed`` and the request's tokens, so a score depends
-  on neither the batch size nor the order of the requests.
-- ``masked``: other masked checkpoints (mlm, vmlm, span, GVP): the masked-prefix protocol, ``p(x_k | x_<k)`` with
+  on neither the batch size nor the order of the requests. ``path=elbo`` given on a mixture with a look-ahead
+  component scores its diffusion component's bound too; a mixture of two diffusion objectives (mdlm + bd3lm, which
+  ``pretrain`` refuses: they record different blocks) is refused in one line, since no rule makes either bound the
+  checkpoint's.
+- ``masked``: other masked checkpoints (mlm, vmlm, span, GVP, their mixtures): the masked-prefix protocol, ``p(x_k | x_<k)`` with
   the prefix visible and ``k`` masked, one row per continuation token (``perplexity._per_prefix``).
 
 ``loglikelihood_rolling`` scores a document in the windows of ``hf-lookaround perplexity`` (``max_length``,
@@ -80,15 +85,13 @@ def check_checkpoint(pretrained, command: str, finite: bool = False) -> None:
 
 
 def likelihood_path(config) -> str:
-    """How a checkpoint scores text: ``elbo`` for a diffusion objective, ``ar`` where it has a causal view
-    (a look-ahead objective or component, or no recorded objective: any causal LM), else ``masked``."""
-    objective = getattr(config, "objective", None)
-    if objective in objectives.OBJECTIVES and objectives.get(objective).elbo_plan is not None:
-        return "elbo"
-    if objective not in objectives.OBJECTIVES or objectives.LOOK_AHEAD in objectives.families(
-            objective, getattr(config, "plan_params", None)):
+    """How a checkpoint scores text: ``ar`` where it has a causal view (a look-ahead objective or mixture component,
+    or no recorded objective: any causal LM), else ``elbo`` where it trained a diffusion objective (mdlm, bd3lm, or a
+    mixture's diffusion component: ``perplexity.elbo_objective`` says whose bound), else ``masked``."""
+    objective, params = getattr(config, "objective", None), getattr(config, "plan_params", None)
+    if objective not in objectives.OBJECTIVES or objectives.LOOK_AHEAD in objectives.families(objective, params):
         return "ar"
-    return "masked"
+    return "elbo" if objectives.diffusion_components(objective, params) else "masked"
 
 
 def default_decoder(config, path: str) -> str:
@@ -144,12 +147,13 @@ class LookAroundLM(TemplateLM):
         # refused here in one line, before its config or tokenizer loads: a vision checkpoint, damaged weights
         check_checkpoint(pretrained, command)
         config = transformers.AutoConfig.from_pretrained(pretrained)
-        self.path = path or likelihood_path(config)
+        self.path, self.elbo_objective = path or likelihood_path(config), None
         if self.path not in PATHS:
             raise ValueError(f"path={self.path!r}: choose one of {PATHS}")
-        if self.path == "elbo" and likelihood_path(config) != "elbo":
-            raise ValueError(f"path=elbo needs a checkpoint trained with a diffusion objective (mdlm, bd3lm), got "
-                             f"objective={getattr(config, 'objective', None)!r}; leave path out")
+        if self.path == "elbo":  # whose bound: the diffusion objective, or a mixture's one diffusion component
+            causal = likelihood_path(config) == "ar"
+            self.elbo_objective, _ = ppl.elbo_objective(config, "path=elbo",
+                                                        "use path=ar" if causal else "use path=masked")
         two_stream = "LookAroundForPreTraining" in (config.architectures or [])
         auto = {"ar": transformers.AutoModelForCausalLM}.get(self.path, transformers.AutoModelForMaskedLM)
         if two_stream:
@@ -207,8 +211,8 @@ class LookAroundLM(TemplateLM):
             raise ValueError(f"diffusion_threshold applies to diffusion decoding; this checkpoint decodes with "
                              f"decoder={self.decoder}: drop diffusion_threshold")
         logger.info("lookaround: %s scored by the %s path (max_length %d, stride %d%s)", pretrained, self.path,
-                    self.max_length, self.stride, f", mc_num {self.mc_num}, seed {self.seed}"
-                    if self.path == "elbo" else "")
+                    self.max_length, self.stride, f", {self.elbo_objective}'s bound, mc_num {self.mc_num}, seed "
+                    f"{self.seed}" if self.path == "elbo" else "")
         if self.path == "elbo":
             logger.warning("lookaround: is_greedy is not defined for the ELBO of a diffusion checkpoint (no "
                            "left-to-right argmax): every request reports False")

@@ -55,6 +55,7 @@ __all__ = [
     "ar_perplexity",
     "masked_perplexity",
     "elbo_perplexity",
+    "elbo_objective",
     "full_length_masked_nlls",
     "default_masked_mode",
     "is_two_stream",
@@ -625,12 +626,32 @@ def elbo_window_nlls(model, rows: list[list[int]], num_condition_tokens: int, nu
     return totals
 
 
+def elbo_objective(config, asked: str = "the elbo protocol",
+                   otherwise: str = "score it with --protocol ar or masked") -> tuple[str, dict]:
+    """The diffusion objective whose ELBO scores a checkpoint, and the plan parameters it was trained with: the
+    checkpoint's own objective (mdlm, bd3lm), or the one diffusion component of a mixture (e.g. mdlm + vmlm) with
+    that component's parameters. Else a one-line ValueError: no diffusion objective, or a mixture of two (mdlm +
+    bd3lm: two bounds, and no rule makes one of them the checkpoint's). ``asked`` names what needs the ELBO and
+    ``otherwise`` what to do instead, as the calling command spells them."""
+    objective = getattr(config, "objective", None)
+    found = objectives.diffusion_components(objective, getattr(config, "plan_params", None))
+    if len(found) == 1:
+        return next(iter(found.items()))
+    if not found:
+        diffusion = [n for n, o in objectives.OBJECTIVES.items() if o.elbo_plan is not None]
+        raise ValueError(f"{asked} needs a checkpoint trained with a diffusion objective {diffusion} (or a mixture "
+                         f"with one), got objective={objective!r}; {otherwise}")
+    raise ValueError(f"{asked}: this mixture has {len(found)} diffusion components {list(found)}, each with its own "
+                     f"bound, and a checkpoint is scored by one; {otherwise}")
+
+
 def draw_elbo_plan(model, lengths: torch.Tensor, width: int, num_condition_tokens: int, generator):
-    """One draw of times and masks per row: the ``elbo_plan`` of the checkpoint's objective, with its
-    ``plan_params`` (noise schedule, block size)."""
-    entry = objectives.get(model.config.objective)
-    return entry.elbo_plan(lengths, width, num_condition_tokens=num_condition_tokens, generator=generator,
-                           **dict(model.config.plan_params or {}))
+    """One draw of times and masks per row: the ``elbo_plan`` of the checkpoint's diffusion objective (a mixture's:
+    its diffusion component's), with the plan parameters it trained with (noise schedule, block size):
+    :func:`elbo_objective`."""
+    name, params = elbo_objective(model.config)
+    return objectives.get(name).elbo_plan(lengths, width, num_condition_tokens=num_condition_tokens,
+                                          generator=generator, **params)
 
 
 def elbo_plan_nlls(model, ids: torch.Tensor, attention: torch.Tensor, plan, num_condition_tokens: int,
@@ -675,10 +696,7 @@ def elbo_perplexity(model, tokenizer, texts, max_length=512, stride=256, batch_s
     training clip). Sample ``s`` of every window gives one corpus estimate; their mean is the result and their
     spread over ``sqrt(num_samples)`` its standard error."""
     objective = getattr(model.config, "objective", None)
-    if objective not in objectives.OBJECTIVES or objectives.get(objective).elbo_plan is None:
-        diffusion = [n for n, o in objectives.OBJECTIVES.items() if o.elbo_plan is not None]
-        raise ValueError(f"the elbo protocol needs a checkpoint trained with a diffusion objective {diffusion}, got "
-                         f"objective={objective!r}; score it with --protocol ar or masked")
+    diffusion, _ = elbo_objective(model.config)  # refused here in one line, before any window is scored
     if num_samples < 2:
         raise ValueError(f"num_samples must be >= 2 (the standard error needs two samples), got {num_samples}")
     mask_id = getattr(tokenizer, "mask_token_id", None)
@@ -703,7 +721,8 @@ def elbo_perplexity(model, tokenizer, texts, max_length=512, stride=256, batch_s
     nlls = np.concatenate([np.full(len(w.prefix_lengths()), totals[:, i].mean() / len(w.prefix_lengths()))
                            for i, w in enumerate(windows)])
     result = ElboResult("elbo", nlls, prefixes, num_bytes, {"max_length": max_length, "stride": stride,
-                                                            "objective": objective, "seed": seed},
+                                                            "objective": objective, "elbo_objective": diffusion,
+                                                            "seed": seed},
                         num_samples=num_samples,
                         standard_error=float(per_token.std(ddof=1) / math.sqrt(num_samples)))
     return result

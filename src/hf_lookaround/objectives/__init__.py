@@ -36,7 +36,7 @@ from .base import (
 __all__ = ["Objective", "ObjectiveParams", "OBJECTIVES", "PLAN_NAMES", "FAMILIES", "FORMS", "LOOK_AHEAD",
            "ANY_ORDER", "MASKED", "MIXTURE", "TWO_STREAM", "SINGLE_STREAM", "get", "family", "families", "names",
            "decoders", "default_plan_params", "max_target_ratio", "default_attention", "card_text",
-           "mixture_components", "make_plan", "make_collator", "max_targets", "max_content_rows", "presets",
+           "mixture_components", "diffusion_components", "make_plan", "make_collator", "max_targets", "max_content_rows", "presets",
            "DEFAULT_MIXTURE"]
 
 _NOT_OBJECTIVES = {"base"}
@@ -99,6 +99,17 @@ def families(name: str | None, params: dict | None = None) -> tuple[str, ...]:
         return (OBJECTIVES[name].family,)
     found = [OBJECTIVES[c].family for c in mixture_components(params)]
     return tuple(f for f in FAMILIES if f in found)
+
+
+def diffusion_components(name: str | None, params: dict | None = None) -> dict[str, dict]:
+    """The diffusion objectives (those with an ``elbo_plan``) a checkpoint of ``name`` was trained on, with the plan
+    parameters each trained with (``{name: params}``): the objective itself with ``params``, a mixture's diffusion
+    components with their own parameters (``params["components"]``), else none."""
+    if name not in OBJECTIVES:
+        return {}
+    if OBJECTIVES[name].family != MIXTURE:
+        return {name: dict(params or {})} if OBJECTIVES[name].elbo_plan is not None else {}
+    return {c: p for c, p in mixture_components(params).items() if OBJECTIVES[c].elbo_plan is not None}
 
 
 def decoders(name: str | None, params: dict | None = None) -> tuple[str, ...] | None:

@@ -294,7 +294,8 @@ class _DiffusionRun:
 
     def _one_stream_forward(self, past: int, start: int, end: int) -> torch.Tensor:
         """One forward of the one-stream form (module doc): clean rows for the columns ``past .. start`` (not cached
-        yet), then the block's noised rows; keys: the cache, then those rows. The clean rows join the cache."""
+        yet), then the block's noised rows; keys: the cache, then those rows. The clean rows join the cache. A static
+        cache holds a slot per column (the rows overwrite their columns' keys) and the step builds its own mask."""
         self.forwards += 1
         if self.static:  # a slot per column: the rows' keys overwrite the block's noised ones; mask built inside
             forward = self.step if past else self.prefill

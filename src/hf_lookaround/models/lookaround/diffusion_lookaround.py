@@ -23,7 +23,12 @@ A ``bd3lm`` checkpoint of the one-stream form (``x_t ⊕ x_0``, ``default_attent
 BD3-LM does: the same ranks, with the block's noised rows (its committed tokens and ``[MASK]`` at the masked
 positions, all valid keys) in place of query rows; they see each other and the clean keys of lower rank
 (``masking_lookaround.may_attend`` with noised keys). The clean rows of a finished block run with the next block's
-first step and join the cache; the noised rows are dropped from it after each step. A dynamic cache only.
+first step and join the cache; the noised rows are dropped from it after each step. With
+``cache_implementation="static"`` it follows the two-stream form's design: a slot per column (at a block's first step
+the finished block's clean rows overwrite its noised keys), the same two step shapes after the prompt's, the counter
+reset in place, and each step one compiled graph (:func:`_block_diffusion_step`) that builds its mask from the
+full-width ranks and committed and open columns (:func:`one_stream_decoding_plan`, which the dynamic cache's steps
+use too).
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ preset, block, batch, schedule and number of tokens (``--tokens``) on the same G
 **2. Decoding** on the bd3lm-b4 checkpoint of seed 0: ``generate(diffusion_threshold=p)`` for each threshold of
 ``--thresholds`` and ``generate(diffusion_steps=s)`` for each of ``--steps``, all with the static cache (one compiled
 graph per step on CUDA); on the bd3lm-b4-1s checkpoint of seed 0 (when that cell is in ``--cells``) the same
-decoders at batch 1 only, with a dynamic cache (the one-stream form's only one), against compiled AR t = 1 on the ar checkpoint of seed 0 (``group_size=1`` with its static
+decoders with the static cache too, and at batch 1 also with a dynamic cache (eager: what the static cache gains);
+all against compiled AR t = 1 on the ar checkpoint of seed 0 (``group_size=1`` with its static
 cache, and transformers' own ``generate()`` with it; the faster is the baseline), in the same job, at batch 1 and 8:
 ``--new_tokens`` new tokens after ``--prompt_tokens``-token prompts from held-out passages; greedy and sampled
 (temperature 1). New tokens/s (median of ``--repeats`` after a warm-up on the same shapes), forwards, tokens per
@@ -36,7 +37,8 @@ steps): the C1 protocol's length, about 1.6 passes over the slice's ~25 M tokens
 about 370 k tokens/s alone on an H100 (docs/results/c1_finetune_timing.json), so a cell is ~2-3 min of training at
 two per GPU, plus ~1 min of start-up, compilation and scoring (the first wave of a fresh machine also tokenizes
 the slice, ~1-2 min): ~4-5 min a cell, eight at a time on 4 GPUs, so ~14 min for the 21; decoding alone on one GPU
-~4-5 min (mostly compiling its graphs). That is 2 calls of <= 9.5 min when the machine stays warm between them, 3
+~4-5 min (mostly compiling its graphs), before the one-stream form's static rows (two more graphs per batch
+size and their timed runs: not measured yet). That is 2 calls of <= 9.5 min when the machine stays warm between them, 3
 when it does not (a fresh machine retrains the decoding job's two cells, ~5 min, before decoding).
 
 **The plan is resumable.** Jobs run one process each, ``--jobs_per_gpu`` training cells per GPU (the decoding job
@@ -79,7 +81,7 @@ CELLS = {
              "masked prefix"),
 }
 DECODE_NEEDS = ("ar", "bd3lm-b4")  # the decoding job reads these cells' seed-0 models
-DECODE_ONE_STREAM = "bd3lm-b4-1s"  # and this one's too, when it is in --cells (batch 1, dynamic cache)
+DECODE_ONE_STREAM = "bd3lm-b4-1s"  # and this one's too, when it is in --cells (static; batch 1 dynamic too)
 
 
 def decode_needs(cells) -> tuple[str, ...]:
@@ -295,13 +297,15 @@ def decode_job(spec: dict) -> int:
         table[f"bd3lm b=4 threshold={p:g}"] = ("diffusion", decoder(bd, diffusion_threshold=p))
     for k in s["steps_per_block"]:
         table[f"bd3lm b=4 steps={k}"] = ("diffusion", decoder(bd, diffusion_steps=k))
-    one_stream = {}  # the one-stream form's decoders: batch 1 only (a dynamic cache, eager)
+    one_stream = {}  # the one-stream form's decoders with a dynamic cache (eager): batch 1 only, beside its static rows
     if DECODE_ONE_STREAM in spec["models"]:
         bd1 = causal(spec["models"][DECODE_ONE_STREAM])
         for p in s["thresholds"]:
+            table[f"bd3lm-1s b=4 threshold={p:g}"] = ("diffusion", decoder(bd1, diffusion_threshold=p))
             one_stream[f"bd3lm-1s b=4 threshold={p:g} (dynamic)"] = (
                 "diffusion", decoder(bd1, static=False, diffusion_threshold=p))
         for k in s["steps_per_block"]:
+            table[f"bd3lm-1s b=4 steps={k}"] = ("diffusion", decoder(bd1, diffusion_steps=k))
             one_stream[f"bd3lm-1s b=4 steps={k} (dynamic)"] = (
                 "diffusion", decoder(bd1, static=False, diffusion_steps=k))
     rows = []

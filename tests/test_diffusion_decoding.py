@@ -245,3 +245,85 @@ def test_a_static_cache_gives_the_same_tokens_and_each_step_compiles_once():
     assert not host_reads
     assert torch.equal(_decode(model, batch, **static, **kwargs), expected)
     assert counters["stats"]["unique_graphs"] - start == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# BD3-LM's one-stream form (x_t ⊕ x_0): the static cache gives the dynamic cache's tokens
+# ----------------------------------------------------------------------------------------------
+def _one_stream_model(impl="eager", seed=0):
+    """A bd3lm checkpoint of the one-stream form, its config fields as pretraining records them from the Params."""
+    from hf_lookaround.objectives import bd3lm
+
+    torch.manual_seed(seed)
+    fields = bd3lm.Params(diffusion_block=BLOCK, masked_form="single_stream").config_fields()
+    config = LookAroundConfig.from_preset(
+        "tiny", vocab_size=40, hidden_size=32, num_attention_heads=2, intermediate_size=64, max_position_embeddings=48,
+        pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, mask_token_id=MASK, objective="bd3lm",
+        plan_params={"diffusion_block": BLOCK}, prediction_stream="content", initializer_range=0.2, **fields)
+    model = LookAroundForCausalLM(config).eval()
+    model.set_attn_implementation(impl)
+    assert model.config.default_attention == "block_diffusion"
+    return model
+
+
+# left-padded rows of three lengths: prompts that end inside a block and on its edge
+ONE_STREAM_ROWS = [[BOS, 7, 9, 11, 13, 15], [BOS, 21, 5], [BOS, 30, 31, 8, 22]]
+ONE_STREAM_BATCH = torch.tensor([[PAD] * (6 - len(r)) + r for r in ONE_STREAM_ROWS])
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_the_one_stream_form_gives_the_same_tokens_and_forwards_with_a_static_cache(impl):
+    """Greedy (threshold and steps schedules), seeded sampling and EOS on a left-padded batch: the static cache (a slot
+    per column, its step eager here: the compiled step is the next test's) gives the dynamic cache's tokens, forwards
+    and new-token counts, and the dynamic cache gives those of no cache (every column recomputed each step)."""
+    model = _one_stream_model(impl)
+    common = dict(attention_mask=(ONE_STREAM_BATCH != PAD).long(), return_dict_in_generate=True)
+    greedy = _decode(model, ONE_STREAM_BATCH, diffusion_threshold=1.5, **common)
+    eos = int(greedy.sequences[0, 6])  # row 0's first new column: EOS there stops it inside the first block
+    runs = [dict(diffusion_threshold=p) for p in (0.05, 0.2, 1.5)] + [dict(diffusion_steps=2)] + [
+        dict(diffusion_threshold=0.3, do_sample=True, top_k=0, generator=0),
+        dict(diffusion_threshold=1.5, eos_token_id=eos, pad_token_id=PAD)]
+    forwards = set()
+    for knobs in runs:
+        def decode(**cache):
+            seeded = dict(knobs, generator=torch.Generator().manual_seed(7)) if "generator" in knobs else knobs
+            return _decode(model, ONE_STREAM_BATCH, **common, **seeded, **cache)
+
+        dynamic, static, uncached = decode(), decode(cache_implementation="static"), decode(use_cache=False)
+        for other in (static, uncached):
+            assert torch.equal(other.sequences, dynamic.sequences), knobs
+            assert other.num_forwards == dynamic.num_forwards, knobs
+            assert torch.equal(other.num_new_tokens, dynamic.num_new_tokens), knobs
+        forwards.add(dynamic.num_forwards)
+        if "eos_token_id" in knobs:  # the EOS row stopped early; the others kept their pace
+            assert int(dynamic.num_new_tokens[0]) == 1 and (dynamic.sequences[0, 7:] == PAD).all()
+            assert int(dynamic.num_new_tokens.max()) > 1
+    assert len(forwards) > 1  # the schedules differ: the equal counts are not one constant
+
+
+def test_the_one_stream_static_steps_compile_whole_in_two_graphs_once():
+    """The one-stream form's steps after the prompt's compile whole (fullgraph) with their mask built inside, in two
+    shapes (a block's first step, with the finished block's clean rows, and the others), with no host read; a second
+    run of the same shapes compiles nothing. The step runs through a recording backend (inductor is slow on CPU)."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    torch._dynamo.reset()
+    graphs = []
+
+    def record(graph_module, example_inputs):  # a backend that keeps each graph dynamo captured, then runs it
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    model = _one_stream_model("sdpa")
+    kwargs = dict(attention_mask=(ONE_STREAM_BATCH != PAD).long(), diffusion_threshold=0.2)
+    expected = _decode(model, ONE_STREAM_BATCH, **kwargs)
+    static = dict(cache_implementation="static", compile_config=CompileConfig(backend=record, fullgraph=True))
+    start = counters["stats"]["unique_graphs"]
+    assert torch.equal(_decode(model, ONE_STREAM_BATCH, **static, **kwargs), expected)
+    assert counters["stats"]["unique_graphs"] - start == len(graphs) == 2
+    host_reads = [node for graph in graphs for node in graph.graph.nodes
+                  if node.target in ("item", "tolist", torch.ops.aten._local_scalar_dense.default)]
+    assert not host_reads
+    assert torch.equal(_decode(model, ONE_STREAM_BATCH, **static, **kwargs), expected)
+    assert counters["stats"]["unique_graphs"] - start == 2

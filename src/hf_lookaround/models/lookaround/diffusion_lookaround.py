@@ -23,7 +23,12 @@ A ``bd3lm`` checkpoint of the one-stream form (``x_t ⊕ x_0``, ``default_attent
 BD3-LM does: the same ranks, with the block's noised rows (its committed tokens and ``[MASK]`` at the masked
 positions, all valid keys) in place of query rows; they see each other and the clean keys of lower rank
 (``masking_lookaround.may_attend`` with noised keys). The clean rows of a finished block run with the next block's
-first step and join the cache; the noised rows are dropped from it after each step. A dynamic cache only.
+first step and join the cache; the noised rows are dropped from it after each step. With
+``cache_implementation="static"`` it follows the two-stream form's design: a slot per column (at a block's first step
+the finished block's clean rows overwrite its noised keys), the same two step shapes after the prompt's, the counter
+reset in place, and each step one compiled graph (:func:`_block_diffusion_step`) that builds its mask from the
+full-width ranks and committed and open columns (:func:`one_stream_decoding_plan`, which the dynamic cache's steps
+use too).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from .decoding_lookaround import (
     DecodingStrategy,
     is_block_diffusion_model,
     StopTracker,
+    _compiled,
     _decoding_step,
     _refuse_or_warn,
     _static_cache,
@@ -86,6 +92,49 @@ def diffusion_ranks(attention_mask: torch.Tensor, max_new_tokens: int, block: in
     new_block = torch.div((cols - prompt_cols).clamp(min=0), block or max(max_new_tokens, 1), rounding_mode="floor")
     ranks = torch.where(cols < prompt_cols, prompt_rank, 2 * prompt_cols + 2 + 2 * new_block)
     return ranks, i.clamp(min=0)
+
+
+def one_stream_decoding_plan(ranks, committed, open_, first, start, end, width: int) -> AttentionPlan:
+    """The attention plan of one decoding forward of BD3-LM's one-stream form. Keys: columns ``0 .. K`` of
+    ``ranks``, ``committed``, ``open_`` ``(B, K)``; the columns ``start .. end`` hold the block's noised rows' keys
+    (committed tokens and ``[MASK]`` at the open positions; EOS padding is no key), the others clean keys (the
+    committed tokens). Rows: the ``width`` columns from ``first`` (clean rows, then the noised rows at
+    ``start .. end``). ``first``, ``start``, ``end``: ints, or 0-d tensors inside a compiled step (no host read).
+    ``masking_lookaround.may_attend`` with noised keys says who sees whom."""
+    column = torch.arange(ranks.shape[1], device=ranks.device)
+    key_is_noised = ((column >= start) & (column < end)).expand_as(committed)
+    key_valid = torch.where(key_is_noised, committed | open_, committed)
+    rows = first + torch.arange(width, device=ranks.device)
+    return AttentionPlan(query_rank=ranks[:, rows], query_is_strict=key_is_noised[:, rows], key_rank=ranks,
+                         key_valid=key_valid, key_is_noised=key_is_noised)
+
+
+def _block_diffusion_step(model, compile_config):
+    """``(prefill, step)`` of the one-stream form with a static cache: ``forward(input_ids, position_ids, ranks,
+    committed, open_, cache, block)`` runs the rows of the columns from the cache's counter on (the clean rows
+    entering the cache, then the block's ``block`` noised rows), their mask built inside from the full-width
+    ``(B, columns)`` tensors, and returns the noised rows' float logits. ``step`` is compiled with ``compile_config``
+    (fixed shapes), kept on the model as the other decoders' steps are; ``prefill`` (the prompt's own width) runs
+    eager, as :func:`_decoding_step`'s does."""
+    backbone, lm_head = model.base_model, model.lm_head
+
+    def forward(input_ids, position_ids, ranks, committed, open_, cache, block: int):
+        width = input_ids.shape[1]
+        end = cache.get_seq_length() + width  # the counter (a 0-d tensor once the cache holds keys) is the first row
+        plan = one_stream_decoding_plan(ranks, committed, open_, end - width, end - block, end, width)
+        masks = build_prepared_attention(plan, model.config._attn_implementation, model.dtype, width,
+                                         with_query_rows=False)
+        out = backbone(input_ids=input_ids, position_ids=position_ids, attention_pattern="bidirectional",
+                       past_key_values=cache, use_cache=True, prepared=PreparedInputs(attention=masks))
+        return lm_head(out.last_hidden_state[:, -block:]).float()
+
+    if compile_config is None:
+        return forward, forward
+    held = getattr(model, "_lookaround_block_diffusion_step", None)
+    key = repr(sorted(compile_config.to_dict().items()))
+    if held is None or held[0] != key:
+        held = model._lookaround_block_diffusion_step = (key, _compiled(forward, compile_config))
+    return forward, held[1]
 
 
 @dataclass
@@ -199,12 +248,10 @@ class _DiffusionRun:
         self.open[:, self.prompt_len : self.total] = True
         self.static = options.static_cache
         self.one_stream = is_block_diffusion_model(config)
-        if self.one_stream and self.static:
-            raise ValueError("a one-stream bd3lm checkpoint (x_t ⊕ x_0) decodes with a dynamic cache: drop "
-                             "cache_implementation='static'")
-        if self.static:  # a slot per column; each step is one compiled graph of fixed shapes (_decoding_step)
+        if self.static:  # a slot per column; each step is one compiled graph of fixed shapes
             self.cache = _static_cache(model, self.batch, self.columns, input_ids.dtype)
-            self.prefill, self.step = _decoding_step(model, options.compile_config)
+            steps = _block_diffusion_step if self.one_stream else _decoding_step
+            self.prefill, self.step = steps(model, options.compile_config)
         else:
             self.cache = DynamicCache(config=config) if options.use_cache else None
         self.cached = 0  # columns whose content is in the cache (clean: earlier blocks, the prompt)
@@ -235,9 +282,7 @@ class _DiffusionRun:
             forward = self.step if past else self.prefill
             logits = forward(self.buffer[:, past:end], self.committed.long(), self.ranks, self.positions[:, past:end],
                              self.cache, self.positions[:, start:end], query_ranks)
-            for layer in self.cache.layers:  # forget the block's own columns: a static cache's counter, in place
-                layer.cumulative_length.fill_(start)
-            self.cached = start
+            self._forget_static(start)
             return logits
         out = self.model.base_model(
             input_ids=self.buffer[:, past:end], attention_mask=self.committed[:, :end].long(),
@@ -254,18 +299,19 @@ class _DiffusionRun:
 
     def _one_stream_forward(self, past: int, start: int, end: int) -> torch.Tensor:
         """One forward of the one-stream form (module doc): clean rows for the columns ``past .. start`` (not cached
-        yet), then the block's noised rows; keys: the cache, then those rows. The clean rows join the cache."""
-        clean, noised = slice(past, start), slice(start, end)
-        valid = self.committed[:, :start]  # clean keys: the committed tokens (not the left padding)
-        block_keys = self.committed[:, noised] | self.open[:, noised]  # [MASK] inputs are keys too; EOS padding is not
-        rows = torch.cat([self.ranks[:, clean], self.ranks[:, noised]], 1)
-        is_noised = torch.cat([torch.zeros_like(valid[:, clean]), torch.ones_like(block_keys)], 1)
-        plan = AttentionPlan(query_rank=rows, query_is_strict=is_noised,
-                             key_rank=self.ranks[:, :end], key_valid=torch.cat([valid, block_keys], 1),
-                             key_is_noised=torch.cat([torch.zeros_like(valid), torch.ones_like(block_keys)], 1))
-        masks = build_prepared_attention(plan, self.model.config._attn_implementation, self.model.dtype,
-                                         rows.shape[1], with_query_rows=False)
+        yet), then the block's noised rows; keys: the cache, then those rows. The clean rows join the cache. A static
+        cache holds a slot per column (the rows overwrite their columns' keys) and the step builds its own mask."""
         self.forwards += 1
+        if self.static:  # a slot per column: the rows' keys overwrite the block's noised ones; mask built inside
+            forward = self.step if past else self.prefill
+            logits = forward(self.buffer[:, past:end], self.positions[:, past:end], self.ranks, self.committed,
+                             self.open, self.cache, end - start)
+            self._forget_static(start)
+            return logits
+        plan = one_stream_decoding_plan(self.ranks[:, :end], self.committed[:, :end], self.open[:, :end], past,
+                                        start, end, end - past)
+        masks = build_prepared_attention(plan, self.model.config._attn_implementation, self.model.dtype,
+                                         end - past, with_query_rows=False)
         out = self.model.base_model(
             input_ids=self.buffer[:, past:end], position_ids=self.positions[:, past:end],
             attention_pattern="bidirectional", past_key_values=self.cache, use_cache=self.cache is not None,
@@ -277,6 +323,13 @@ class _DiffusionRun:
                 self.cache.crop(-drop)
             self.cached = start
         return self.model.lm_head(out.last_hidden_state[:, start - past:]).float()
+
+    def _forget_static(self, start: int) -> None:
+        """Forget the block's own columns (from ``start``): the static cache's counter, reset in place; the next
+        forward writes there."""
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(start)
+        self.cached = start
 
     def _commit(self, logits, start: int, end: int, step: int, real_width: int) -> None:
         """Pick a token at every masked position of the block, commit the most confident (threshold or schedule),

@@ -234,34 +234,67 @@ def infill(
     Gumbel noise to the log-confidence of ``order="confidence"`` (``τ · (1 - s/S) · Gumbel``), so that
     commits are not always the most confident: more diverse samples, at τ = 0 none.
 
-    (Over 80 lines with its signature and this docstring, which a user reads; the steps themselves are
-    :func:`_infill_logits`, :func:`process_and_pick` and :func:`_commit_now`.)
+    (The steps: :func:`_infill_inputs`, :func:`_block_schedules`, then :func:`_fill_in_steps`, whose every step
+    is :func:`_infill_logits`, :func:`process_and_pick` and :func:`_commit_now`.)
     """
     _check_infill_options(order, block_length, confidence_noise, num_tokens)
     check_infill_objective(model.config, allow_untrained)
     config, device = model.config, _device(model)
     stream = _prediction_stream(config, stream)
+    ids, remaining, valid = _infill_inputs(tokenizer, text_or_ids, hidden, num_tokens, attention_mask, add_bos,
+                                           config, device)
+    blocks = _block_schedules(remaining, block_length, steps, schedule)
+    processors, generator = _sampling(do_sample, temperature, top_k, top_p, logits_processor, seed, generator,
+                                      device)
+    if stream == "content" and config.mask_token_id is None:
+        raise ValueError("the content-stream pathway reads [MASK] inputs, but config.mask_token_id is None")
+    is_condition = _condition_tokens(ids, remaining, valid, tokenizer, config)
+    commit_step, ran, all_logits = _fill_in_steps(
+        model, stream, ids, remaining, valid, is_condition, blocks, processors, do_sample=do_sample,
+        generator=generator, order=order, confidence_noise=confidence_noise, output_logits=output_logits)
+    return InfillOutput(sequences=ids, commit_step=commit_step, num_steps=ran,
+                        text=_decoded_text(tokenizer, ids, valid, text_or_ids),
+                        logits=tuple(all_logits) if output_logits else None)
+
+
+def _infill_inputs(tokenizer, text_or_ids, hidden, num_tokens, attention_mask, add_bos, config, device):
+    """The rows to fill, checked: ids (B, T), the hidden positions (B, T) bool and the valid ones (B, T) bool."""
     ids, remaining, valid = _encode_infill_inputs(
         tokenizer, text_or_ids, hidden, num_tokens, attention_mask, add_bos, config, device
     )
     _check_length(ids.shape[1], config, "the sequence to infill")
     if not remaining.any():
         raise ValueError("nothing to fill: no position is hidden")
-    block_of, num_blocks, steps, schedules = _block_schedules(remaining, block_length, steps, schedule)
+    return ids, remaining, valid
+
+
+def _sampling(do_sample, temperature, top_k, top_p, logits_processor, seed, generator, device):
+    """The logits processors (``generate()``'s warpers, then the caller's) and the random generator of a call."""
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     processors = make_logits_processor(do_sample, temperature, top_k, top_p)
     processors.extend(logits_processor or [])
-    if stream == "content" and config.mask_token_id is None:
-        raise ValueError("the content-stream pathway reads [MASK] inputs, but config.mask_token_id is None")
+    return processors, generator
 
-    commit_step = torch.zeros_like(ids)
+
+def _condition_tokens(ids, remaining, valid, tokenizer, config) -> torch.Tensor:
+    """(B, T) bool: the condition token (rank 0) of each row."""
     # a row that starts with a visible BOS has its condition token, as every pretraining block had
     bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
     bos = config.bos_token_id if bos is None else bos
     is_condition = torch.zeros_like(remaining)
     if bos is not None:
         is_condition[:, 0] = (ids[:, 0] == bos) & valid[:, 0] & ~remaining[:, 0]
+    return is_condition
+
+
+def _fill_in_steps(model, stream, ids, remaining, valid, is_condition, blocks, processors, *, do_sample, generator,
+                   order, confidence_noise, output_logits):
+    """Fill the hidden positions block by block, each block in its steps; ``ids`` and ``remaining`` change in place.
+    -> ``(commit_step (B, T), forwards run, each forward's logits (B, T, V) with output_logits)``."""
+    block_of, num_blocks, steps, schedules = blocks
+    mask_token_id = model.config.mask_token_id
+    commit_step = torch.zeros_like(ids)
     all_logits, ran = [], 0
     for block, step in ((b, s) for b in range(num_blocks) for s in range(1, steps + 1)):
         in_block = remaining & (block_of == block)
@@ -272,8 +305,8 @@ def infill(
         logits = _infill_logits(model, stream, ids, remaining, valid, is_condition, slots)
         if output_logits:
             all_logits.append(_logits_at_positions(logits, slots, ids.shape[1]))
-        if config.mask_token_id is not None:  # a hidden position is never filled with the mask token itself
-            logits[..., config.mask_token_id] = float("-inf")
+        if mask_token_id is not None:  # a hidden position is never filled with the mask token itself
+            logits[..., mask_token_id] = float("-inf")
         context = ids.repeat_interleave(slots.shape[1], 0)  # processors see the row's current sequence
         scores, tokens = process_and_pick(processors, logits.flatten(0, 1), context, do_sample, generator)
         commit = _commit_now(scores, tokens.view_as(slots), slots, in_block, order, confidence_noise, step, steps,
@@ -282,13 +315,15 @@ def infill(
         ids[rows, at] = tokens.view_as(slots)[commit]
         remaining[rows, at] = False
         commit_step[rows, at] = ran
-    text = None
-    if tokenizer is not None:
-        text = [tokenizer.decode(row[v].tolist(), skip_special_tokens=True) for row, v in zip(ids, valid)]
-        if isinstance(text_or_ids, str):
-            text = text[0]  # one string in, one string out
-    return InfillOutput(sequences=ids, commit_step=commit_step, num_steps=ran, text=text,
-                        logits=tuple(all_logits) if output_logits else None)
+    return commit_step, ran, all_logits
+
+
+def _decoded_text(tokenizer, ids, valid, text_or_ids):
+    """The filled rows as text (``None`` without a tokenizer): one string for a string input, else a list."""
+    if tokenizer is None:
+        return None
+    text = [tokenizer.decode(row[v].tolist(), skip_special_tokens=True) for row, v in zip(ids, valid)]
+    return text[0] if isinstance(text_or_ids, str) else text  # one string in, one string out
 
 
 def _check_infill_options(order, block_length, confidence_noise, num_tokens) -> None:

@@ -141,15 +141,37 @@ def linear_probe(
     Classification reports ``test_accuracy_se``, the binomial standard error ``sqrt(acc (1 - acc) / n)``;
     ``return_predictions`` adds ``test_predictions`` (one per test row), for paired comparisons.
     """
-    from sklearn.linear_model import LogisticRegression, Ridge
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
+    train_y, val_y = _checked_labels(task_type, train_feats, train_y, val_feats, val_y)
+    fit, score, grid, name = _probe_family(task_type, train_feats, train_y, Cs, alphas, seed)
+    fitted = {value: fit(value) for value in grid}
+    val_scores = {value: score(m, val_feats, val_y) for value, m in fitted.items()}
+    best = max(grid, key=lambda v: (val_scores[v], -grid.index(v)))  # ties: the stronger regularisation
+    model = fitted[best]
+    result = {"task_type": task_type, name: float(best), "num_train": int(len(train_y))}
+    if task_type == "classification":
+        result.update(_classification_scores(model, score, val_scores, best, train_feats, train_y, test_feats, test_y,
+                                             return_predictions))
+    else:
+        result.update(_regression_scores(model, val_scores, val_feats, val_y, test_feats, test_y, return_predictions))
+    return result
 
+
+def _checked_labels(task_type: str, train_feats, train_y, val_feats, val_y):
+    """The train and validation labels as arrays, once the task type and the row counts are checked."""
     if task_type not in ("classification", "regression"):
         raise ValueError(f"task_type must be 'classification' or 'regression', got {task_type!r}")
     train_y, val_y = np.asarray(train_y), np.asarray(val_y)
     if len(train_feats) != len(train_y) or len(val_feats) != len(val_y):
         raise ValueError("features and labels must have the same number of rows in every split")
+    return train_y, val_y
+
+
+def _probe_family(task_type: str, train_feats, train_y, Cs, alphas, seed: int):
+    """``(fit, score, grid, name)``: fit a probe on the standardised train features for one value of the grid,
+    score one on a split, the grid to choose from on validation and its parameter's name."""
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
 
     if task_type == "classification":
         if len(np.unique(train_y)) < 2:
@@ -163,50 +185,51 @@ def linear_probe(
         def score(m, x, y):
             return float((m.predict(x) == np.asarray(y)).mean())
 
-        grid, name = list(Cs), "C"
-    else:
+        return fit, score, list(Cs), "C"
 
-        def fit(a):
-            return make_pipeline(StandardScaler(), Ridge(alpha=a)).fit(train_feats, train_y.astype(float))
+    def fit(a):
+        return make_pipeline(StandardScaler(), Ridge(alpha=a)).fit(train_feats, train_y.astype(float))
 
-        def score(m, x, y):
-            return _correlations(m.predict(x), y)["pearson"]
+    def score(m, x, y):
+        return _correlations(m.predict(x), y)["pearson"]
 
-        grid, name = list(alphas), "alpha"
+    return fit, score, list(alphas), "alpha"
 
-    fitted = {value: fit(value) for value in grid}
-    val_scores = {value: score(m, val_feats, val_y) for value, m in fitted.items()}
-    best = max(grid, key=lambda v: (val_scores[v], -grid.index(v)))  # ties: the stronger regularisation
-    model = fitted[best]
-    result = {"task_type": task_type, name: float(best), "num_train": int(len(train_y))}
-    if task_type == "classification":
-        result.update(
-            metric="accuracy",
-            validation_accuracy=val_scores[best],
-            train_accuracy=score(model, train_feats, train_y),
-            validation_scores={str(k): v for k, v in val_scores.items()},
-        )
-        if test_feats is not None:
-            accuracy = score(model, test_feats, test_y)
-            result["test_accuracy"] = accuracy
-            result["test_accuracy_se"] = float(np.sqrt(accuracy * (1 - accuracy) / max(1, len(test_feats))))
-            if return_predictions:
-                result["test_predictions"] = model.predict(test_feats).tolist()
-    else:
-        val = _correlations(model.predict(val_feats), val_y)
-        result.update(
-            metric="pearson",
-            validation_pearson=val["pearson"],
-            validation_spearman=val["spearman"],
-            validation_scores={str(k): v for k, v in val_scores.items()},
-        )
-        if test_feats is not None:
-            predictions = model.predict(test_feats)
-            test = _correlations(predictions, test_y)
-            result.update(test_pearson=test["pearson"], test_spearman=test["spearman"])
-            if return_predictions:
-                result["test_predictions"] = predictions.tolist()
-    return result
+
+def _classification_scores(model, score, val_scores, best, train_feats, train_y, test_feats, test_y,
+                           return_predictions: bool) -> dict:
+    """Accuracy on validation, train and test, the test accuracy's binomial standard error, the test predictions."""
+    scores = dict(
+        metric="accuracy",
+        validation_accuracy=val_scores[best],
+        train_accuracy=score(model, train_feats, train_y),
+        validation_scores={str(k): v for k, v in val_scores.items()},
+    )
+    if test_feats is not None:
+        accuracy = score(model, test_feats, test_y)
+        scores["test_accuracy"] = accuracy
+        scores["test_accuracy_se"] = float(np.sqrt(accuracy * (1 - accuracy) / max(1, len(test_feats))))
+        if return_predictions:
+            scores["test_predictions"] = model.predict(test_feats).tolist()
+    return scores
+
+
+def _regression_scores(model, val_scores, val_feats, val_y, test_feats, test_y, return_predictions: bool) -> dict:
+    """Pearson and Spearman correlations on validation and test, the test predictions."""
+    val = _correlations(model.predict(val_feats), val_y)
+    scores = dict(
+        metric="pearson",
+        validation_pearson=val["pearson"],
+        validation_spearman=val["spearman"],
+        validation_scores={str(k): v for k, v in val_scores.items()},
+    )
+    if test_feats is not None:
+        predictions = model.predict(test_feats)
+        test = _correlations(predictions, test_y)
+        scores.update(test_pearson=test["pearson"], test_spearman=test["spearman"])
+        if return_predictions:
+            scores["test_predictions"] = predictions.tolist()
+    return scores
 
 
 def linear_probe_layers(train_layers, train_y, val_layers, val_y, test_layers=None, test_y=None, **kwargs) -> list:

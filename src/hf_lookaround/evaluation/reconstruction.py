@@ -73,50 +73,22 @@ def reconstruction_l2(model: LookAroundViTForPreTraining, images: torch.Tensor, 
         raise ValueError("generative reconstruction writes predictions back as pixels; this model predicts "
                          "normalised patches or visual tokens: use mode='teacher_forced'")
     prefix = getattr(config, "num_prefix_tokens", 1)
-    n, num_patches = len(images), config.num_patches
-    if plan is None:
-        params = {**DEFAULT_IMAGE_PLAN_PARAMS.get(objective, {}), **(plan_params or {})}
-        plan = image_plan(objective, n, num_patches, generator=torch.Generator().manual_seed(seed),
-                          num_prefix_tokens=prefix, **params)
-    if tuple(plan.group_ids.shape) != (n, num_patches + prefix):
-        raise ValueError(f"plan must cover {n} images x {num_patches + prefix} positions, got "
-                         f"{tuple(plan.group_ids.shape)}")
+    n = len(images)
+    plan = _reconstruction_plan(plan, n, config.num_patches, prefix, objective, plan_params, seed)
     model.eval()
     device = next(model.parameters(), images).device
     sq_sum: dict[int, float] = {}
     count: dict[int, int] = {}
     floor_sum, expected_sum, hits = 0.0, 0.0, 0
     for start in range(0, n, batch_size):
-        x = images[start : start + batch_size].to(device)
-        ranks = plan.group_ids[start : start + batch_size].to(device)
-        slots = plans.target_positions_from_mask(plan.is_target[start : start + batch_size]).to(device)
-        extra = no_class_labels(config, len(x), device)
-        if class_labels is not None and extra:
-            extra = {"class_labels": class_labels[start : start + batch_size].to(device)}
-        index = (slots - prefix).clamp(min=0)
-        truth_all = _true_patches(model, x)
-        truth = truth_all.gather(1, index[..., None].expand(-1, -1, truth_all.shape[-1]))
+        x, ranks, slots, extra = _batch_inputs(images, plan, class_labels, config, start, batch_size, device)
+        truth = _target_truth(model, x, slots, prefix)
         if codebook:
-            logits = model(pixel_values=x, group_ids=ranks, target_positions=slots, **extra).logits
-            centroids = model.vit.visual_codebook.float()
-            pred = centroids[logits.argmax(-1)]
-            nearest = encode_patches(truth, centroids)  # the true patch's visual token
-            floor = ((centroids[nearest] - truth) ** 2).mean(-1)
-            # the prediction that minimises the expected squared error under the model's distribution
-            expected = ((logits.float().softmax(-1) @ centroids - truth) ** 2).mean(-1)
-            valid = slots >= prefix
-            floor_sum += float(floor[valid].sum())
-            expected_sum += float(expected[valid].sum())
-            hits += int((logits.argmax(-1) == nearest)[valid].sum())
+            pred, floor, expected, hit = _decode_visual_tokens(model, x, ranks, slots, extra, truth, prefix)
+            floor_sum, expected_sum, hits = floor_sum + floor, expected_sum + expected, hits + hit
         else:
             pred = _predict_targets(model, x, ranks, slots, mode, prefix, extra)  # (b, M, P)
-        err = ((pred.float() - truth) ** 2).mean(-1)  # (b, M) per patch
-        group = ranks.gather(1, slots.clamp(min=0)) - ranks[:, prefix:].amin(-1, keepdim=True)
-        valid = slots >= prefix
-        for g in group[valid].unique().tolist():
-            sel = valid & (group == g)
-            sq_sum[g] = sq_sum.get(g, 0.0) + float(err[sel].sum())
-            count[g] = count.get(g, 0) + int(sel.sum())
+        _add_group_errors(sq_sum, count, pred, truth, ranks, slots, prefix)
     groups = sorted(count)
     total = max(1, sum(count.values()))
     out = {
@@ -131,6 +103,62 @@ def reconstruction_l2(model: LookAroundViTForPreTraining, images: torch.Tensor, 
         out.update(decoded="visual_codebook[argmax id]", codebook_l2=floor_sum / total, token_accuracy=hits / total,
                    expected_centroid_l2=expected_sum / total)
     return out
+
+
+def _reconstruction_plan(plan, n: int, num_patches: int, prefix: int, objective, plan_params, seed: int):
+    """The plan of the ``n`` images: the one given (checked to cover them), else drawn from ``seed``."""
+    if plan is None:
+        params = {**DEFAULT_IMAGE_PLAN_PARAMS.get(objective, {}), **(plan_params or {})}
+        plan = image_plan(objective, n, num_patches, generator=torch.Generator().manual_seed(seed),
+                          num_prefix_tokens=prefix, **params)
+    if tuple(plan.group_ids.shape) != (n, num_patches + prefix):
+        raise ValueError(f"plan must cover {n} images x {num_patches + prefix} positions, got "
+                         f"{tuple(plan.group_ids.shape)}")
+    return plan
+
+
+def _batch_inputs(images, plan, class_labels, config, start: int, batch_size: int, device):
+    """One batch on ``device``: images, group ranks, target slots (-1 pads) and the condition inputs."""
+    x = images[start : start + batch_size].to(device)
+    ranks = plan.group_ids[start : start + batch_size].to(device)
+    slots = plans.target_positions_from_mask(plan.is_target[start : start + batch_size]).to(device)
+    extra = no_class_labels(config, len(x), device)
+    if class_labels is not None and extra:
+        extra = {"class_labels": class_labels[start : start + batch_size].to(device)}
+    return x, ranks, slots, extra
+
+
+def _target_truth(model, x, slots, prefix: int) -> torch.Tensor:
+    """(b, M, P) the true patches at the target slots, in the space of the error."""
+    index = (slots - prefix).clamp(min=0)
+    truth_all = _true_patches(model, x)
+    return truth_all.gather(1, index[..., None].expand(-1, -1, truth_all.shape[-1]))
+
+
+def _decode_visual_tokens(model, x, ranks, slots, extra, truth, prefix: int):
+    """A visual-token model's prediction (the centroid of its most likely id) and, summed over the batch's targets,
+    the nearest centroid's error, the expected-centroid error and the ids it got right."""
+    logits = model(pixel_values=x, group_ids=ranks, target_positions=slots, **extra).logits
+    centroids = model.vit.visual_codebook.float()
+    pred = centroids[logits.argmax(-1)]
+    nearest = encode_patches(truth, centroids)  # the true patch's visual token
+    floor = ((centroids[nearest] - truth) ** 2).mean(-1)
+    # the prediction that minimises the expected squared error under the model's distribution
+    expected = ((logits.float().softmax(-1) @ centroids - truth) ** 2).mean(-1)
+    valid = slots >= prefix
+    return (pred, float(floor[valid].sum()), float(expected[valid].sum()),
+            int((logits.argmax(-1) == nearest)[valid].sum()))
+
+
+def _add_group_errors(sq_sum: dict, count: dict, pred, truth, ranks, slots, prefix: int) -> None:
+    """Add the batch's squared errors and target counts to those of each group (its rank above the lowest patch's)."""
+    err = ((pred.float() - truth) ** 2).mean(-1)  # (b, M) per patch
+    group = ranks.gather(1, slots.clamp(min=0)) - ranks[:, prefix:].amin(-1, keepdim=True)
+    valid = slots >= prefix
+    for g in group[valid].unique().tolist():
+        sel = valid & (group == g)
+        sq_sum[g] = sq_sum.get(g, 0.0) + float(err[sel].sum())
+        count[g] = count.get(g, 0) + int(sel.sum())
 
 
 def _predict_targets(model, x, ranks, slots, mode, prefix=1, extra=None):

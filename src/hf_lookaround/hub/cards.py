@@ -177,6 +177,109 @@ def _training_summary(folder: Path) -> dict:
     return {k: state[k] for k in ("global_step", "epoch") if k in state}
 
 
+_PIPELINE_TAGS = {"text": "text-generation", "two-stream": "text-generation", "masked": "fill-mask",
+                  "classifier": "text-classification", "vision": "image-feature-extraction"}
+
+
+def _objective_and_family(config: dict, objective: str | None, family: str | None, fine_tune: dict | None):
+    """The card's objective (given, else the config's) and template family (given, else what the checkpoint is),
+    both checked."""
+    objective = objective or config.get("objective")
+    if objective is not None and objective not in objectives.OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose one of {sorted(objectives.OBJECTIVES)} (or leave it None)")
+    family = family or ("classifier" if fine_tune else model_family(config, objective))
+    if family not in CARD_TEMPLATES:
+        raise ValueError(f"unknown model family {family!r}; choose one of {sorted(CARD_TEMPLATES)}")
+    return objective, family
+
+
+def _plan_rows(given: dict, objective: str | None) -> list[tuple]:
+    """The plan's parameters as table rows: those given, then the defaults the plan fills in (marked so)."""
+    defaults = _default_plan_params(objective)
+    return [(k, given[k], "") for k in sorted(given)] + [
+        (k, v, "default") for k, v in sorted(defaults.items()) if k not in given
+    ]
+
+
+def _card_datasets(dataset: str | list[str] | None):
+    """The pretraining data as the card names it: the Hub ids for the metadata, the public names, and ``dataset``
+    in the shape it was given (one name or a list)."""
+    datasets = [dataset] if isinstance(dataset, str) else list(dataset or [])
+    # The Hub's `datasets` metadata takes dataset ids; a local path would be a broken link.
+    # ("name:config" is how the pretraining script names a datasets config)
+    hub_datasets = [d.split(":")[0] for d in datasets if d.count("/") <= 1 and not os.path.exists(d) and " " not in d]
+    # everything else the card says of its data, by name: never a path of this machine
+    datasets = [public_dataset_name(d) for d in datasets]
+    return hub_datasets, datasets, datasets if not isinstance(dataset, str) else datasets[0]
+
+
+def _public_fine_tune(fine_tune: dict | None) -> dict | None:
+    """A fine-tune's description with its data sets by public name."""
+    if fine_tune:
+        fine_tune = {k: public_dataset_name(v) if k.endswith("dataset") and v else v for k, v in fine_tune.items()}
+    return fine_tune
+
+
+def _objective_text(objective: str | None, given: dict):
+    """The objective's title and the card's description of its plan (``None`` for a checkpoint without one)."""
+    entry = objectives.OBJECTIVES.get(objective)
+    return (entry.title, objectives.card_text(objective, given)) if entry else (None, None)
+
+
+def _results(folder: Path, dataset: str | None, family: str, tag: str, fine_tune: dict | None):
+    """The results the evaluation commands left in ``folder``: by file, and all of them in one list."""
+    by_file = collect_results_by_file(folder, dataset=dataset,
+                                      task_type=tag if family != "vision" else "image-classification",
+                                      fine_tune=fine_tune)
+    return by_file, [r for found in by_file.values() for r in found]
+
+
+def _rerender_args(**args) -> dict:
+    """The arguments a card was rendered with (those set), kept in its metadata so that a push can re-render it."""
+    # copies: an object met twice (the language list) would be written as a YAML anchor (&id001) and alias
+    return {k: copy.deepcopy(v) for k, v in args.items() if v}
+
+
+def _card_data(card_args: dict, *, tag, form, family, objective, tags, hub_datasets, base_model, model_id,
+               eval_results, language, license):
+    """The card's YAML metadata."""
+    from huggingface_hub import ModelCardData
+
+    return ModelCardData(
+        language=language,
+        license=license,
+        library_name="transformers",
+        pipeline_tag=tag,
+        # the form (two- or one-stream) and the family, never a template's name that says another form
+        tags=sorted({"hf_lookaround", "lookaround", "custom_code", *([form["tag"]] if form["tag"] else []),
+                     *([family] if family in ("masked", "vision", "classifier") else []), *(tags or []),
+                     *([objective] if objective else [])}),
+        datasets=hub_datasets or None,
+        base_model=base_model if base_model != "local" else None,  # the Hub links a base_model: a local one is none
+        model_name=model_id if eval_results else None,
+        eval_results=eval_results or None,
+        **{CARD_ARGS_KEY: card_args},
+    )
+
+
+def _architecture(config: dict) -> dict:
+    return {k: config[k] for k in (
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+        "max_position_embeddings", "hidden_act", "norm_type", "position_embedding_type", "default_attention",
+        "prediction_stream",
+    ) if k in config}
+
+
+def _result_rows(eval_results: list) -> list[dict]:
+    # `|` would end a markdown table cell
+    return [
+        {k: str(v).replace("|", "\\|") for k, v in dict(
+            task=r.task_name, dataset=r.dataset_name, split=r.dataset_split or "", metric=r.metric_name,
+            value=f"{r.metric_value:.4g}").items()}
+        for r in eval_results
+    ]
+
+
 def build_model_card(
     checkpoint_dir,
     objective: str | None = None,
@@ -207,69 +310,29 @@ def build_model_card(
     ("full" or "LoRA r=.. alpha=.."), "dataset", "eval_dataset", "test_dataset", "problem_type", "labels"}``; its
     results are the fine-tune's (validation and test), and ``objective`` is the base model's pretraining objective.
     """
-    from huggingface_hub import ModelCard, ModelCardData
+    from huggingface_hub import ModelCard
 
     folder = Path(checkpoint_dir)
     config = read_json(folder / "config.json") or {}
-    objective = objective or config.get("objective")
-    if objective is not None and objective not in objectives.OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}; choose one of {sorted(objectives.OBJECTIVES)} (or leave it None)")
-    family = family or ("classifier" if fine_tune else model_family(config, objective))
-    if family not in CARD_TEMPLATES:
-        raise ValueError(f"unknown model family {family!r}; choose one of {sorted(CARD_TEMPLATES)}")
-
+    objective, family = _objective_and_family(config, objective, family, fine_tune)
     given = dict(plan_params if plan_params is not None else config.get("plan_params") or {})
-    defaults = _default_plan_params(objective)
-    plan_rows = [(k, given[k], "") for k in sorted(given)] + [
-        (k, v, "default") for k, v in sorted(defaults.items()) if k not in given
-    ]
-    datasets = [dataset] if isinstance(dataset, str) else list(dataset or [])
-    # The Hub's `datasets` metadata takes dataset ids; a local path would be a broken link.
-    # ("name:config" is how the pretraining script names a datasets config)
-    hub_datasets = [d.split(":")[0] for d in datasets if d.count("/") <= 1 and not os.path.exists(d) and " " not in d]
-    # everything else the card says of its data, by name: never a path of this machine
-    datasets = [public_dataset_name(d) for d in datasets]
-    dataset = datasets if not isinstance(dataset, str) else datasets[0]
+    hub_datasets, datasets, dataset = _card_datasets(dataset)
     eval_dataset = public_dataset_name(eval_dataset) if eval_dataset else eval_dataset
     model_id = model_id or str(checkpoint_dir)
     base_model = public_model_id(base_model)
-    if fine_tune:
-        fine_tune = {k: public_dataset_name(v) if k.endswith("dataset") and v else v for k, v in fine_tune.items()}
-    tag = pipeline_tag or {"text": "text-generation", "two-stream": "text-generation", "masked": "fill-mask",
-                           "classifier": "text-classification", "vision": "image-feature-extraction"}[family]
-    by_file = collect_results_by_file(folder, dataset=eval_dataset or ", ".join(datasets) or None,
-                                      task_type=tag if family != "vision" else "image-classification",
-                                      fine_tune=fine_tune)
-    eval_results = [r for found in by_file.values() for r in found]
+    fine_tune = _public_fine_tune(fine_tune)
+    tag = pipeline_tag or _PIPELINE_TAGS[family]
+    by_file, eval_results = _results(folder, eval_dataset or ", ".join(datasets) or None, family, tag, fine_tune)
     form = checkpoint_form(config) if family != "vision" else {"tag": None, "one_stream": False}
 
-    # copies: an object met twice (the language list) would be written as a YAML anchor (&id001) and alias
-    card_args = {k: copy.deepcopy(v) for k, v in dict(
+    card_args = _rerender_args(
         objective=objective, plan_params=given or None, dataset=dataset or None,
         dataset_description=dataset_description, family=family, eval_dataset=eval_dataset, license=license,
-        language=language, base_model=base_model, pipeline_tag=pipeline_tag, fine_tune=fine_tune).items() if v}
-    card_data = ModelCardData(
-        language=language,
-        license=license,
-        library_name="transformers",
-        pipeline_tag=tag,
-        # the form (two- or one-stream) and the family, never a template's name that says another form
-        tags=sorted({"hf_lookaround", "lookaround", "custom_code", *([form["tag"]] if form["tag"] else []),
-                     *([family] if family in ("masked", "vision", "classifier") else []), *(tags or []),
-                     *([objective] if objective else [])}),
-        datasets=hub_datasets or None,
-        base_model=base_model if base_model != "local" else None,  # the Hub links a base_model: a local one is none
-        model_name=model_id if eval_results else None,
-        eval_results=eval_results or None,
-        **{CARD_ARGS_KEY: card_args},
-    )
-    architecture = {k: config[k] for k in (
-        "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-        "max_position_embeddings", "hidden_act", "norm_type", "position_embedding_type", "default_attention",
-        "prediction_stream",
-    ) if k in config}
-    entry = objectives.OBJECTIVES.get(objective)
-    name, plan_text = (entry.title, objectives.card_text(objective, given)) if entry else (None, None)
+        language=language, base_model=base_model, pipeline_tag=pipeline_tag, fine_tune=fine_tune)
+    card_data = _card_data(card_args, tag=tag, form=form, family=family, objective=objective, tags=tags,
+                           hub_datasets=hub_datasets, base_model=base_model, model_id=model_id,
+                           eval_results=eval_results, language=language, license=license)
+    name, plan_text = _objective_text(objective, given)
     return ModelCard.from_template(
         card_data,
         template_path=str(CARD_DIR / CARD_TEMPLATES[family]),
@@ -281,19 +344,13 @@ def build_model_card(
         objective=objective,
         objective_name=name,
         plan_description=plan_text,
-        plan_rows=plan_rows,
+        plan_rows=_plan_rows(given, objective),
         datasets=datasets,
         dataset_description=dataset_description,
-        architecture=architecture,
+        architecture=_architecture(config),
         num_parameters=_human(_num_parameters(folder)),
         training=_training_summary(folder),
-        # `|` would end a markdown table cell
-        results=[
-            {k: str(v).replace("|", "\\|") for k, v in dict(
-                task=r.task_name, dataset=r.dataset_name, split=r.dataset_split or "", metric=r.metric_name,
-                value=f"{r.metric_value:.4g}").items()}
-            for r in eval_results
-        ],
+        results=_result_rows(eval_results),
         result_sources=_in_words([f"`{name}`" for name in by_file]),  # only the files that hold a result
         plan_kwargs="".join(f", {k}={v!r}" for k, v in sorted(given.items())),
         # text protocols for text models; a vision model is probed, fine-tuned and scored on reconstruction

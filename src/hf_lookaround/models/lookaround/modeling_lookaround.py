@@ -525,46 +525,22 @@ class LookAroundModel(LookAroundPreTrainedModel):
             `capture_outputs`.
         """
         prepared = PreparedInputs.take(prepared, kwargs)
-        row_kind = prepared.row_kind
         output_hidden_states, output_attentions = self._output_flags(kwargs)
-        use_cache = bool(use_cache) and not self.training
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
+        use_cache, past_key_values = self._kv_cache(use_cache, past_key_values)
         check_backbone_inputs(
             self.config, input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
             group_ids=group_ids, target_positions=target_positions, position_ids=position_ids,
             attention_pattern=attention_pattern, query_position_ids=query_position_ids,
-            query_group_ids=query_group_ids, past_key_values=past_key_values, row_kind=row_kind,
+            query_group_ids=query_group_ids, past_key_values=past_key_values, row_kind=prepared.row_kind,
             output_attentions=output_attentions,
         )
         inputs_embeds = self.embed(input_ids, inputs_embeds)
-        batch, seq_len, _ = inputs_embeds.shape
-        rows = self._rows(batch, seq_len, inputs_embeds.device, attention_mask, group_ids, target_positions,
-                          position_ids, attention_pattern, past_key_values, query_position_ids, query_group_ids,
-                          prepared.revealed_keys)
-        # nobody reads the content stream's output: the last layer runs the query rows alone
-        query_rows_alone = not prepared.content_output and rows.num_query > 0 and not output_hidden_states \
-            and not output_attentions
-        unpadded = not rows.two_stream and attention_mask is None and rows.key_len == seq_len and not output_attentions
-        static_group_size = self._static_group_size(rows, unpadded)
-        masks = create_plan_mask(rows.plan, self.config._attn_implementation, inputs_embeds.dtype, seq_len,
-                                 plain_causal=unpadded and rows.pattern == "causal", query_rows_alone=query_rows_alone,
-                                 prepared=prepared.attention, static_group_size=static_group_size, row_kind=row_kind,
-                                 static_pattern=rows.pattern)
+        seq_len = inputs_embeds.shape[1]
+        rows, masks, query_rows_alone = self._rows_and_masks(
+            inputs_embeds, attention_mask, group_ids, target_positions, position_ids, attention_pattern,
+            past_key_values, query_position_ids, query_group_ids, prepared, output_hidden_states, output_attentions)
 
-        hidden = inputs_embeds
-        if rows.two_stream:  # the query stream starts from a learned vector
-            query = self.query_embedding.to(inputs_embeds.dtype).expand(batch, rows.num_query, -1)
-            hidden = torch.cat([inputs_embeds, query], dim=1)
-        position_embeddings = None
-        if self.config.position_embedding_type == "rope":
-            position_embeddings = self.rotary_emb(hidden, rows.row_positions)
-        else:  # each row, content or query, gets the embedding of its (target's) original position
-            hidden = hidden + self.embed_positions(rows.row_positions)
-        if self.config.norm_position == "post":
-            hidden = self.norm(hidden)
-        hidden = self.dropout(hidden)
-
+        hidden, position_embeddings = self._embed_streams(inputs_embeds, rows)
         for layer in self.layers[:-1] if query_rows_alone else self.layers:
             self.content_rows(hidden, seq_len)  # recorded as a hidden state
             hidden, _ = layer(hidden, seq_len, *layer_masks(masks), position_embeddings, past_key_values)
@@ -582,6 +558,49 @@ class LookAroundModel(LookAroundPreTrainedModel):
             target_positions=rows.target_positions,
             past_key_values=past_key_values if use_cache else None,
         )
+
+    def _kv_cache(self, use_cache: bool | None, past_key_values: Cache | None) -> tuple[bool, Cache | None]:
+        """A cache only outside training; an empty one when asked for a cache without one."""
+        use_cache = bool(use_cache) and not self.training
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        return use_cache, past_key_values
+
+    def _rows_and_masks(self, inputs_embeds, attention_mask, group_ids, target_positions, position_ids,
+                        attention_pattern, past_key_values, query_position_ids, query_group_ids, prepared,
+                        output_hidden_states, output_attentions):
+        """The rows of both streams (ranks, positions, the attention plan: `_rows`), the masks the layers take
+        (`create_plan_mask`; None on the causal fast path) and whether the last layer runs the query rows alone."""
+        batch, seq_len, _ = inputs_embeds.shape
+        rows = self._rows(batch, seq_len, inputs_embeds.device, attention_mask, group_ids, target_positions,
+                          position_ids, attention_pattern, past_key_values, query_position_ids, query_group_ids,
+                          prepared.revealed_keys)
+        # nobody reads the content stream's output: the last layer runs the query rows alone
+        query_rows_alone = not prepared.content_output and rows.num_query > 0 and not output_hidden_states \
+            and not output_attentions
+        unpadded = not rows.two_stream and attention_mask is None and rows.key_len == seq_len and not output_attentions
+        static_group_size = self._static_group_size(rows, unpadded)
+        masks = create_plan_mask(rows.plan, self.config._attn_implementation, inputs_embeds.dtype, seq_len,
+                                 plain_causal=unpadded and rows.pattern == "causal", query_rows_alone=query_rows_alone,
+                                 prepared=prepared.attention, static_group_size=static_group_size,
+                                 row_kind=prepared.row_kind, static_pattern=rows.pattern)
+        return rows, masks, query_rows_alone
+
+    def _embed_streams(self, inputs_embeds: torch.Tensor, rows: "_Rows") -> tuple[torch.Tensor, tuple | None]:
+        """The first layer's input: the content rows, then (two-stream) the query rows, each with its (target's)
+        position; and RoPE's position embeddings (None with absolute positions, which are added here)."""
+        hidden = inputs_embeds
+        if rows.two_stream:  # the query stream starts from a learned vector
+            query = self.query_embedding.to(inputs_embeds.dtype).expand(inputs_embeds.shape[0], rows.num_query, -1)
+            hidden = torch.cat([inputs_embeds, query], dim=1)
+        position_embeddings = None
+        if self.config.position_embedding_type == "rope":
+            position_embeddings = self.rotary_emb(hidden, rows.row_positions)
+        else:  # each row, content or query, gets the embedding of its (target's) original position
+            hidden = hidden + self.embed_positions(rows.row_positions)
+        if self.config.norm_position == "post":
+            hidden = self.norm(hidden)
+        return self.dropout(hidden), position_embeddings
 
     def _output_flags(self, kwargs) -> tuple[bool, bool]:
         """(output_hidden_states, output_attentions) as `capture_outputs` resolves them (the call's, else the config's):

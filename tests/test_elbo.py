@@ -91,14 +91,44 @@ def test_the_command_reports_samples_and_standard_error(tiny_model, tokenizer_di
     # seeded: the same command gives the same number
     assert cli_main(args[:-4] + ["--output_dir", str(tmp_path / "again"), "--device", "cpu"]) == 0
     assert json.loads((tmp_path / "again" / "perplexity.json").read_text())["nll_per_token"] == report["nll_per_token"]
-    # a checkpoint of another objective is refused in one line
-    model.config.objective, model.config.plan_params = "mlm", {"mask_ratio": 0.15}
-    model.save_pretrained(tmp_path / "mlm")
-    tokenizer.save_pretrained(tmp_path / "mlm")
-    assert cli_main(["perplexity", "--model_name_or_path", str(tmp_path / "mlm"), "--dataset", str(bbc_text_dir),
+    # a checkpoint that predicts no masked tokens (here dar) is refused in one line
+    model.config.objective, model.config.plan_params = "dar", {"t": 2}
+    model.save_pretrained(tmp_path / "dar")
+    tokenizer.save_pretrained(tmp_path / "dar")
+    assert cli_main(["perplexity", "--model_name_or_path", str(tmp_path / "dar"), "--dataset", str(bbc_text_dir),
                   "--protocol", "elbo", "--max_length", "32", "--max_documents", "1", "--output_dir",
                   str(tmp_path / "x"), "--device", "cpu"]) != 0
-    assert "needs a checkpoint trained with a diffusion objective" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "needs a checkpoint trained with a diffusion objective" in err and "or a masked one" in err
+
+
+@pytest.mark.parametrize("objective,params", [("mlm", {"mask_ratio": 0.15}), ("vmlm", {}),
+                                              ("mixture", {"mixture": {"mlm": 0.5, "vmlm": 0.5}})])
+def test_a_masked_checkpoint_is_scored_by_mdlms_bound(objective, params, tiny_model, tokenizer_dir, bbc_text_dir,
+                                                      tmp_path):
+    """A masked checkpoint (no diffusion objective) takes `--protocol elbo`: MDLM's bound with its default schedule,
+    the same number as the same weights recorded as an mdlm checkpoint with mdlm's defaults, and unlike the bound
+    with another schedule (so the equality is not a constant)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model = tiny_model(H.LookAroundForPreTraining, vocab_size=len(tokenizer))
+
+    def run(name, objective, params):
+        model.config.objective, model.config.plan_params = objective, params
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+        assert cli_main(["perplexity", "--model_name_or_path", str(tmp_path / name), "--dataset", str(bbc_text_dir),
+                         "--protocol", "elbo", "--max_length", "32", "--max_documents", "1", "--num_samples", "3",
+                         "--output_dir", str(tmp_path / f"out-{name}"), "--device", "cpu"]) == 0
+        return json.loads((tmp_path / f"out-{name}" / "perplexity.json").read_text())
+
+    masked, mdlm = run("masked", objective, params), run("mdlm", "mdlm", {})
+    cosine = run("cosine", "mdlm", {"noise_schedule": "cosine"})
+    assert masked["elbo_objective"] == "mdlm" and masked["objective"] == objective
+    assert masked["nll_per_token"] == mdlm["nll_per_token"]
+    assert masked["standard_error"] == mdlm["standard_error"]
+    assert masked["nll_per_token"] != cosine["nll_per_token"]
 
 
 def test_the_command_scores_a_mixture_by_its_diffusion_components_bound(tiny_model, tokenizer_dir, bbc_text_dir,

@@ -272,6 +272,19 @@ def test_path_elbo_is_accepted_on_a_mixture_with_a_diffusion_component(kind, har
     assert scores == _loglikelihood(harness("mdlm+vmlm", 2, seed=7), CHOICES[:2])
 
 
+def test_path_elbo_scores_a_masked_checkpoint_by_mdlms_bound(harness):
+    """A masked checkpoint (vmlm) keeps the masked-prefix default; path=elbo scores it by MDLM's bound with mdlm's
+    default schedule: the numbers of the mdlm checkpoint (the same weights: same seed and sizes) at the same seed,
+    and not the masked-prefix ones."""
+    assert harness("vmlm", 2).path == "masked"
+    lm = harness("vmlm", 2, path="elbo", seed=7)
+    assert (lm.path, lm.elbo_objective) == ("elbo", "mdlm")
+    scores = _loglikelihood(lm, CHOICES[:2])
+    assert all(math.isfinite(x) and x < 0 for x, _ in scores)
+    assert scores == _loglikelihood(harness("mdlm", 2, seed=7), CHOICES[:2])
+    assert scores != _loglikelihood(harness("vmlm", 2, seed=7), CHOICES[:2])
+
+
 def test_a_mixture_of_two_diffusion_objectives_is_refused_in_one_line(tokenizer_dir, tmp_path):
     """mdlm + bd3lm (a hand-written config: pretrain refuses the mixture, whose components record different blocks):
     two bounds, none the checkpoint's, so the elbo path refuses and names the path to take; path=masked scores it."""

@@ -18,7 +18,8 @@ line to lm-eval's own. Each request goes through the checkpoint's own likelihood
   ``pretrain`` refuses: they record different blocks) is refused in one line, since no rule makes either bound the
   checkpoint's.
 - ``masked``: other masked checkpoints (mlm, vmlm, span, GVP, their mixtures): the masked-prefix protocol, ``p(x_k | x_<k)`` with
-  the prefix visible and ``k`` masked, one row per continuation token (``perplexity._per_prefix``).
+  the prefix visible and ``k`` masked, one row per continuation token (``perplexity._per_prefix``). ``path=elbo``
+  scores mlm, vmlm, span and their mixtures by MDLM's bound instead (``perplexity.elbo_objective``).
 
 ``loglikelihood_rolling`` scores a document in the windows of ``hf-lookaround perplexity`` (``max_length``,
 default ``config.trained_block_size``; ``stride``, default half of it) through the same functions, so its total

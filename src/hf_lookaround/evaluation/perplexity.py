@@ -626,21 +626,29 @@ def elbo_window_nlls(model, rows: list[list[int]], num_condition_tokens: int, nu
     return totals
 
 
+MASKED_CHECKPOINT_BOUND = "mdlm"  # the bound a masked checkpoint without a diffusion objective is scored by
+
+
 def elbo_objective(config, asked: str = "the elbo protocol",
                    otherwise: str = "score it with --protocol ar or masked") -> tuple[str, dict]:
     """The diffusion objective whose ELBO scores a checkpoint, and the plan parameters it was trained with: the
     checkpoint's own objective (mdlm, bd3lm), or the one diffusion component of a mixture (e.g. mdlm + vmlm) with
-    that component's parameters. Else a one-line ValueError: no diffusion objective, or a mixture of two (mdlm +
-    bd3lm: two bounds, and no rule makes one of them the checkpoint's). ``asked`` names what needs the ELBO and
-    ``otherwise`` what to do instead, as the calling command spells them."""
-    objective = getattr(config, "objective", None)
-    found = objectives.diffusion_components(objective, getattr(config, "plan_params", None))
+    that component's parameters. A masked checkpoint without one (mlm, vmlm, span, their mixtures) is scored by
+    MDLM's bound with its default (linear) schedule: MDLM's ELBO bounds the likelihood of any predictor of masked
+    tokens from the visible ones, whatever masking rates it trained on (LLaDA and dllm score masked models so).
+    Else a one-line ValueError: no such objective, or a mixture of two diffusion objectives (mdlm + bd3lm: two
+    bounds, and no rule makes one of them the checkpoint's). ``asked`` names what needs the ELBO and ``otherwise``
+    what to do instead, as the calling command spells them."""
+    objective, params = getattr(config, "objective", None), getattr(config, "plan_params", None)
+    found = objectives.diffusion_components(objective, params)
     if len(found) == 1:
         return next(iter(found.items()))
+    if not found and objectives.families(objective, params) == (objectives.MASKED,):
+        return MASKED_CHECKPOINT_BOUND, {}
     if not found:
         diffusion = [n for n, o in objectives.OBJECTIVES.items() if o.elbo_plan is not None]
-        raise ValueError(f"{asked} needs a checkpoint trained with a diffusion objective {diffusion} (or a mixture "
-                         f"with one), got objective={objective!r}; {otherwise}")
+        raise ValueError(f"{asked} needs a checkpoint trained with a diffusion objective {diffusion} or a masked one "
+                         f"(or a mixture of them), got objective={objective!r}; {otherwise}")
     raise ValueError(f"{asked}: this mixture has {len(found)} diffusion components {list(found)}, each with its own "
                      f"bound, and a checkpoint is scored by one; {otherwise}")
 
@@ -687,8 +695,9 @@ def elbo_plan_nlls(model, ids: torch.Tensor, attention: torch.Tensor, plan, num_
 @torch.inference_mode()
 def elbo_perplexity(model, tokenizer, texts, max_length=512, stride=256, batch_size=8, add_bos=None,
                     num_samples: int = 16, seed: int = 0) -> ElboResult:
-    """The negative ELBO per token of a diffusion checkpoint (MDLM's; BD3-LM's for a block model), a bound on its
-    NLL, as a perplexity ``exp(negative ELBO per token)`` with the standard error of the Monte-Carlo estimate.
+    """The negative ELBO per token of a diffusion checkpoint (MDLM's; BD3-LM's for a block model; MDLM's for a
+    masked checkpoint: :func:`elbo_objective`), a bound on its NLL, as a perplexity ``exp(negative ELBO per token)``
+    with the standard error of the Monte-Carlo estimate.
 
     Windows are the AR protocol's (``sliding_windows``): the tokens before a window's first scored one (BOS, or
     the window's context) are the visible condition, and the scored tokens' negative ELBO given them is estimated

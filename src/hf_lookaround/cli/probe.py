@@ -77,15 +77,9 @@ def _split_xy(ds, key1, key2, label_column, labels):
     return texts, pairs, (np.asarray(y) if y is not None else None)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from transformers import AutoModel
-
-    from hf_lookaround.data.tokenization import auto_tokenizer
-
-    import hf_lookaround  # noqa: F401  (registers the Auto classes)
-    from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info, load_labeled_splits
+def _labeled_splits(args):
+    """train, validation (held out of train when the data has none) and test, each cut to its --max_*_samples."""
+    from hf_lookaround.evaluation.tasks import load_labeled_splits
 
     raw = load_labeled_splits(
         task_name=None,
@@ -107,7 +101,28 @@ def main(argv: list[str] | None = None) -> int:
         if split in raw:
             raw[split] = seeded_sample(raw[split], cap, args.seed, what=f"{split} examples", flag=flag,
                                        label_column=args.label_column)
+    return raw
 
+
+def _task_name(task_name: str | None, dataset: str | None) -> str | None:
+    """--task_name, else the data's folder name: .../classification/trec/train.jsonl -> trec."""
+    if task_name or not dataset:
+        return task_name
+    path = Path(dataset.rstrip("/"))
+    return path.parent.name if path.is_file() else path.name
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from transformers import AutoModel
+
+    from hf_lookaround.data.tokenization import auto_tokenizer
+
+    import hf_lookaround  # noqa: F401  (registers the Auto classes)
+    from hf_lookaround.evaluation.tasks import detect_sentence_columns, label_info
+
+    raw = _labeled_splits(args)
     labels = label_info(raw, label_column=args.label_column)
     key1, key2 = detect_sentence_columns(raw["train"], label_column=args.label_column)
     logger.info("sentence column(s): %s; %s", (key1, key2), "regression" if labels.is_regression else f"{labels.num_labels} classes")
@@ -139,11 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.all_layers:  # the last table is the single one: the main result
         layers, result = result, {k: v for k, v in result[-1].items() if k != "layer"}
     dataset = args.dataset or args.train_file
-    if args.task_name or not dataset:
-        task = args.task_name
-    else:  # the folder name: .../classification/trec/train.jsonl -> trec
-        path = Path(dataset.rstrip("/"))
-        task = path.parent.name if path.is_file() else path.name
+    task = _task_name(args.task_name, dataset)
     effective_pattern = pattern or getattr(model.config, "default_attention", None)
     report = {
         "task": task,

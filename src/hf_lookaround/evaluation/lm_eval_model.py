@@ -191,6 +191,19 @@ class LookAroundLM(TemplateLM):
         if not 2 <= self.max_length <= self.limit:
             raise ValueError(f"max_length={self.max_length}: must lie in [2, {self.limit}] (the checkpoint's positions)")
         self.stride = int(stride) if stride is not None else max(1, self.max_length // 2)
+        self._set_up_decoding(config, max_gen_toks, group_size, decoder, diffusion_threshold, diffusion_steps,
+                              diffusion_block)
+        logger.info("lookaround: %s scored by the %s path (max_length %d, stride %d%s)", pretrained, self.path,
+                    self.max_length, self.stride, f", {self.elbo_objective}'s bound, mc_num {self.mc_num}, seed "
+                    f"{self.seed}" if self.path == "elbo" else "")
+        if self.path == "elbo":
+            logger.warning("lookaround: is_greedy is not defined for the ELBO of a diffusion checkpoint (no "
+                           "left-to-right argmax): every request reports False")
+
+    def _set_up_decoding(self, config, max_gen_toks, group_size, decoder, diffusion_threshold, diffusion_steps,
+                         diffusion_block) -> None:
+        """``generate_until``'s decoder and its knobs, checked against the checkpoint now, not at the first
+        generation task."""
         self.max_gen_toks, self.group_size = int(max_gen_toks), group_size and int(group_size)
         self.diffusion_steps = diffusion_steps and int(diffusion_steps)
         self.diffusion_block = diffusion_block and int(diffusion_block)
@@ -203,7 +216,7 @@ class LookAroundLM(TemplateLM):
                              f"decoded by decoder=diffusion only, got path={self.path}, decoder={self.decoder}: drop "
                              f"path and decoder from model_args")
         self.diffusion = None
-        if self.decoder == "diffusion":  # checked now (knobs, the trained block), not at the first generation task
+        if self.decoder == "diffusion":  # its knobs and the trained block
             self.diffusion = DiffusionDecoding(
                 threshold=None if diffusion_threshold is None else float(diffusion_threshold),
                 steps=self.diffusion_steps, block=self.diffusion_block)
@@ -211,12 +224,6 @@ class LookAroundLM(TemplateLM):
         elif diffusion_threshold is not None:
             raise ValueError(f"diffusion_threshold applies to diffusion decoding; this checkpoint decodes with "
                              f"decoder={self.decoder}: drop diffusion_threshold")
-        logger.info("lookaround: %s scored by the %s path (max_length %d, stride %d%s)", pretrained, self.path,
-                    self.max_length, self.stride, f", {self.elbo_objective}'s bound, mc_num {self.mc_num}, seed "
-                    f"{self.seed}" if self.path == "elbo" else "")
-        if self.path == "elbo":
-            logger.warning("lookaround: is_greedy is not defined for the ELBO of a diffusion checkpoint (no "
-                           "left-to-right argmax): every request reports False")
 
     # ------------------------------------------------------------------ lm-eval's TemplateLM interface
     @property

@@ -10,7 +10,7 @@ import torch
 from huggingface_hub import ModelCard
 
 from hf_lookaround import LookAroundConfig, LookAroundForPreTraining, cli
-from hf_lookaround.hub import cards
+from hf_lookaround.hub import cards, remote_code
 from hf_lookaround.training.pretraining import DataArguments, eval_data_name
 
 FIXTURES = __import__("pathlib").Path(__file__).resolve().parent / "fixtures"
@@ -158,3 +158,46 @@ def test_push_refuses_a_link_out_of_the_checkpoint(checkpoint, tmp_path, capsys)
     assert cli.main(["push", str(checkpoint), "me/dar-tiny", "--dry-run", str(tmp_path / "preview")]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hf-lookaround push")]
     assert len(err) == 1 and "extra.json" in err[0] and "symbolic link" in err[0], err
+
+
+def _python_blocks(text: str) -> list[str]:
+    return [block.split("```")[0] for block in text.split("```python\n")[1:]]
+
+
+@pytest.mark.parametrize("kind", ["bd3lm-one-stream", "mdlm-two-stream", "vmlm"])
+def test_a_masked_cards_snippets_run_without_the_package(kind, tmp_path, run_without_package):
+    """A diffusion checkpoint's card shows how to decode it (`AutoModelForCausalLM(...).generate(diffusion_threshold=
+    ...)`); BD3-LM's one-stream form reads x_t ⊕ x_0 only, so its card drops the fill-mask snippet (its forward on
+    `[MASK]` inputs is refused) and its widget tag is text-generation. Every snippet the card shows runs, as remote
+    code, in a process without the package."""
+    from hf_lookaround import LookAroundForMaskedLM
+    from hf_lookaround.data.tokenization import train_tokenizer
+    from hf_lookaround.objectives import bd3lm, mdlm
+
+    lines = [json.loads(line)["sentence"] for line in open(FIXTURES / "reviews" / "train.jsonl")]
+    tok = train_tokenizer(lines, vocab_size=300, min_frequency=1)
+    fields = {"bd3lm-one-stream": dict(objective="bd3lm", plan_params={"diffusion_block": 4}, prediction_stream="content",
+                                       **bd3lm.Params(diffusion_block=4, masked_form="single_stream").config_fields()),
+              "mdlm-two-stream": dict(objective="mdlm", **mdlm.Params().config_fields()),
+              "vmlm": dict(objective="vmlm", default_attention="bidirectional")}[kind]
+    torch.manual_seed(0)
+    config = LookAroundConfig.from_preset("tiny", vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+                                          pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                                          eos_token_id=tok.eos_token_id, mask_token_id=tok.mask_token_id, **fields)
+    folder = tmp_path / "ckpt"
+    # the heads pretraining saves: the one-stream form's masked LM, the two-stream pretraining model
+    (LookAroundForMaskedLM if kind == "bd3lm-one-stream" else LookAroundForPreTraining)(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    remote_code.ensure_remote_code(folder)  # what pretraining and push write: every Auto class as remote code
+    card = cards.build_model_card(folder)
+    blocks = [b for b in _python_blocks(card.text) if "trust_remote_code=True" in b]
+    fill_mask = ["fill" for b in blocks if "AutoModelForMaskedLM" in b]
+    decode = ["decode" for b in blocks if "diffusion_threshold" in b]
+    assert fill_mask + decode == {"bd3lm-one-stream": ["decode"], "mdlm-two-stream": ["fill", "decode"],
+                                  "vmlm": ["fill"]}[kind]
+    assert card.data.pipeline_tag == ("text-generation" if kind == "bd3lm-one-stream" else "fill-mask")
+    for block in blocks:
+        done = run_without_package(block + "\nimport sys\nassert not any(m.startswith('hf_lookaround') for m in "
+                                            "sys.modules)\nprint('RAN')\n")
+        assert "RAN" in done.stdout, (block, done.stderr[-3000:])

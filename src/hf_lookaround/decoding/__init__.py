@@ -26,6 +26,7 @@ from ..models.lookaround.decoding_lookaround import (
 from ..models.lookaround.diffusion_lookaround import (
     DiffusionDecoding,
     GenerateDiffusionOutput,
+    decodes_by_diffusion,
     diffusion_block_of,
     diffusion_ranks,
 )
@@ -56,7 +57,7 @@ __all__ = [
     "LEGACY_GROUP_DECODING_OBJECTIVES", "SPECULATION_BREAK_EVEN", "GenerateSpeculativeOutput",
     "make_logits_processor", "process_and_pick", "StopTracker", "build_output", "semi_ar_ranks",
     "one_stream_prompt", "one_stream_next_token_layouts", "DiffusionDecoding", "GenerateDiffusionOutput",
-    "diffusion_block_of", "diffusion_ranks",
+    "decodes_by_diffusion", "diffusion_block_of", "diffusion_ranks",
 ]
 
 

@@ -47,8 +47,7 @@ except ImportError as err:  # an optional extra: say which
 from tqdm.auto import tqdm
 
 from .. import objectives
-from ..decoding import DiffusionDecoding, is_block_diffusion_model, is_one_stream_group_model
-from ..models.lookaround.diffusion_lookaround import is_diffusion_model
+from ..decoding import DiffusionDecoding, decodes_by_diffusion, is_block_diffusion_model, is_one_stream_group_model
 from ..plans import Plan
 from . import perplexity as ppl
 
@@ -99,8 +98,7 @@ def default_decoder(config, path: str) -> str:
     """How ``generate_until`` decodes a checkpoint: ``diffusion`` where it records a diffusion plan
     (``config.diffusion_block_size``) and predicts with the query stream or in BD3-LM's one-stream ``x_t ⊕ x_0``
     layout, ``group`` on the ``ar`` path, else ``infill`` (other masked checkpoints, and mdlm's ``[MASK]`` form)."""
-    if is_diffusion_model(config) and (getattr(config, "prediction_stream", None) != "content"
-                                       or is_block_diffusion_model(config)):
+    if decodes_by_diffusion(config):
         return "diffusion"
     return "group" if path == "ar" else "infill"
 

@@ -110,8 +110,8 @@ def checkpoint_form(config: dict) -> dict:
                 "name": f"one-stream block diffusion text model (BD3-LM's x_t ⊕ x_0, blocks of {t})",
                 "how": f"This checkpoint was trained one-stream in BD3-LM's vectorised form ({block}): the input is "
                        "the noised sequence then the clean one; a noised block sees itself and the clean blocks "
-                       "before it. `generate(diffusion_threshold=...)` decodes it block by block; `hf-lookaround "
-                       "perplexity --protocol elbo` scores it. It has no causal LM view."}
+                       "before it. `AutoModelForCausalLM`'s `generate(diffusion_threshold=...)` decodes it block by "
+                       "block; `hf-lookaround perplexity --protocol elbo` scores it. It has no causal LM view."}
     if attention == "causal":
         return {"tag": "one-stream", "one_stream": True, "name": "one-stream causal text model (GPT-style)",
                 "how": f"This checkpoint was trained one-stream ({fields}): `generate()` and the causal LM loss run "
@@ -280,6 +280,18 @@ def _result_rows(eval_results: list) -> list[dict]:
     ]
 
 
+def _decoding_snippets(config: dict) -> dict:
+    """Which load snippets a masked checkpoint's card shows: ``fill_mask`` (its plain forward reads ``[MASK]``
+    inputs; BD3-LM's one-stream form reads ``x_t ⊕ x_0`` only) and ``diffusion_decoding`` (``generate()`` decodes
+    it: :func:`decodes_by_diffusion`)."""
+    from types import SimpleNamespace
+
+    from ..models.lookaround.diffusion_lookaround import decodes_by_diffusion, is_block_diffusion_model
+
+    as_config = SimpleNamespace(**config)
+    return {"fill_mask": not is_block_diffusion_model(as_config), "diffusion_decoding": decodes_by_diffusion(as_config)}
+
+
 def build_model_card(
     checkpoint_dir,
     objective: str | None = None,
@@ -321,7 +333,10 @@ def build_model_card(
     model_id = model_id or str(checkpoint_dir)
     base_model = public_model_id(base_model)
     fine_tune = _public_fine_tune(fine_tune)
-    tag = pipeline_tag or _PIPELINE_TAGS[family]
+    snippets = _decoding_snippets(config)
+    # BD3-LM's one-stream form fills no masks by itself: the Hub's widget would fail; generate() is what it does
+    tag = pipeline_tag or ("text-generation" if family == "masked" and not snippets["fill_mask"]
+                           else _PIPELINE_TAGS[family])
     by_file, eval_results = _results(folder, eval_dataset or ", ".join(datasets) or None, family, tag, fine_tune)
     form = checkpoint_form(config) if family != "vision" else {"tag": None, "one_stream": False}
 
@@ -357,6 +372,7 @@ def build_model_card(
         protocols=VISION_PROTOCOLS if family == "vision" else EVALUATION_PROTOCOLS,
         heads=[(head, auto) for head, (auto, _) in (VIT_HEADS if family == "vision" else HEADS).items()],
         citation=CITATION,
+        **snippets,
     )
 
 

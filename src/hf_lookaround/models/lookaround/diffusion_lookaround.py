@@ -66,6 +66,14 @@ def is_diffusion_model(config) -> bool:
     return getattr(config, "diffusion_block_size", None) is not None
 
 
+def decodes_by_diffusion(config) -> bool:
+    """Whether ``generate(diffusion_threshold=... | diffusion_steps=...)`` decodes the checkpoint: it records a
+    diffusion plan and predicts with the query stream, or is BD3-LM's one-stream ``x_t ⊕ x_0`` form (mdlm's
+    ``[MASK]`` form decodes by infilling)."""
+    return is_diffusion_model(config) and (getattr(config, "prediction_stream", None) != "content"
+                                           or is_block_diffusion_model(config))
+
+
 def diffusion_block_of(config) -> int | None:
     """The block size a checkpoint was trained with: ``bd3lm``'s b; None for ``mdlm`` (one block: every new
     token) and for checkpoints without a diffusion plan."""

@@ -217,6 +217,13 @@ def test_a_patch_size_that_does_not_divide_the_image_is_a_clear_error(tmp_path, 
     assert "--patch_size 5 does not divide the image size 12" in err and "[1, 2, 3, 4, 6, 12]" in err
 
 
+def test_a_distributed_launch_is_refused_before_any_image_is_read(tmp_path, capsys, monkeypatch):
+    """Under accelerate launch or torchrun every rank would pretrain, probe and write the same files."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    err = cli_error(capsys, tiny_argv(str(tmp_path / "no-such-folder"), tmp_path / "out"))
+    assert "runs in one process" in err and "WORLD_SIZE=2" in err and not (tmp_path / "out").exists()
+
+
 def test_an_empty_dataset_is_a_clear_error(tmp_path, capsys):
     empty = datasets.Dataset.from_dict({"image": [], "label": []},
                                        features=datasets.Features({"image": datasets.Image(),

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import typing
 
@@ -118,6 +119,16 @@ def _add_plan_flags(group) -> None:
                                help=f"{fields[flag].metadata.get('help', '')} (images: {default})")
 
 
+def _check_one_process() -> None:
+    """The vision pipeline (pretrain, save, probe, fine-tune, write the results) runs in one process: under a
+    distributed launch every rank would run all of it and write the same files (a ValueError: one line)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world_size > 1:
+        raise ValueError(f"hf-lookaround vision runs in one process (its probes and fine-tuning are not distributed), "
+                         f"got WORLD_SIZE={world_size}: launch it with hf-lookaround or python, not accelerate launch "
+                         "or torchrun")
+
+
 def _check_plan_flags(args: argparse.Namespace) -> None:
     """The objective's ``Params`` checks its flags now, before any data is read (a ValueError: one line)."""
     o = objectives.get(args.objective)
@@ -131,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["sample"]:
         return sample_main(argv[1:])
     args = _parser().parse_args(argv)
+    _check_one_process()
     _check_plan_flags(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     print(json.dumps(run(args), indent=2))

@@ -234,3 +234,38 @@ def test_glue_fine_tunes_on_the_named_features(dar_checkpoint, tmp_path):
     assert main(argv + ["--max_seq_length", "31"]) == 0
     assert json.loads((tmp_path / "out" / "config.json").read_text())["classifier_features"] == "prediction_state"
     assert np.isfinite(json.loads((tmp_path / "out" / "all_results.json").read_text())["train_loss"])
+
+
+def test_one_stream_bd3lm_states_are_read_in_its_x_t_x_0_layout(tiny_model):
+    """BD3-LM's one-stream form reads x_t ⊕ x_0 only (a plain row of ids would be misread as the two halves): its
+    prediction state is the x_t row of each token with that token [MASK] (the masked LM's logits in that layout), its
+    content_last_layer the clean half; from the outside, state i never reads token i nor a later block."""
+    b, mask_id = 4, 3
+    model = tiny_model(H.LookAroundForMaskedLM, prediction_stream="content", objective="bd3lm",
+                       default_attention="block_diffusion", attention_group_size=b, bos_token_id=BOS, pad_token_id=0,
+                       mask_token_id=mask_id)
+    ids, mask = batch(6, lengths=(14, 9))
+    length, real = ids.shape[1], mask != 0
+    state = token_states(model.model, ids, mask, "prediction_state")
+    content = token_states(model.model, ids, mask, "content_last_layer")
+    assert state.shape == content.shape == (*ids.shape, model.config.hidden_size)
+    sets, column = round(1 / MASKED_FEATURE_RATIO), torch.arange(length)
+    seen = torch.zeros_like(real)
+    for which in range(sets):  # the masked LM on the layout in which this set is [MASK] in x_t
+        hidden = (column % sets == which) & (column > 0) & real
+        logits = model(input_ids=torch.cat([ids.masked_fill(hidden, mask_id), ids], 1),
+                       attention_mask=torch.cat([mask, mask], 1), one_stream_layout=True).logits
+        torch.testing.assert_close(model.lm_head(state)[hidden], logits[:, :length][hidden], atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(model.lm_head(content)[real], logits[:, length:][real], atol=2e-5, rtol=1e-4)
+        seen |= hidden
+    assert torch.equal(seen, real & (column > 0))  # every token but BOS predicted once
+    i = 6  # block 1 (positions 5..8): token 6 and the later blocks are unseen by state 6, token 5 is seen
+    for k, read in ((i, False), (10, False), (5, True)):
+        changed = ids.clone()
+        changed[0, k] = 7 if ids[0, k] != 7 else 8
+        other = token_states(model.model, changed, mask, "prediction_state")
+        assert ((other[0, i] - state[0, i]).abs().max() > 1e-4) == read, k
+    with pytest.raises(ValueError, match="content_last_layer"):
+        token_states(model.model, ids, mask, "prediction_state", attention_pattern="bidirectional")
+    forced = token_states(model.model, ids, mask, "content_last_layer", attention_pattern="bidirectional")
+    assert forced.shape == content.shape and (forced - content)[real].abs().max() > 1e-3

@@ -21,6 +21,12 @@
     leave each query row nothing but BOS to read.)
   * one-stream causal (GPT) and ``[MASK]`` (BERT) forms: the content stream's last layer: it is their prediction
     state.
+  * BD3-LM's one-stream form (``default_attention="block_diffusion"``) reads only ``x_t ⊕ x_0``; a plain sequence
+    of ids would be misread as the two halves. Its prediction state: the ``x_t`` row of each token with that token
+    ``[MASK]`` in ``x_t``, the strided sets of the masked families hidden in turn, so every token is predicted from
+    the rest of its block (about 85 % of it visible) and the clean blocks before it. Its ``content_last_layer`` as
+    pretrained: the clean half ``x_0`` of the layout (block-causal over the text, as a two-stream bd3lm's content
+    stream); a forced ``attention_pattern`` runs the plain forward under that pattern, as for every checkpoint.
 
 ``all_layers=True`` gives the same rows after the embeddings and after every layer: ``num_hidden_layers + 1`` tables,
 the last equal to the single one.
@@ -31,7 +37,9 @@ from __future__ import annotations
 import torch
 
 from .configuration_lookaround import FEATURES
-from .decoding_lookaround import default_group_size, is_one_stream_group_model, trained_group_sizes
+from .decoding_lookaround import (
+    default_group_size, is_block_diffusion_model, is_one_stream_group_model, trained_group_sizes,
+)
 from .layout_lookaround import one_stream_next_token_layouts
 from .masking_lookaround import NO_TARGET_RANK, infilling_ranks
 
@@ -64,6 +72,10 @@ def token_states(backbone, input_ids, attention_mask=None, features: str = "pred
     config = backbone.config
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
+    if is_block_diffusion_model(config) and (features == "prediction_state" or attention_pattern is None):
+        if attention_pattern is not None:
+            raise ValueError(_PATTERN_ERROR.format(attention_pattern))
+        return _block_diffusion_states(backbone, input_ids, attention_mask, features, all_layers)
     if features == "content_last_layer" or config.prediction_stream != "query" and not is_one_stream_group_model(config):
         pattern = attention_pattern if features == "content_last_layer" else None
         if features != "content_last_layer" and attention_pattern is not None:
@@ -117,6 +129,26 @@ def _one_stream_group_states(backbone, input_ids, attention_mask, all_layers: bo
                                                   config.pad_token_id or 0)
     tables = _run(backbone, all_layers, input_ids=layouts, attention_pattern="block_causal")
     return _pick(tables, all_layers, lambda hidden: hidden.flatten(0, 1)[rows])
+
+
+def _block_diffusion_states(backbone, input_ids, attention_mask, features: str, all_layers: bool):
+    """BD3-LM's one-stream form, in its layout ``x_t ⊕ x_0`` (module doc): ``content_last_layer`` the clean half of
+    ``x ⊕ x``; ``prediction_state`` the ``x_t`` rows of hidden tokens, ``K`` strided sets (BOS, the condition, never
+    hidden), one layout each, stacked in the batch."""
+    batch, length = input_ids.shape
+    doubled = torch.cat([attention_mask, attention_mask], 1)
+    if features == "content_last_layer":
+        tables = _run(backbone, all_layers, input_ids=torch.cat([input_ids, input_ids], 1), attention_mask=doubled)
+        return _pick(tables, all_layers, lambda hidden: hidden[:, length:])
+    device = input_ids.device
+    sets = max(1, round(1 / MASKED_FEATURE_RATIO))
+    column = torch.arange(length, device=device)
+    which = torch.arange(sets, device=device).repeat_interleave(batch)[:, None]  # (K * B, 1): the hidden set
+    clean = input_ids.repeat(sets, 1)
+    noised = clean.masked_fill((column % sets == which) & (column > 0), backbone.config.mask_token_id)
+    tables = _run(backbone, all_layers, input_ids=torch.cat([noised, clean], 1), attention_mask=doubled.repeat(sets, 1))
+    rows = (column % sets)[None, :] * batch + torch.arange(batch, device=device)[:, None]  # (B, T): column i's layout
+    return _pick(tables, all_layers, lambda hidden: hidden[rows, column.expand(batch, length)])
 
 
 def _look_ahead_states(backbone, input_ids, attention_mask, t: int, all_layers: bool):

@@ -189,7 +189,9 @@ OBJECTIVE = Objective(
     plan=plan,
     collator=BlockDiffusionCollator,
     presets={"bd3lm-4": ("block diffusion (BD3-LM), b = 4", {"diffusion_block": 4}),
-             "bd3lm-16": ("block diffusion (BD3-LM), b = 16", {"diffusion_block": 16})},
+             "bd3lm-16": ("block diffusion (BD3-LM), b = 16", {"diffusion_block": 16}),
+             "bd3lm-4-1s": ("block diffusion (BD3-LM), b = 4, one stream (x_t ⊕ x_0)",
+                            {"diffusion_block": 4, "masked_form": SINGLE_STREAM})},
     single_stream_head=MASKED_HEAD,
     elbo_plan=elbo_plan,
 )

@@ -221,25 +221,28 @@ def test_demo_runs_on_a_small_labelled_corpus(tmp_path):
 
 
 def test_the_demo_offers_the_diffusion_objectives_and_scores_them_by_their_elbo(tmp_path):
-    """mdlm and bd3lm (two-stream) are demo rows; their held-out column is the ELBO perplexity (a bound, with its
-    standard error), the number `perplexity --protocol elbo` gives the saved checkpoint; the default run is unchanged."""
-    from transformers import AutoModelForPreTraining, AutoTokenizer
+    """mdlm and bd3lm (two-stream, and bd3lm-4-1s: BD3-LM's one-stream x_t ⊕ x_0 form) are demo rows; their held-out
+    column is the ELBO perplexity (a bound, with its standard error), the number `perplexity --protocol elbo` gives
+    the saved checkpoint; the one-stream row trains that form and is probed in its layout; the default run is
+    unchanged."""
+    from transformers import AutoModelForMaskedLM, AutoModelForPreTraining, AutoTokenizer
 
     from hf_lookaround.cli.demo import _parser, main as demo_main
     from hf_lookaround.demo import DEFAULT_OBJECTIVES, ELBO_SAMPLES, bbc_news_dir, read_bbc_news
     from hf_lookaround.evaluation.perplexity import elbo_perplexity
 
     choices = next(a.choices for a in _parser()._actions if a.dest == "objectives")
-    assert {"mdlm", "bd3lm-4", "bd3lm-16"} <= set(choices)
+    assert {"mdlm", "bd3lm-4", "bd3lm-16", "bd3lm-4-1s"} <= set(choices)
     assert DEFAULT_OBJECTIVES == ("ar", "dar-t2", "mlm-0.15", "mlm-0.3", "vmlm-0.15-0.3")
     corpus = _corpus_slice(read_bbc_news(bbc_news_dir()), tmp_path / "corpus", per_topic=8)
     out = tmp_path / "demo"
-    assert demo_main(["--corpus-dir", str(corpus), "--objectives", "mdlm", "bd3lm-4", "--tokens-per-objective",
+    assert demo_main(["--corpus-dir", str(corpus), "--objectives", "mdlm", "bd3lm-4", "bd3lm-4-1s",
+                      "--tokens-per-objective",
                       "1024", "--batch-size", "8", "--block-size", "64", "--vocab-size", "400",
                       "--perplexity-documents", "2", "--output-dir", str(out), "--quiet", "--seeds", "0",
                       "--no-baseline"]) == 0
     rows = json.loads((out / "results.json").read_text())["rows"]
-    assert [r["name"] for r in rows] == ["mdlm", "bd3lm-4"]
+    assert [r["name"] for r in rows] == ["mdlm", "bd3lm-4", "bd3lm-4-1s"]
     for r in rows:
         assert r["perplexity_protocol"] == "elbo" and r["by_prefix_length"] == []
         assert 1 < r["perplexity"] < 1e4 and r["perplexity_standard_error"] > 0 and 0 <= r["probe_accuracy"] <= 1
@@ -253,6 +256,17 @@ def test_the_demo_offers_the_diffusion_objectives_and_scores_them_by_their_elbo(
                             num_samples=ELBO_SAMPLES, seed=0)
     assert rows[1]["perplexity"] == pytest.approx(again.perplexity, rel=1e-6)
     assert "| ELBO (bound) |" in (out / "results.md").read_text()
+    # bd3lm-4-1s trained the one-stream form (its preset's masked_form), which the ELBO scores in x_t ⊕ x_0
+    one_stream = json.loads((out / "seed-0" / "bd3lm-4-1s" / "config.json").read_text())
+    assert (one_stream["default_attention"], one_stream["attention_group_size"], one_stream["prediction_stream"]) == \
+        ("block_diffusion", 4, "content")
+    assert json.loads((checkpoint / "config.json").read_text())["default_attention"] != "block_diffusion"
+    assert rows[2]["plan_params"]["diffusion_block"] == 4
+    masked = AutoModelForMaskedLM.from_pretrained(out / "seed-0" / "bd3lm-4-1s").eval()
+    again = elbo_perplexity(masked, tokenizer, test_texts, max_length=64, stride=32, batch_size=32,
+                            num_samples=ELBO_SAMPLES, seed=0)
+    assert rows[2]["perplexity"] == pytest.approx(again.perplexity, rel=1e-6)
+    assert "| bd3lm-4-1s | block diffusion (BD3-LM), b = 4, one stream (x_t ⊕ x_0) |" in (out / "results.md").read_text()
 
 
 @pytest.mark.parametrize("objective", [("vmlm",), ("gvp", "--num_groups", "4")])

@@ -13,9 +13,14 @@ On a fresh machine with no download at run time (a few minutes on 2 CPU cores):
    (AR and semi-AR models: one forward of ``LookAroundForPreTraining`` with the AR plan, whose query
    stream at ``k`` sees exactly the prefix; masked models: the masked-model protocol, the prefix one
    bidirectional rank-0 group as in their pretraining, ``k`` masked and nothing after it visible,
-   one forward per ``k``; diffusion models, mdlm and bd3lm: the negative ELBO per token, a bound on the NLL, as
-   BD3-LM's Table 3 scores them, ``ELBO_SAMPLES`` seeded Monte-Carlo draws), and linear-probe topic accuracy (logistic regression on frozen mean-pooled
-   features; trained on the pretraining articles, ``C`` chosen on validation, accuracy on test).
+   one forward per ``k``; diffusion models, mdlm and bd3lm in either form: the negative ELBO per token, a bound
+   on the NLL, as BD3-LM's Table 3 scores them, ``ELBO_SAMPLES`` seeded Monte-Carlo draws), and linear-probe topic
+   accuracy (logistic regression on frozen mean-pooled features as pretrained; trained on the pretraining
+   articles, ``C`` chosen on validation, accuracy on test).
+
+   A row is a preset of ``objectives.presets()``; its flags are ``pretrain``'s (``bd3lm-4-1s``'s ``masked_form``
+   makes its checkpoint BD3-LM's one-stream ``x_t ⊕ x_0`` form), and every protocol reads the checkpoint's form
+   from its config.
    An untrained model of the same size is the reference row.
 
 The table is printed and written to ``<output-dir>/results.md`` and ``results.json``.
@@ -205,7 +210,8 @@ def evaluate_one(model, tokenizer, splits, args, row: Row) -> Row:
 
     features = {}
     for split, items in splits.items():
-        # features as pretrained: causal for ar/dar, bidirectional for masked (config.default_attention)
+        # features as pretrained: causal for ar/dar, bidirectional for masked (config.default_attention); BD3-LM's
+        # one-stream form, whose forward reads only x_t ⊕ x_0: the clean half of its layout (features_lookaround)
         features[split] = extract_features(model, tokenizer, [a[2] for a in items], pooling="mean",
                                            batch_size=4 * args.batch_size, max_length=args.probe_max_length)
     labels = {split: [a[0] for a in items] for split, items in splits.items()}
@@ -413,10 +419,12 @@ def write_results(rows, info, output_dir: Path) -> tuple[str, list[Summary]]:
         "- *held-out ppl*: p(x_k | x_<k) on test articles. Protocol *AR plan*: one forward of the two-stream model "
         "with g[i] = i (the query stream at k sees the prefix). Protocol *masked prefix*: the prefix is one "
         "bidirectional group of rank 0, x_k masked (rank 1), nothing after k visible (DESIGN.md, paper (a) Table 7). "
-        "Both condition on exactly x_<k, so the rows are comparable. Protocol *ELBO (bound)* (mdlm, bd3lm): "
+        "Both condition on exactly x_<k, so the rows are comparable. Protocol *ELBO (bound)* (mdlm, bd3lm, either "
+        "form): "
         f"exp of the negative ELBO per token ({ELBO_SAMPLES} seeded draws of times and masks per window), an "
         "upper bound on the model's perplexity, as BD3-LM's Table 3 reports diffusion models.\n"
-        f"- *probe acc*: 5-topic accuracy of a logistic regression on frozen mean-pooled features "
+        f"- *probe acc*: 5-topic accuracy of a logistic regression on frozen mean-pooled features as pretrained (a "
+        "one-stream bd3lm, which reads only x_t ⊕ x_0: the clean half of that layout) "
         f"(first {info['probe_max_length']} tokens; trained on the pretraining split, C chosen on validation), one "
         "per seed; *gain*: the paired difference to the same seed's untrained model on the same test articles, "
         "± its standard error; ** only where every seed's gain exceeds two standard errors.\n\n"

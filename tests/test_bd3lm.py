@@ -97,7 +97,10 @@ def test_flags_the_table_and_a_mixture():
                       ({"masked_form": "one_stream"}, "--masked_form")):
         with pytest.raises(ValueError, match=flag):
             ObjectiveArguments(objective="bd3lm", **bad)
-    assert {"bd3lm-4", "bd3lm-16"} <= set(objectives.presets())
+    assert {"bd3lm-4", "bd3lm-16", "bd3lm-4-1s"} <= set(objectives.presets())
+    name, _, flags = objectives.presets()["bd3lm-4-1s"]  # the one-stream row: its flags make the x_t ⊕ x_0 form
+    fields = ObjectiveArguments(objective=name, **flags).params.config_fields()
+    assert (fields["default_attention"], fields["attention_group_size"]) == ("block_diffusion", 4)
     assert objectives.get("bd3lm").elbo_plan is bd3lm.elbo_plan
     plan, drawn = mixture.plan_and_components([20] * 12, 20, {"bd3lm": 0.5, "dar": 0.5},
                                               {"bd3lm": {"diffusion_block": 4}, "dar": {}}, num_condition_tokens=1,

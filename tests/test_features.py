@@ -259,6 +259,10 @@ def test_one_stream_bd3lm_states_are_read_in_its_x_t_x_0_layout(tiny_model):
         torch.testing.assert_close(model.lm_head(content)[real], logits[:, length:][real], atol=2e-5, rtol=1e-4)
         seen |= hidden
     assert torch.equal(seen, real & (column > 0))  # every token but BOS predicted once
+    for features, single in (("prediction_state", state), ("content_last_layer", content)):
+        tables = token_states(model.model, ids, mask, features, all_layers=True)
+        assert len(tables) == model.config.num_hidden_layers + 1
+        torch.testing.assert_close(tables[-1], single)
     i = 6  # block 1 (positions 5..8): token 6 and the later blocks are unseen by state 6, token 5 is seen
     for k, read in ((i, False), (10, False), (5, True)):
         changed = ids.clone()

@@ -273,3 +273,22 @@ def test_one_stream_bd3lm_states_are_read_in_its_x_t_x_0_layout(tiny_model):
         token_states(model.model, ids, mask, "prediction_state", attention_pattern="bidirectional")
     forced = token_states(model.model, ids, mask, "content_last_layer", attention_pattern="bidirectional")
     assert forced.shape == content.shape and (forced - content)[real].abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("features", ["content_last_layer", "prediction_state"])
+def test_a_classifier_on_one_stream_bd3lm_pools_the_states_of_its_layout(tiny_model, features):
+    """Fine-tuning reads what the probes read: on BD3-LM's one-stream form the classifier pools the states of its
+    x_t ⊕ x_0 layout (before, content_last_layer ran the plain forward, which misread a row of ids as two halves)."""
+    from hf_lookaround.models.lookaround.modeling_lookaround import pool
+
+    model = tiny_model(H.LookAroundForSequenceClassification, prediction_stream="content", objective="bd3lm",
+                       default_attention="block_diffusion", attention_group_size=4, bos_token_id=BOS, pad_token_id=0,
+                       mask_token_id=3, num_labels=3, classifier_features=features, hidden_dropout_prob=0.0)
+    ids, mask = batch(6, lengths=(14, 10))
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    pooled = pool(token_states(model.model, ids, mask, features), mask, model.config.classifier_pooling)
+    torch.testing.assert_close(logits, model.score(pooled))
+    plain = model.model(input_ids=ids, attention_mask=mask).last_hidden_state  # the misreading, for contrast
+    assert (model.score(pool(plain, mask, model.config.classifier_pooling)) - logits).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="drop inputs_embeds"):
+        model(inputs_embeds=model.model.get_input_embeddings()(ids), attention_mask=mask)

@@ -1297,12 +1297,14 @@ class LookAroundForSequenceClassification(LookAroundPreTrainedModel):
         **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput:
         check_single_stream_head_inputs(self, kwargs, input_ids, inputs_embeds, labels=None)  # class labels: `_loss`
-        if self.config.classifier_features == "prediction_state":
+        features = self.config.classifier_features
+        # BD3-LM's one-stream form reads x_t ⊕ x_0 only: its content_last_layer as pretrained is laid out too
+        if features == "prediction_state" or (is_block_diffusion_model(self.config) and attention_pattern is None):
             if inputs_embeds is not None or position_ids is not None or kwargs.get("output_hidden_states") \
                     or kwargs.get("output_attentions"):
-                raise ValueError("classifier_features='prediction_state' lays out its own rows from input_ids and "
-                                 "attention_mask: drop inputs_embeds, position_ids and output flags")
-            hidden = token_states(self.model, input_ids, attention_mask, "prediction_state", attention_pattern)
+                raise ValueError(f"classifier_features={features!r} on this checkpoint lays out its own rows from "
+                                 "input_ids and attention_mask: drop inputs_embeds, position_ids and output flags")
+            hidden = token_states(self.model, input_ids, attention_mask, features, attention_pattern)
             outputs = LookAroundModelOutput(last_hidden_state=hidden)
         else:
             outputs = self.model(

@@ -288,7 +288,10 @@ def test_a_classifier_on_one_stream_bd3lm_pools_the_states_of_its_layout(tiny_mo
     logits = model(input_ids=ids, attention_mask=mask).logits
     pooled = pool(token_states(model.model, ids, mask, features), mask, model.config.classifier_pooling)
     torch.testing.assert_close(logits, model.score(pooled))
-    plain = model.model(input_ids=ids, attention_mask=mask).last_hidden_state  # the misreading, for contrast
+    # the misreading it replaced, for contrast; the backbone now refuses plain ids unless the layout is asked for
+    plain = model.model(input_ids=ids, attention_mask=mask, attention_pattern="block_diffusion").last_hidden_state
     assert (model.score(pool(plain, mask, model.config.classifier_pooling)) - logits).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="reads the layout x_t ⊕ x_0 only\\s+when asked"):
+        model.model(input_ids=ids, attention_mask=mask)
     with pytest.raises(ValueError, match="drop inputs_embeds"):
         model(inputs_embeds=model.model.get_input_embeddings()(ids), attention_mask=mask)

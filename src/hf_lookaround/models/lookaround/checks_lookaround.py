@@ -38,6 +38,11 @@ def check_backbone_inputs(config, *, input_ids, inputs_embeds, attention_mask, g
     if group_ids is None and target_positions is not None:
         raise ValueError("target_positions select query-stream rows and need group_ids (a plan)")
     pattern = attention_pattern or config.default_attention
+    if group_ids is None and attention_pattern is None and pattern == "block_diffusion":
+        # a row of plain ids of even length would be read as the two halves, silently
+        raise ValueError("this checkpoint is BD3-LM's one-stream form: its backbone reads the layout x_t ⊕ x_0 only "
+                         "when asked, attention_pattern='block_diffusion'; to read plain ids pass another pattern "
+                         "(e.g. 'bidirectional'), or take features with features_lookaround.token_states")
     if group_ids is None and pattern == "block_diffusion":
         if seq_len % 2 or key_len != seq_len:
             raise ValueError(f"the block_diffusion pattern reads BD3-LM's one-stream layout x_t ⊕ x_0 (the noised "

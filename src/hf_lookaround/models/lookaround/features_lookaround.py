@@ -138,7 +138,8 @@ def _block_diffusion_states(backbone, input_ids, attention_mask, features: str, 
     batch, length = input_ids.shape
     doubled = torch.cat([attention_mask, attention_mask], 1)
     if features == "content_last_layer":
-        tables = _run(backbone, all_layers, input_ids=torch.cat([input_ids, input_ids], 1), attention_mask=doubled)
+        tables = _run(backbone, all_layers, input_ids=torch.cat([input_ids, input_ids], 1), attention_mask=doubled,
+                      attention_pattern="block_diffusion")
         return _pick(tables, all_layers, lambda hidden: hidden[:, length:])
     device = input_ids.device
     sets = max(1, round(1 / MASKED_FEATURE_RATIO))
@@ -146,7 +147,8 @@ def _block_diffusion_states(backbone, input_ids, attention_mask, features: str, 
     which = torch.arange(sets, device=device).repeat_interleave(batch)[:, None]  # (K * B, 1): the hidden set
     clean = input_ids.repeat(sets, 1)
     noised = clean.masked_fill((column % sets == which) & (column > 0), backbone.config.mask_token_id)
-    tables = _run(backbone, all_layers, input_ids=torch.cat([noised, clean], 1), attention_mask=doubled.repeat(sets, 1))
+    tables = _run(backbone, all_layers, input_ids=torch.cat([noised, clean], 1), attention_mask=doubled.repeat(sets, 1),
+                  attention_pattern="block_diffusion")
     rows = (column % sets)[None, :] * batch + torch.arange(batch, device=device)[:, None]  # (B, T): column i's layout
     return _pick(tables, all_layers, lambda hidden: hidden[rows, column.expand(batch, length)])
 

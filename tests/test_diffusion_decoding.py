@@ -10,6 +10,7 @@ from hf_lookaround import LookAroundConfig, LookAroundForCausalLM, cli
 from hf_lookaround.decoding import DiffusionDecoding, GenerateDiffusionOutput, UntrainedDecodingError
 from hf_lookaround.models.lookaround.masking_lookaround import NO_TARGET_RANK
 from transformers import CompileConfig
+from transformers.generation.streamers import BaseStreamer
 from conftest import one_line_error
 
 BLOCK, PAD, BOS, EOS, MASK = 4, 0, 1, 2, 3
@@ -219,8 +220,8 @@ def test_the_cli_reports_tokens_per_forward(tok, tmp_path, capsys):
 
 
 def test_a_static_cache_gives_the_same_tokens_and_each_step_compiles_once():
-    """cache_implementation="static": a slot per column, the steps after the prompt's compile whole (fullgraph) in
-    two shapes (a block's first step, the others), once: a second run of the same shapes compiles nothing."""
+    """cache_implementation="static": a slot per column, the steps after the prompt's (forward, pick, commit, EOS)
+    compile whole (fullgraph) in two shapes (a block's first step, the others), once: a second run of the same shapes compiles nothing."""
     from torch._dynamo.utils import counters
     from transformers import CompileConfig
 
@@ -432,7 +433,18 @@ def test_the_mdlm_step_is_one_graph_and_the_host_read_check_can_tell(monkeypatch
             monkeypatch.setattr(diffusion_lookaround._DiffusionRun, "_commit", reads_on_host)
         assert torch.equal(_decode(model, ONE_STREAM_BATCH, **static, **kwargs), expected)
         assert len(graphs) == 1 and bool(_host_reads(graphs)) == reads
-        if not reads:
+        if not reads:  # again, with a streamer: it is handed the tokens at the end, the graph is kept
+            streamed = []
+
+            class Streamer(BaseStreamer):
+                def put(self, value):
+                    streamed.append(value)
+
+                def end(self):
+                    streamed.append(None)
+
             with torch._dynamo.config.patch(error_on_recompile=True):
-                assert torch.equal(_decode(model, ONE_STREAM_BATCH, **static, **kwargs), expected)
-            assert len(graphs) == 1
+                again = _decode(model, ONE_STREAM_BATCH, streamer=Streamer(), **static, **kwargs)
+            assert torch.equal(again, expected) and len(graphs) == 1
+            # generate() shows the prompt first; the decoder then row 0's new tokens, once
+            assert torch.equal(streamed[-2], expected[0, ONE_STREAM_BATCH.shape[1]:]) and streamed[-1] is None

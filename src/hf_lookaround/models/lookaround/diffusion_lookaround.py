@@ -16,8 +16,10 @@ picked token): every one at or above ``threshold`` (Fast-dLLM; at least one per 
 ``steps`` per block. Each row commits at its own pace; a row that commits EOS stops: its later positions become
 padding (never attended, never predicted) and it costs no further commits. The mask token is never committed.
 With ``cache_implementation="static"`` the cache has a slot per column and each step after the prompt's is one
-compiled graph of fixed shapes (the bundle's ``_decoding_step``: the forward and the LM head; two shapes, the first
-step of a block, which re-writes the finished block's rows, and the others); picking and committing run eager.
+compiled graph of fixed shapes, as the speculative step is: the forward (the bundle's ``_decoding_step``), the pick,
+the commit rule, the updates and EOS (``_DiffusionRun._commit``), the block at a 0-d device index; two shapes, the
+first step of a block, which re-writes the finished block's rows, and the others. The loop reads one small status
+per step. Sampling draws ``torch.multinomial``'s own noise before the graph (``sampling_noise``): the same tokens.
 
 A ``bd3lm`` checkpoint of the one-stream form (``x_t ⊕ x_0``, ``default_attention="block_diffusion"``) decodes as
 BD3-LM does: the same ranks, with the block's noised rows (its committed tokens and ``[MASK]`` at the masked
@@ -26,9 +28,9 @@ positions, all valid keys) in place of query rows; they see each other and the c
 first step and join the cache; the noised rows are dropped from it after each step. With
 ``cache_implementation="static"`` it follows the two-stream form's design: a slot per column (at a block's first step
 the finished block's clean rows overwrite its noised keys), the same two step shapes after the prompt's, the counter
-reset in place, and each step one compiled graph (:func:`_block_diffusion_step`) that builds its mask from the
-full-width ranks and committed and open columns (:func:`one_stream_decoding_plan`, which the dynamic cache's steps
-use too).
+reset in place, and each step one compiled graph whose forward (:func:`_block_diffusion_forward`) builds its mask
+from the full-width ranks and committed and open columns (:func:`one_stream_decoding_plan`, which the dynamic
+cache's steps use too).
 """
 
 from __future__ import annotations

@@ -375,8 +375,8 @@ class _DiffusionRun:
         """The step's sampling noise, drawn outside its graph (None when greedy)."""
         if not self.options.do_sample:
             return None
-        return sampling_noise((self.batch * self.block, self.model.config.vocab_size), self.device,
-                              self.options.generator)
+        vocab = self.model.lm_head.weight.shape[0]  # the logits' width
+        return sampling_noise((self.batch * self.block, vocab), self.device, self.options.generator)
 
     # the dynamic cache (or none) ---------------------------------------------------------------------------------
     def _forward(self, start: int, end: int) -> torch.Tensor:

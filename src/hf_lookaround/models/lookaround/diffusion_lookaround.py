@@ -315,7 +315,8 @@ class _DiffusionRun:
     def run(self):
         s = self.state
         for start in range(self.prompt_len, self.total, self.block):
-            # a row still decoding has every column of a new block open (a row's EOS ends it, module doc): no read
+            # no read before a block: a row still decoding has committed no EOS (a row with one stops once the
+            # masked columns before it, all in the EOS's block, are filled), so the new block is all masked for it
             s.start.fill_(start)
             s.step.zero_()
             block_open, first = True, True

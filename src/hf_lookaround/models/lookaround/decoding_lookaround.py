@@ -48,6 +48,7 @@ __all__ = [
     "is_one_stream_group_model",
     "make_logits_processor",
     "process_and_pick",
+    "sampling_noise",
     "StopTracker",
     "build_output",
 ]

@@ -9,6 +9,8 @@ import torch
 from hf_lookaround import LookAroundConfig, LookAroundForCausalLM, cli
 from hf_lookaround.decoding import DiffusionDecoding, GenerateDiffusionOutput, UntrainedDecodingError
 from hf_lookaround.models.lookaround.masking_lookaround import NO_TARGET_RANK
+from transformers import CompileConfig
+from transformers.generation.streamers import BaseStreamer
 from conftest import one_line_error
 
 BLOCK, PAD, BOS, EOS, MASK = 4, 0, 1, 2, 3
@@ -218,8 +220,8 @@ def test_the_cli_reports_tokens_per_forward(tok, tmp_path, capsys):
 
 
 def test_a_static_cache_gives_the_same_tokens_and_each_step_compiles_once():
-    """cache_implementation="static": a slot per column, the steps after the prompt's compile whole (fullgraph) in
-    two shapes (a block's first step, the others), once: a second run of the same shapes compiles nothing."""
+    """cache_implementation="static": a slot per column, the steps after the prompt's (forward, pick, commit, EOS)
+    compile whole (fullgraph) in two shapes (a block's first step, the others), once: a second run of the same shapes compiles nothing."""
     from torch._dynamo.utils import counters
     from transformers import CompileConfig
 
@@ -327,3 +329,122 @@ def test_the_one_stream_static_steps_compile_whole_in_two_graphs_once():
     assert not host_reads
     assert torch.equal(_decode(model, ONE_STREAM_BATCH, **static, **kwargs), expected)
     assert counters["stats"]["unique_graphs"] - start == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# The static cache's whole step (forward, pick, commit, EOS) as one compiled graph: the dynamic cache's tokens
+# ----------------------------------------------------------------------------------------------
+def _recording_backend(graphs, calls=None):
+    """A backend that keeps each graph dynamo captured, then runs it (counting its runs in ``calls``)."""
+    def record(graph_module, example_inputs):
+        graphs.append(graph_module)
+
+        def run(*args):
+            if calls is not None:
+                calls.append(1)
+            return graph_module.forward(*args)
+
+        return run
+
+    return record
+
+
+def _host_reads(graphs):
+    return [node for graph in graphs for node in graph.graph.nodes
+            if node.target in ("item", "tolist", torch.ops.aten._local_scalar_dense.default)]
+
+
+FORMS = {"bd3lm": lambda: _model(), "mdlm": lambda: _model("mdlm", {}), "one-stream": lambda: _one_stream_model("sdpa")}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_compiled_whole_step_gives_the_dynamic_caches_tokens_forwards_and_counts(form):
+    """On a left-padded batch of 3, for the two-stream bd3lm and mdlm checkpoints and BD3-LM's one-stream form:
+    greedy with three thresholds, the steps schedule and neither knob, seeded sampling through the warpers, and EOS
+    stopping a row midway. The whole step compiled (fullgraph, a recording backend) gives the dynamic cache's tokens,
+    forwards and new-token counts; sampling draws the same tokens (multinomial's own noise, drawn before the graph)."""
+    torch._dynamo.reset()
+    model = FORMS[form]()
+    common = dict(attention_mask=(ONE_STREAM_BATCH != PAD).long(), return_dict_in_generate=True)
+    greedy = _decode(model, ONE_STREAM_BATCH, diffusion_threshold=1.5, **common)
+    eos = int(greedy.sequences[0, 7])  # row 0's second commit: EOS there stops it with a column still masked
+    runs = [dict(diffusion_threshold=p) for p in (0.05, 0.2, 1.5)] + [dict(diffusion_steps=2), dict(decoding=DiffusionDecoding())] + [
+        dict(diffusion_threshold=0.3, do_sample=True, temperature=1.5, top_k=8, top_p=0.9, generator=0),
+        dict(diffusion_steps=3, do_sample=True, generator=0),
+        dict(diffusion_threshold=1.5, eos_token_id=eos, pad_token_id=PAD)]
+    graphs, calls = [], []
+    compiled = dict(cache_implementation="static",
+                    compile_config=CompileConfig(backend=_recording_backend(graphs, calls), fullgraph=True))
+    for knobs in runs:
+        def decode(**cache):
+            seeded = dict(knobs, generator=torch.Generator().manual_seed(7)) if "generator" in knobs else knobs
+            return _decode(model, ONE_STREAM_BATCH, **common, **seeded, **cache)
+
+        dynamic = decode()
+        calls.clear()
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # never a silent eager fallback
+            static, one_graph = decode(cache_implementation="static"), decode(**compiled)
+        assert len(calls) == dynamic.num_forwards - 1, knobs  # every step after the prompt's ran as a graph
+        for other in (static, one_graph):
+            assert torch.equal(other.sequences, dynamic.sequences), knobs
+            assert other.num_forwards == dynamic.num_forwards, knobs
+            assert torch.equal(other.num_new_tokens, dynamic.num_new_tokens), knobs
+        if "eos_token_id" in knobs:  # row 0 stopped at its EOS; the others kept their pace
+            new = dynamic.sequences[0, 6:].tolist()
+            assert eos in new and all(t == PAD for t in new[new.index(eos) + 1:])
+            assert int(dynamic.num_new_tokens[0]) == new.index(eos) + 1 < int(dynamic.num_new_tokens.max())
+    assert graphs and not _host_reads(graphs)
+
+
+def test_the_seeded_in_graph_draw_is_multinomials_own():
+    """``sampling_noise`` then ``argmax(p / noise)`` draws ``torch.multinomial``'s tokens from the same generator,
+    step after step (what lets the compiled step sample the dynamic cache's tokens)."""
+    from hf_lookaround.models.lookaround.decoding_lookaround import _pick, sampling_noise
+
+    scores = torch.randn(12, 40) * 3
+    eager, in_graph = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    for _ in range(10):
+        expected = _pick(scores, True, eager)
+        assert torch.equal(_pick(scores, True, noise=sampling_noise(scores.shape, "cpu", in_graph)), expected)
+    assert not torch.equal(_pick(scores, True, torch.Generator().manual_seed(6)), expected)
+
+
+def test_the_mdlm_step_is_one_graph_and_the_host_read_check_can_tell(monkeypatch):
+    """An mdlm checkpoint decodes one block: after the prompt's step, one graph (compiled once, no host read). A
+    commit that reads a device value on the host shows an ``item`` node: the check is not vacuous."""
+    from hf_lookaround.models.lookaround import diffusion_lookaround
+
+    model = _model("mdlm", {})
+    kwargs = dict(attention_mask=(ONE_STREAM_BATCH != PAD).long(), diffusion_threshold=0.2)
+    expected = _decode(model, ONE_STREAM_BATCH, **kwargs)
+    for reads in (False, True):
+        torch._dynamo.reset()
+        model._lookaround_diffusion_steps = None
+        graphs = []
+        static = dict(cache_implementation="static",
+                      compile_config=CompileConfig(backend=_recording_backend(graphs), fullgraph=True))
+        if reads:
+            commit = diffusion_lookaround._DiffusionRun._commit
+
+            def reads_on_host(self, logits, noise=None):
+                self.state.step.add_(0 * int(self.state.unfinished.sum()))
+                return commit(self, logits, noise)
+
+            monkeypatch.setattr(diffusion_lookaround._DiffusionRun, "_commit", reads_on_host)
+        assert torch.equal(_decode(model, ONE_STREAM_BATCH, **static, **kwargs), expected)
+        assert len(graphs) == 1 and bool(_host_reads(graphs)) == reads
+        if not reads:  # again, with a streamer: it is handed the tokens at the end, the graph is kept
+            streamed = []
+
+            class Streamer(BaseStreamer):
+                def put(self, value):
+                    streamed.append(value)
+
+                def end(self):
+                    streamed.append(None)
+
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                again = _decode(model, ONE_STREAM_BATCH, streamer=Streamer(), **static, **kwargs)
+            assert torch.equal(again, expected) and len(graphs) == 1
+            # generate() shows the prompt first; the decoder then row 0's new tokens, once
+            assert torch.equal(streamed[-2], expected[0, ONE_STREAM_BATCH.shape[1]:]) and streamed[-1] is None

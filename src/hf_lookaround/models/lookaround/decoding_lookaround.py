@@ -48,6 +48,7 @@ __all__ = [
     "is_one_stream_group_model",
     "make_logits_processor",
     "process_and_pick",
+    "sampling_noise",
     "StopTracker",
     "build_output",
 ]
@@ -235,19 +236,30 @@ def process(processors: LogitsProcessorList, scores: torch.Tensor, context=None)
     return processors(context, scores)
 
 
-def process_and_pick(processors, logits: torch.Tensor, context, do_sample: bool, generator=None):
+def process_and_pick(processors, logits: torch.Tensor, context, do_sample: bool, generator=None, noise=None):
     """``(scores, tokens)``: the processed ``logits`` (N, V) (see :func:`process`) and a token per row, a draw from
-    their softmax or the argmax."""
+    their softmax or the argmax (``noise``: see :func:`_pick`)."""
     scores = process(processors, logits, context)
-    return scores, _pick(scores, do_sample, generator)
+    return scores, _pick(scores, do_sample, generator, noise)
 
 
-def _pick(scores: torch.Tensor, do_sample: bool, generator=None) -> torch.Tensor:
-    """(N, V) processed scores -> (N,) tokens: a draw from their softmax, or the argmax."""
+def _pick(scores: torch.Tensor, do_sample: bool, generator=None, noise=None) -> torch.Tensor:
+    """(N, V) processed scores -> (N,) tokens: a draw from their softmax, or the argmax. ``noise``: the
+    :func:`sampling_noise` of the draw, drawn before a compiled step (a ``torch.Generator`` cannot enter its graph);
+    the token is then ``torch.multinomial``'s own, bit for bit."""
     if not do_sample:
         return scores.argmax(-1)
     probs = torch.softmax(scores.float(), dim=-1)
+    if noise is not None:
+        return (probs / noise).argmax(-1)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def sampling_noise(shape, device, generator=None) -> torch.Tensor:
+    """What ``torch.multinomial(probs, 1, generator=generator)`` draws for ``probs`` of ``shape`` (N, V) float32:
+    exponential noise ``q``, its token ``argmax(probs / q)`` (the Gumbel-max trick; torch's one-sample path,
+    ``aten/native/Distributions.cpp``). Drawn outside a graph, it gives the eager draw's tokens inside one."""
+    return torch.empty(shape, dtype=torch.float32, device=device).exponential_(1, generator=generator)
 
 
 class StopTracker:

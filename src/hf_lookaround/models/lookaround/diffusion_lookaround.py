@@ -16,8 +16,10 @@ picked token): every one at or above ``threshold`` (Fast-dLLM; at least one per 
 ``steps`` per block. Each row commits at its own pace; a row that commits EOS stops: its later positions become
 padding (never attended, never predicted) and it costs no further commits. The mask token is never committed.
 With ``cache_implementation="static"`` the cache has a slot per column and each step after the prompt's is one
-compiled graph of fixed shapes (the bundle's ``_decoding_step``: the forward and the LM head; two shapes, the first
-step of a block, which re-writes the finished block's rows, and the others); picking and committing run eager.
+compiled graph of fixed shapes, as the speculative step is: the forward (the bundle's ``_decoding_step``), the pick,
+the commit rule, the updates and EOS (``_DiffusionRun._commit``), the block at a 0-d device index; two shapes, the
+first step of a block, which re-writes the finished block's rows, and the others. The loop reads one small status
+per step. Sampling draws ``torch.multinomial``'s own noise before the graph (``sampling_noise``): the same tokens.
 
 A ``bd3lm`` checkpoint of the one-stream form (``x_t ⊕ x_0``, ``default_attention="block_diffusion"``) decodes as
 BD3-LM does: the same ranks, with the block's noised rows (its committed tokens and ``[MASK]`` at the masked
@@ -26,9 +28,9 @@ positions, all valid keys) in place of query rows; they see each other and the c
 first step and join the cache; the noised rows are dropped from it after each step. With
 ``cache_implementation="static"`` it follows the two-stream form's design: a slot per column (at a block's first step
 the finished block's clean rows overwrite its noised keys), the same two step shapes after the prompt's, the counter
-reset in place, and each step one compiled graph (:func:`_block_diffusion_step`) that builds its mask from the
-full-width ranks and committed and open columns (:func:`one_stream_decoding_plan`, which the dynamic cache's steps
-use too).
+reset in place, and each step one compiled graph whose forward (:func:`_block_diffusion_forward`) builds its mask
+from the full-width ranks and committed and open columns (:func:`one_stream_decoding_plan`, which the dynamic
+cache's steps use too).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from .decoding_lookaround import (
     build_output,
     process_and_pick,
     reads_only_scores,
+    sampling_noise,
 )
 from .inputs_lookaround import PreparedInputs
 from .masking_lookaround import NO_TARGET_RANK, AttentionPlan, build_prepared_attention
@@ -117,13 +120,11 @@ def one_stream_decoding_plan(ranks, committed, open_, first, start, end, width: 
                          key_valid=key_valid, key_is_noised=key_is_noised)
 
 
-def _block_diffusion_step(model, compile_config):
-    """``(prefill, step)`` of the one-stream form with a static cache: ``forward(input_ids, position_ids, ranks,
-    committed, open_, cache, block)`` runs the rows of the columns from the cache's counter on (the clean rows
-    entering the cache, then the block's ``block`` noised rows), their mask built inside from the full-width
-    ``(B, columns)`` tensors, and returns the noised rows' float logits. ``step`` is compiled with ``compile_config``
-    (fixed shapes), kept on the model as the other decoders' steps are; ``prefill`` (the prompt's own width) runs
-    eager, as :func:`_decoding_step`'s does."""
+def _block_diffusion_forward(model):
+    """The one-stream form's forward with a static cache, ``forward(input_ids, position_ids, ranks, committed, open_,
+    cache, block)``: the rows of the columns from the cache's counter on (the clean rows entering the cache, then
+    the block's ``block`` noised rows), their mask built inside from the full-width ``(B, columns)`` tensors; returns
+    the noised rows' float logits. Traced inside the compiled whole step (:func:`_diffusion_steps`)."""
     backbone, lm_head = model.base_model, model.lm_head
 
     def forward(input_ids, position_ids, ranks, committed, open_, cache, block: int):
@@ -136,13 +137,19 @@ def _block_diffusion_step(model, compile_config):
                        past_key_values=cache, use_cache=True, prepared=PreparedInputs(attention=masks))
         return lm_head(out.last_hidden_state[:, -block:]).float()
 
-    if compile_config is None:
-        return forward, forward
-    held = getattr(model, "_lookaround_block_diffusion_step", None)
+    return forward
+
+
+def _diffusion_steps(model, compile_config):
+    """A block's first step and its other steps (:meth:`_DiffusionRun._first_step`, :meth:`_DiffusionRun._next_step`),
+    each compiled whole as one graph with ``compile_config``, kept on the model so that every run of one shape
+    reuses them (as the speculative steps are)."""
     key = repr(sorted(compile_config.to_dict().items()))
+    held = getattr(model, "_lookaround_diffusion_steps", None)
     if held is None or held[0] != key:
-        held = model._lookaround_block_diffusion_step = (key, _compiled(forward, compile_config))
-    return forward, held[1]
+        held = model._lookaround_diffusion_steps = (key, _compiled(_DiffusionRun._first_step, compile_config),
+                                                    _compiled(_DiffusionRun._next_step, compile_config))
+    return held[1], held[2]
 
 
 @dataclass
@@ -214,10 +221,42 @@ def diffusion_decoding(threshold=None, steps=None) -> DiffusionDecoding | None:
     return DiffusionDecoding(threshold=threshold, steps=steps)
 
 
+class _DiffusionState:
+    """Every tensor a diffusion run changes, allocated once per shape and kept on the model: a compiled step holds
+    their addresses (CUDA graphs replay on the same memory, as transformers' StaticCache does), and each run refills
+    them in place. ``buffer`` holds the tokens (masked positions hold the mask token, never read: their keys are
+    invalid), ``committed`` the columns that are valid keys, ``open`` the masked positions still to predict,
+    ``start`` the current block's first column and ``step`` the steps taken in it (0-d: no host int in a graph)."""
+
+    def __init__(self, batch: int, columns: int, device):
+        def new(*shape, dtype=torch.long):
+            tensor = torch.zeros(shape, dtype=dtype, device=device)
+            torch._dynamo.mark_static_address(tensor)
+            return tensor
+
+        self.buffer, self.ranks, self.positions = new(batch, columns), new(batch, columns), new(batch, columns)
+        self.committed, self.open = new(batch, columns, dtype=torch.bool), new(batch, columns, dtype=torch.bool)
+        self.unfinished, self.start, self.step = new(batch, dtype=torch.bool), new(), new()
+
+
+def _diffusion_state(model, batch: int, columns: int, device) -> _DiffusionState:
+    """The state of the last shape, reused across runs of that shape (as :func:`_static_cache` reuses its cache)."""
+    key = (batch, columns, device)
+    held = getattr(model, "_lookaround_diffusion_state", None)
+    if held is None or held[0] != key:
+        held = model._lookaround_diffusion_state = (key, _DiffusionState(*key))
+    return held[1]
+
+
 class _DiffusionRun:
-    """One diffusion decode of a left-padded batch (module doc). ``buffer`` holds the tokens (masked positions hold
-    the mask token, never read: their keys are invalid), ``committed`` the columns that are valid keys, ``open`` the
-    masked positions still to predict."""
+    """One diffusion decode of a left-padded batch (module doc), its tensors in a :class:`_DiffusionState`.
+
+    A step is a forward and :meth:`_commit` (pick, confidence, the commit rule, the updates, EOS), which returns the
+    status the loop reads, once per step: whether a row still decoding has a masked position in the block, and
+    whether any row still decodes. With ``cache_implementation="static"`` each step after the prompt's (eager, its
+    own width) is one compiled graph (:meth:`_first_step`, :meth:`_next_step`: fixed shapes, columns gathered at
+    the 0-d ``start``); sampling draws its noise before the graph (:func:`sampling_noise`), so the tokens are the
+    dynamic cache's, which runs the same :meth:`_commit` eager after its forward."""
 
     def __init__(self, model, input_ids, attention_mask, threshold, steps, block, options):
         config = model.config
@@ -246,147 +285,198 @@ class _DiffusionRun:
         bos = config.bos_token_id
         first = input_ids.gather(1, (attention_mask == 0).sum(-1, keepdim=True)).squeeze(1)
         has_condition = first == bos if bos is not None else torch.zeros_like(first, dtype=torch.bool)
-        self.ranks, positions = diffusion_ranks(attention_mask, self.columns - self.prompt_len, block, has_condition)
-        self.positions = positions.clamp(max=config.max_position_embeddings - 1)  # the block padding's: never read
-        self.buffer = input_ids.new_full((self.batch, self.columns), self.mask_id)
-        self.buffer[:, : self.prompt_len] = input_ids
-        self.committed = torch.zeros(self.batch, self.columns, dtype=torch.bool, device=self.device)
-        self.committed[:, : self.prompt_len] = attention_mask != 0
-        self.open = torch.zeros_like(self.committed)
-        self.open[:, self.prompt_len : self.total] = True
+        ranks, positions = diffusion_ranks(attention_mask, self.columns - self.prompt_len, block, has_condition)
+        s = self.state = _diffusion_state(model, self.batch, self.columns, self.device)
+        s.ranks.copy_(ranks)
+        s.positions.copy_(positions.clamp(max=config.max_position_embeddings - 1))  # the block padding's: never read
+        s.buffer.fill_(self.mask_id)
+        s.buffer[:, : self.prompt_len] = input_ids
+        s.committed.zero_()
+        s.committed[:, : self.prompt_len] = attention_mask != 0
+        s.open.zero_()
+        s.open[:, self.prompt_len : self.total] = True
+        s.unfinished.fill_(True)
+        self.tracker.unfinished = s.unfinished  # EOS stops rows in the state, inside the graph
         self.static = options.static_cache
         self.one_stream = is_block_diffusion_model(config)
-        if self.static:  # a slot per column; each step is one compiled graph of fixed shapes
+        if self.static:  # a slot per column; each step after the prompt's is one compiled graph of fixed shapes
             self.cache = _static_cache(model, self.batch, self.columns, input_ids.dtype)
-            steps = _block_diffusion_step if self.one_stream else _decoding_step
-            self.prefill, self.step = steps(model, options.compile_config)
+            # the forward, traced inside the compiled whole step; the prompt's runs eager (its own width)
+            self.forward = _block_diffusion_forward(model) if self.one_stream else _decoding_step(model, None)[0]
+            if options.compile_config is not None:
+                self.first_step, self.next_step = _diffusion_steps(model, options.compile_config)
+            else:
+                self.first_step, self.next_step = _DiffusionRun._first_step, _DiffusionRun._next_step
         else:
             self.cache = DynamicCache(config=config) if options.use_cache else None
         self.cached = 0  # columns whose content is in the cache (clean: earlier blocks, the prompt)
         self.forwards = 0
 
     def run(self):
+        s = self.state
         for start in range(self.prompt_len, self.total, self.block):
-            end, real_end = start + self.block, min(start + self.block, self.total)
-            step = 0
-            while (self.open[:, start:end] & self.tracker.unfinished[:, None]).any():
-                logits = self._forward(start, end)
-                self._commit(logits, start, end, step, real_end - start)
-                step += 1
-            if self.tracker.done:
+            # no read before a block: a row still decoding has committed no EOS (a row with one stops once the
+            # masked columns before it, all in the EOS's block, are filled), so the new block is all masked for it
+            s.start.fill_(start)
+            s.step.zero_()
+            block_open, first = True, True
+            while block_open:
+                status = self._step(start, first)
+                block_open, decoding = status.tolist()  # the one read per step
+                first = False
+                self.forwards += 1
+            if not decoding:
                 break
         return self._output()
 
+    def _step(self, start: int, first: bool) -> torch.Tensor:
+        """One step of the block at ``start``: its forward and :meth:`_commit`; the status (module doc)."""
+        prompt = first and start == self.prompt_len
+        if self.static and not prompt:
+            return (self.first_step if first else self.next_step)(self, self._noise())
+        if self.static:  # the prompt's forward, its own width, eager
+            logits = self._static_forward(self.forward, torch.arange(start + self.block, device=self.device))
+        else:
+            logits = self._forward(start, start + self.block)
+        return self._commit(logits, self._noise())
+
+    # the two compiled steps: each is one graph -----------------------------------------------------------------
+    def _first_step(self, noise):
+        """A block's first step: the finished block's clean rows join the cache with the new block's."""
+        return self._commit(self._static_forward(self.forward, self._columns(-self.block, 2 * self.block)), noise)
+
+    def _next_step(self, noise):
+        """The other steps of a block: its own rows."""
+        return self._commit(self._static_forward(self.forward, self._columns(0, self.block)), noise)
+
+    def _columns(self, offset: int, width: int) -> torch.Tensor:
+        return self.state.start + offset + torch.arange(width, device=self.device)
+
+    def _static_forward(self, forward, rows: torch.Tensor) -> torch.Tensor:
+        """The static cache's forward of the content rows at the columns ``rows`` (the last ``block`` are the
+        block's), every key of the plan passed (a slot per column); the block's own columns are then forgotten:
+        the cache's counter reset in place to ``start``, where the next forward writes. Float logits ``(B, b, V)``
+        of the block's columns."""
+        s, block = self.state, self.block
+        columns = self._columns(0, block)
+        if self.one_stream:  # the step builds its own mask from the full-width tensors
+            logits = forward(s.buffer.index_select(1, rows), s.positions.index_select(1, rows), s.ranks, s.committed,
+                             s.open, self.cache, block)
+        else:
+            query_ranks = torch.where(s.open.index_select(1, columns), s.ranks.index_select(1, columns) + 1,
+                                      NO_TARGET_RANK)
+            logits = forward(s.buffer.index_select(1, rows), s.committed.long(), s.ranks,
+                             s.positions.index_select(1, rows), self.cache, s.positions.index_select(1, columns),
+                             query_ranks)
+        for layer in self.cache.layers:
+            layer.cumulative_length.copy_(s.start)
+        return logits
+
+    def _noise(self):
+        """The step's sampling noise, drawn outside its graph (None when greedy)."""
+        if not self.options.do_sample:
+            return None
+        vocab = self.model.lm_head.weight.shape[0]  # the logits' width
+        return sampling_noise((self.batch * self.block, vocab), self.device, self.options.generator)
+
+    # the dynamic cache (or none) ---------------------------------------------------------------------------------
     def _forward(self, start: int, end: int) -> torch.Tensor:
         """One forward: the content rows from the first column not cached to the block's end (committed columns are
         valid keys), query rows at the block's columns (masked positions; the others predict nothing). The cache
         keeps the columns before the block (clean); the block's own are dropped. Float logits ``(B, w, V)``."""
-        past = self.cached if self.cache is not None else 0
+        s, past = self.state, self.cached if self.cache is not None else 0
         if self.one_stream:
             return self._one_stream_forward(past, start, end)
-        query_ranks = torch.where(self.open[:, start:end], self.ranks[:, start:end] + 1, NO_TARGET_RANK)
-        self.forwards += 1
-        if self.static:  # every key of the plan, one slot per column; the prompt's forward (its own width) eager
-            forward = self.step if past else self.prefill
-            logits = forward(self.buffer[:, past:end], self.committed.long(), self.ranks, self.positions[:, past:end],
-                             self.cache, self.positions[:, start:end], query_ranks)
-            self._forget_static(start)
-            return logits
+        query_ranks = torch.where(s.open[:, start:end], s.ranks[:, start:end] + 1, NO_TARGET_RANK)
         out = self.model.base_model(
-            input_ids=self.buffer[:, past:end], attention_mask=self.committed[:, :end].long(),
-            group_ids=self.ranks[:, :end], position_ids=self.positions[:, past:end],
+            input_ids=s.buffer[:, past:end], attention_mask=s.committed[:, :end].long(),
+            group_ids=s.ranks[:, :end], position_ids=s.positions[:, past:end],
             past_key_values=self.cache, use_cache=self.cache is not None,
-            query_position_ids=self.positions[:, start:end], query_group_ids=query_ranks,
+            query_position_ids=s.positions[:, start:end], query_group_ids=query_ranks,
         )
-        if self.cache is not None:
-            extra = self.cache.get_seq_length() - start
-            if extra > 0:
-                self.cache.crop(-extra)
-            self.cached = start
+        self._drop_block(start)
         return self.model.lm_head(out.query_hidden_state).float()
 
     def _one_stream_forward(self, past: int, start: int, end: int) -> torch.Tensor:
         """One forward of the one-stream form (module doc): clean rows for the columns ``past .. start`` (not cached
-        yet), then the block's noised rows; keys: the cache, then those rows. The clean rows join the cache. A static
-        cache holds a slot per column (the rows overwrite their columns' keys) and the step builds its own mask."""
-        self.forwards += 1
-        if self.static:  # a slot per column: the rows' keys overwrite the block's noised ones; mask built inside
-            forward = self.step if past else self.prefill
-            logits = forward(self.buffer[:, past:end], self.positions[:, past:end], self.ranks, self.committed,
-                             self.open, self.cache, end - start)
-            self._forget_static(start)
-            return logits
-        plan = one_stream_decoding_plan(self.ranks[:, :end], self.committed[:, :end], self.open[:, :end], past,
+        yet), then the block's noised rows; keys: the cache, then those rows. The clean rows join the cache."""
+        s = self.state
+        plan = one_stream_decoding_plan(s.ranks[:, :end], s.committed[:, :end], s.open[:, :end], past,
                                         start, end, end - past)
         masks = build_prepared_attention(plan, self.model.config._attn_implementation, self.model.dtype,
                                          end - past, with_query_rows=False)
         out = self.model.base_model(
-            input_ids=self.buffer[:, past:end], position_ids=self.positions[:, past:end],
+            input_ids=s.buffer[:, past:end], position_ids=s.positions[:, past:end],
             attention_pattern="bidirectional", past_key_values=self.cache, use_cache=self.cache is not None,
             prepared=PreparedInputs(attention=masks),
         )
-        if self.cache is not None:  # keep the clean rows, drop the noised ones (crop takes a negative count in 5.x)
+        self._drop_block(start)
+        return self.model.lm_head(out.last_hidden_state[:, start - past:]).float()
+
+    def _drop_block(self, start: int) -> None:
+        """Keep the clean columns before the block in the DynamicCache, drop the block's own (crop takes a
+        negative count in 5.x)."""
+        if self.cache is not None:
             drop = self.cache.get_seq_length() - start
             if drop > 0:
                 self.cache.crop(-drop)
             self.cached = start
-        return self.model.lm_head(out.last_hidden_state[:, start - past:]).float()
 
-    def _forget_static(self, start: int) -> None:
-        """Forget the block's own columns (from ``start``): the static cache's counter, reset in place; the next
-        forward writes there."""
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(start)
-        self.cached = start
-
-    def _commit(self, logits, start: int, end: int, step: int, real_width: int) -> None:
+    # every step's bookkeeping ------------------------------------------------------------------------------------
+    def _commit(self, logits, noise=None) -> torch.Tensor:
         """Pick a token at every masked position of the block, commit the most confident (threshold or schedule),
-        and stop the rows that committed EOS (their later positions become padding)."""
-        options, width = self.options, end - start
+        and stop the rows that committed EOS (their later positions become padding). No host read: the block is at
+        the 0-d ``start``. Returns the status ``[a row still decoding has a masked position in the block, a row
+        still decodes]``."""
+        s, options, block = self.state, self.options, self.block
+        columns = self._columns(0, block)
         logits[..., self.mask_id] = float("-inf")  # never commit the mask token
         scores, tokens = process_and_pick(options.logits_processor, logits.flatten(0, 1), None, options.do_sample,
-                                          options.generator)
-        scores, tokens = scores.view(self.batch, width, -1), tokens.view(self.batch, width)
+                                          options.generator, noise)
+        scores, tokens = scores.view(self.batch, block, -1), tokens.view(self.batch, block)
         confidence = torch.softmax(scores, -1).gather(-1, tokens[..., None]).squeeze(-1)
-        eligible = self.open[:, start:end] & self.tracker.unfinished[:, None]
+        eligible = s.open.index_select(1, columns) & s.unfinished[:, None]
         confidence = torch.where(eligible, confidence, -1.0)
         order = torch.argsort(torch.argsort(confidence, dim=-1, descending=True, stable=True), dim=-1)  # 0: most confident
         if self.threshold is not None:
             commit = eligible & ((confidence >= self.threshold) | (order == 0))
         else:
             left = eligible.sum(-1, keepdim=True)
-            steps = self.steps if self.steps is not None else real_width
-            quota = -torch.div(-left, max(steps - step, 1), rounding_mode="floor")  # ceil: done at the last step
+            steps = self.steps if self.steps is not None else (self.total - s.start).clamp(max=block)  # real width
+            quota = -torch.div(-left, (steps - s.step).clamp(min=1), rounding_mode="floor")  # ceil: done at the last
             commit = eligible & (order < quota)
-        columns = slice(start, end)
-        self.buffer[:, columns] = torch.where(commit, tokens, self.buffer[:, columns])
-        self.committed[:, columns] |= commit
-        self.open[:, columns] &= ~commit
-        self._stop_at_eos(start)
+        s.buffer.index_copy_(1, columns, torch.where(commit, tokens, s.buffer.index_select(1, columns)))
+        s.committed.index_copy_(1, columns, s.committed.index_select(1, columns) | commit)
+        s.open.index_copy_(1, columns, s.open.index_select(1, columns) & ~commit)
+        s.step.add_(1)
+        self._stop_at_eos()
+        block_open = (s.open.index_select(1, columns) & s.unfinished[:, None]).any()
+        return torch.stack([block_open, s.unfinished.any()])
 
-    def _stop_at_eos(self, start: int) -> None:
+    def _stop_at_eos(self) -> None:
         """A row's first committed EOS ends it: every column after it becomes padding (an invalid key, not
         predicted); the row is finished once nothing before its EOS is still masked."""
         if self.tracker.eos_ids is None:
             return
-        new = slice(self.prompt_len, self.total)  # the padding columns after it stay closed
-        is_eos = torch.isin(self.buffer[:, new], self.tracker.eos_ids) & self.committed[:, new]
+        s, new = self.state, slice(self.prompt_len, self.total)  # the padding columns after it stay closed
+        is_eos = torch.isin(s.buffer[:, new], self.tracker.eos_ids) & s.committed[:, new]
         has_eos = is_eos.any(-1)
         first = torch.where(has_eos, is_eos.long().argmax(-1), self.new)  # (B,) index among the new columns
         after = torch.arange(self.new, device=self.device) > first[:, None]
-        self.buffer[:, new] = torch.where(after, self.options.pad_token_id, self.buffer[:, new])
-        self.committed[:, new] &= ~after
-        self.open[:, new] &= ~after
-        self.tracker.stop(has_eos & ~self.open[:, new].any(-1))
+        s.buffer[:, new] = torch.where(after, self.options.pad_token_id, s.buffer[:, new])
+        s.committed[:, new] &= ~after
+        s.open[:, new] &= ~after
+        self.tracker.stop(has_eos & ~s.open[:, new].any(-1))
 
     def _output(self):
+        s = self.state  # refilled by the next run: hand out copies
         # the columns any row wrote (rows that ended early hold padding up to there)
-        written = torch.where(self.committed[:, self.prompt_len : self.total], 1, 0)
+        written = torch.where(s.committed[:, self.prompt_len : self.total], 1, 0)
         num_new = torch.where(written.any(-1), self.new - written.flip(-1).argmax(-1), 0)
         width = self.prompt_len + int(num_new.max())
-        sequences = self.buffer[:, :width].clone()
+        sequences = s.buffer[:, :width].clone()
         # a row that stopped holds padding where nothing was committed
-        sequences[:, self.prompt_len :] = torch.where(self.committed[:, self.prompt_len : width],
+        sequences[:, self.prompt_len :] = torch.where(s.committed[:, self.prompt_len : width],
                                                       sequences[:, self.prompt_len :], self.options.pad_token_id)
         self.tracker.put(sequences[0, self.prompt_len :])
         self.tracker.end()

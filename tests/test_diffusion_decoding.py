@@ -221,10 +221,8 @@ def test_the_cli_reports_tokens_per_forward(tok, tmp_path, capsys):
 
 def test_a_static_cache_gives_the_same_tokens_and_each_step_compiles_once():
     """cache_implementation="static": a slot per column, the steps after the prompt's (forward, pick, commit, EOS)
-    compile whole (fullgraph) in two shapes (a block's first step, the others), once: a second run of the same shapes compiles nothing."""
-    from torch._dynamo.utils import counters
-    from transformers import CompileConfig
-
+    compile whole (fullgraph) in two shapes (a block's first step, the others), once: a second run of the same
+    shapes compiles nothing."""
     torch._dynamo.reset()
     graphs = []
 
@@ -238,6 +236,15 @@ def test_a_static_cache_gives_the_same_tokens_and_each_step_compiles_once():
     kwargs = dict(attention_mask=(batch != PAD).long(), diffusion_threshold=0.2)
     expected = _decode(model, batch, **kwargs)
     assert torch.equal(_decode(model, batch, cache_implementation="static", **kwargs), expected)  # eager on CPU
+    _assert_compiles_whole_in_two_graphs_once(model, batch, kwargs, expected, graphs, record)
+
+
+def _assert_compiles_whole_in_two_graphs_once(model, batch, kwargs, expected, graphs, record):
+    """Static-cache decoding through the ``record`` backend (fullgraph) gives ``expected``, in two graphs without a
+    host read; a second run of the same shapes compiles nothing."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
     static = dict(cache_implementation="static", compile_config=CompileConfig(backend=record, fullgraph=True))
     start = counters["stats"]["unique_graphs"]
     assert torch.equal(_decode(model, batch, **static, **kwargs), expected)
@@ -307,9 +314,6 @@ def test_the_one_stream_static_steps_compile_whole_in_two_graphs_once():
     """The one-stream form's steps after the prompt's compile whole (fullgraph) with their mask built inside, in two
     shapes (a block's first step, with the finished block's clean rows, and the others), with no host read; a second
     run of the same shapes compiles nothing. The step runs through a recording backend (inductor is slow on CPU)."""
-    from torch._dynamo.utils import counters
-    from transformers import CompileConfig
-
     torch._dynamo.reset()
     graphs = []
 
@@ -320,15 +324,7 @@ def test_the_one_stream_static_steps_compile_whole_in_two_graphs_once():
     model = _one_stream_model("sdpa")
     kwargs = dict(attention_mask=(ONE_STREAM_BATCH != PAD).long(), diffusion_threshold=0.2)
     expected = _decode(model, ONE_STREAM_BATCH, **kwargs)
-    static = dict(cache_implementation="static", compile_config=CompileConfig(backend=record, fullgraph=True))
-    start = counters["stats"]["unique_graphs"]
-    assert torch.equal(_decode(model, ONE_STREAM_BATCH, **static, **kwargs), expected)
-    assert counters["stats"]["unique_graphs"] - start == len(graphs) == 2
-    host_reads = [node for graph in graphs for node in graph.graph.nodes
-                  if node.target in ("item", "tolist", torch.ops.aten._local_scalar_dense.default)]
-    assert not host_reads
-    assert torch.equal(_decode(model, ONE_STREAM_BATCH, **static, **kwargs), expected)
-    assert counters["stats"]["unique_graphs"] - start == 2
+    _assert_compiles_whole_in_two_graphs_once(model, ONE_STREAM_BATCH, kwargs, expected, graphs, record)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ __all__ = [
     "make_logits_processor",
     "process_and_pick",
     "sampling_noise",
+    "kept_compiled",
     "StopTracker",
     "build_output",
 ]
@@ -401,14 +402,22 @@ def _decoding_step(model, compile_config, one_stream: bool = False):
         prefill = one_stream_prefill
     if compile_config is None:
         return prefill, prefill
-    held = getattr(model, "_lookaround_compiled_step", None)
-    key = repr((one_stream, sorted(compile_config.to_dict().items())))
-    if held is None or held[0] != key:
-        held = model._lookaround_compiled_step = (key, _compiled(prefill, compile_config))
-    return prefill, held[1]
+    step, = kept_compiled(model, "_lookaround_compiled_step", compile_config, prefill, extra_key=one_stream)
+    return prefill, step
 
 
 _QUERY_ROWS_ONLY = PreparedInputs(content_output=False)  # a decoding step reads the query rows alone
+
+
+def kept_compiled(model, name: str, compile_config, *functions, extra_key=None) -> tuple:
+    """``functions``, each compiled whole with ``compile_config`` (:func:`_compiled`), kept on the model as
+    ``name`` so that every run of one shape reuses them; compiled again when the config (or ``extra_key``) changes."""
+    key = repr((extra_key, sorted(compile_config.to_dict().items())))
+    held = getattr(model, name, None)
+    if held is None or held[0] != key:
+        held = (key, *(_compiled(function, compile_config) for function in functions))
+        setattr(model, name, held)
+    return held[1:]
 
 
 def _compiled(function, compile_config):

@@ -46,7 +46,7 @@ from .decoding_lookaround import (
     DecodingStrategy,
     is_block_diffusion_model,
     StopTracker,
-    _compiled,
+    kept_compiled,
     _decoding_step,
     _refuse_or_warn,
     _static_cache,
@@ -144,12 +144,8 @@ def _diffusion_steps(model, compile_config):
     """A block's first step and its other steps (:meth:`_DiffusionRun._first_step`, :meth:`_DiffusionRun._next_step`),
     each compiled whole as one graph with ``compile_config``, kept on the model so that every run of one shape
     reuses them (as the speculative steps are)."""
-    key = repr(sorted(compile_config.to_dict().items()))
-    held = getattr(model, "_lookaround_diffusion_steps", None)
-    if held is None or held[0] != key:
-        held = model._lookaround_diffusion_steps = (key, _compiled(_DiffusionRun._first_step, compile_config),
-                                                    _compiled(_DiffusionRun._next_step, compile_config))
-    return held[1], held[2]
+    return kept_compiled(model, "_lookaround_diffusion_steps", compile_config, _DiffusionRun._first_step,
+                         _DiffusionRun._next_step)
 
 
 @dataclass

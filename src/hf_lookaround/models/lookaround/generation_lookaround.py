@@ -39,7 +39,7 @@ from .decoding_lookaround import (
     StopTracker,
     _checked_prompt,
     _compile_config,
-    _compiled,
+    kept_compiled,
     _decoding_step,
     _device,
     _static_cache,
@@ -524,11 +524,8 @@ class _OneGraphGroups:
 def _group_step(model, compile_config):
     """:meth:`_OneGraphGroups._step` compiled whole with ``compile_config``, kept on the model so that every run of
     one shape reuses it."""
-    key = repr(sorted(compile_config.to_dict().items()))
-    held = getattr(model, "_lookaround_group_step", None)
-    if held is None or held[0] != key:
-        held = model._lookaround_group_step = (key, _compiled(_OneGraphGroups._step, compile_config))
-    return held[1]
+    step, = kept_compiled(model, "_lookaround_group_step", compile_config, _OneGraphGroups._step)
+    return step
 
 
 def _needs_host_work(options: DecodingOptions, tracker: StopTracker) -> bool:

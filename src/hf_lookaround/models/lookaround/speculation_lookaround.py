@@ -16,7 +16,7 @@ from .decoding_lookaround import (
     DecodingStrategy,
     StopTracker,
     UntrainedDecodingError,
-    _compiled,
+    kept_compiled,
     _decoding_step,
     _refuse_or_warn,
     _static_cache,
@@ -512,9 +512,5 @@ class _Speculation:
 def _speculation_steps(model, compile_config):
     """The verify-and-draft step and the plain step, each compiled whole as one graph with ``compile_config``, kept
     on the model so that every run of one shape reuses them."""
-    key = repr(sorted(compile_config.to_dict().items()))
-    held = getattr(model, "_lookaround_speculation_steps", None)
-    if held is None or held[0] != key:
-        held = model._lookaround_speculation_steps = (key, _compiled(_Speculation._speculative_step, compile_config),
-                                                      _compiled(_Speculation._plain_step, compile_config))
-    return held[1], held[2]
+    return kept_compiled(model, "_lookaround_speculation_steps", compile_config, _Speculation._speculative_step,
+                         _Speculation._plain_step)

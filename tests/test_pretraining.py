@@ -201,6 +201,9 @@ def test_demo_runs_on_a_small_labelled_corpus(tmp_path):
     assert rows[1]["probe_accuracy"] != rows[4]["probe_accuracy"] or rows[1]["perplexity"] != rows[4]["perplexity"]
     results = (out / "results.md").read_text()
     assert "| vmlm-0.15-0.3 |" in results and "How to read this table" in results and "mean of 2 seeds" in results
+    # the report names what ran: the folders given (not the default BBC corpus), their labels, two objectives
+    assert "one backbone, 2 objectives" in results
+    assert "Corpus: the 5 labelled folders of --corpus_dir corpus, 60 articles in 5 labels" in results
     for r in rows:  # the paired probe gain over the untrained model of the same seed, with its standard error
         if r["name"] == "untrained":
             continue

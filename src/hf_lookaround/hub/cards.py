@@ -292,6 +292,11 @@ def _decoding_snippets(config: dict) -> dict:
     return {"fill_mask": not is_block_diffusion_model(as_config), "diffusion_decoding": decodes_by_diffusion(as_config)}
 
 
+def _pipeline_tag(family: str, snippets: dict) -> str:
+    # BD3-LM's one-stream form fills no masks by itself: the Hub's widget would fail; generate() is what it does
+    return "text-generation" if family == "masked" and not snippets["fill_mask"] else _PIPELINE_TAGS[family]
+
+
 def build_model_card(
     checkpoint_dir,
     objective: str | None = None,
@@ -334,9 +339,7 @@ def build_model_card(
     base_model = public_model_id(base_model)
     fine_tune = _public_fine_tune(fine_tune)
     snippets = _decoding_snippets(config)
-    # BD3-LM's one-stream form fills no masks by itself: the Hub's widget would fail; generate() is what it does
-    tag = pipeline_tag or ("text-generation" if family == "masked" and not snippets["fill_mask"]
-                           else _PIPELINE_TAGS[family])
+    tag = pipeline_tag or _pipeline_tag(family, snippets)
     by_file, eval_results = _results(folder, eval_dataset or ", ".join(datasets) or None, family, tag, fine_tune)
     form = checkpoint_form(config) if family != "vision" else {"tag": None, "one_stream": False}
 
